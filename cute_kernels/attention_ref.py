@@ -1,0 +1,95 @@
+"""Torch references for the attention kernels; the CPU backend runs exactly these.
+
+Layouts (FlashAttention varlen style):
+- q, k, v: packed [total_tokens, heads, head_dim]; sequence b owns rows cu_seqlens[b]:cu_seqlens[b+1].
+- KV cache per layer: [num_blocks, block_size, kv_heads, head_dim]; block_tables [batch, max_blocks]
+  int32 (padded with any valid id), token t of a sequence lives in block block_tables[b, t // bs].
+- GQA: query head h reads KV head h // (heads // kv_heads).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def write_kv(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """Scatter new k/v [tokens, kv_heads, d] into the caches at flat slots (block * bs + offset)."""
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, k)
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, v)
+
+
+def gather_paged(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
+    """The first `length` tokens of one sequence from a paged cache: [length, kv_heads, d]."""
+    bs = cache.shape[1]
+    nblocks = (length + bs - 1) // bs
+    return cache[block_table[:nblocks].long()].flatten(0, 1)[:length]
+
+
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+    """q [B, Lq, H, d], k/v [B, Lk, Hkv, d] -> [B, Lq, H, d], fp32 softmax, GQA by head ratio."""
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+        attn_mask=mask, scale=scale, enable_gqa=q.shape[2] != k.shape[2],
+    )
+    return out.transpose(1, 2)
+
+
+def prefill_attention_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    scale: float,
+    causal: bool = True,
+    k_cache: torch.Tensor | None = None,
+    v_cache: torch.Tensor | None = None,
+    block_tables: torch.Tensor | None = None,
+    prefix_lens: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Varlen attention of new queries over [paged prefix ; new keys].
+
+    Sequence b's keys are its first prefix_lens[b] tokens read from the paged cache through
+    block_tables[b], followed by k/v rows cu_seqlens_k[b]:cu_seqlens_k[b+1]. Query row i of sequence
+    b sits at key position prefix_len + (new_k_len - q_len) + i (bottom-right causal alignment).
+    """
+    out = torch.empty_like(q)
+    cq = cu_seqlens_q.tolist()
+    ck = cu_seqlens_k.tolist()
+    prefixes = prefix_lens.tolist() if prefix_lens is not None else [0] * (len(cq) - 1)
+    for b in range(len(cq) - 1):
+        qb = q[cq[b] : cq[b + 1]]
+        kb, vb = k[ck[b] : ck[b + 1]], v[ck[b] : ck[b + 1]]
+        if prefixes[b]:
+            kb = torch.cat([gather_paged(k_cache, block_tables[b], prefixes[b]), kb])
+            vb = torch.cat([gather_paged(v_cache, block_tables[b], prefixes[b]), vb])
+        lq, lk = qb.shape[0], kb.shape[0]
+        mask = None
+        if causal and lq > 1:
+            qpos = torch.arange(lk - lq, lk).unsqueeze(1)
+            mask = torch.arange(lk).unsqueeze(0) <= qpos
+        out[cq[b] : cq[b + 1]] = _sdpa(qb[None], kb[None], vb[None], mask, scale)[0]
+    return out
+
+
+def decode_attention_ref(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """One query token per sequence over its whole paged context: q [B, H, d] -> [B, H, d]."""
+    bsz = q.shape[0]
+    max_len = int(context_lens.max())
+    bs = k_cache.shape[1]
+    nblocks = (max_len + bs - 1) // bs
+    table = block_tables[:, :nblocks].long()
+    keys = k_cache[table].flatten(1, 2)  # [B, nblocks*bs, Hkv, d]
+    values = v_cache[table].flatten(1, 2)
+    valid = torch.arange(nblocks * bs).unsqueeze(0) < context_lens.unsqueeze(1)  # [B, Lk]
+    mask = valid.view(bsz, 1, 1, -1)
+    return _sdpa(q.unsqueeze(1), keys, values, mask, scale).squeeze(1)
