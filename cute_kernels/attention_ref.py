@@ -68,8 +68,8 @@ def prefill_attention_ref(
         lq, lk = qb.shape[0], kb.shape[0]
         mask = None
         if causal and lq > 1:
-            qpos = torch.arange(lk - lq, lk).unsqueeze(1)
-            mask = torch.arange(lk).unsqueeze(0) <= qpos
+            qpos = torch.arange(lk - lq, lk, device=q.device).unsqueeze(1)
+            mask = torch.arange(lk, device=q.device).unsqueeze(0) <= qpos
         out[cq[b] : cq[b + 1]] = _sdpa(qb[None], kb[None], vb[None], mask, scale)[0]
     return out
 
@@ -90,6 +90,6 @@ def decode_attention_ref(
     table = block_tables[:, :nblocks].long()
     keys = k_cache[table].flatten(1, 2)  # [B, nblocks*bs, Hkv, d]
     values = v_cache[table].flatten(1, 2)
-    valid = torch.arange(nblocks * bs).unsqueeze(0) < context_lens.unsqueeze(1)  # [B, Lk]
+    valid = torch.arange(nblocks * bs, device=q.device).unsqueeze(0) < context_lens.unsqueeze(1)  # [B, Lk]
     mask = valid.view(bsz, 1, 1, -1)
     return _sdpa(q.unsqueeze(1), keys, values, mask, scale).squeeze(1)
