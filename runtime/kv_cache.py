@@ -1,0 +1,47 @@
+"""Per-layer paged K/V cache tensors and the memory ledger that sizes them."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from runtime.model.config import ModelConfig
+
+
+@dataclass
+class KVLedger:
+    """What one token costs in KV memory, and how many fit in the budget."""
+
+    bytes_per_token_per_layer: int
+    bytes_per_token: int
+    block_size: int
+    num_blocks: int
+    budget_bytes: int
+
+    @property
+    def max_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+    @property
+    def total_bytes(self) -> int:
+        return self.num_blocks * self.block_size * self.bytes_per_token
+
+    def describe(self) -> str:
+        return (f"KV cache: {self.bytes_per_token_per_layer} B/token/layer, {self.bytes_per_token / 1024:.1f} KiB/token "
+                f"over all layers; {self.num_blocks} blocks x {self.block_size} tokens = {self.max_tokens} tokens "
+                f"in {self.total_bytes / 2**20:.1f} MiB (budget {self.budget_bytes / 2**20:.1f} MiB)")
+
+
+def plan_kv_cache(cfg: ModelConfig, budget_bytes: int, block_size: int, dtype: torch.dtype) -> KVLedger:
+    per_layer = 2 * cfg.num_kv_heads * cfg.head_dim * torch.tensor([], dtype=dtype).element_size()
+    per_token = per_layer * cfg.num_layers
+    num_blocks = budget_bytes // (per_token * block_size)
+    return KVLedger(per_layer, per_token, block_size, int(num_blocks), int(budget_bytes))
+
+
+def allocate_kv_cache(cfg: ModelConfig, ledger: KVLedger, device: torch.device | str,
+                      dtype: torch.dtype) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """One (K, V) pair per layer, each [num_blocks, block_size, kv_heads, head_dim]."""
+    shape = (ledger.num_blocks, ledger.block_size, cfg.num_kv_heads, cfg.head_dim)
+    return [(torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype))
+            for _ in range(cfg.num_layers)]

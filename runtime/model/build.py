@@ -1,0 +1,57 @@
+"""Turn a loaded checkpoint (HF-named float tensors) into a LlamaModel with fused weights."""
+from __future__ import annotations
+
+import torch
+
+from runtime.errors import ModelLoadError
+from runtime.model.config import ModelConfig
+from runtime.model.llama import LlamaModel
+from runtime.model.ops import Ops
+from runtime.model.rope import RotaryEmbedding
+
+
+def _take(tensors: dict[str, torch.Tensor], name: str, shape: tuple[int, ...]) -> torch.Tensor:
+    if name not in tensors:
+        raise ModelLoadError(f"checkpoint is missing tensor {name}")
+    t = tensors.pop(name)  # pop: release checkpoint memory as the model fills
+    if tuple(t.shape) != shape:
+        raise ModelLoadError(f"tensor {name} has shape {tuple(t.shape)}, expected {shape}")
+    return t
+
+
+def build_model(cfg: ModelConfig, tensors: dict[str, torch.Tensor], ops: Ops,
+                device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> LlamaModel:
+    """Consumes `tensors` (entries are popped) and returns the model on `device` in `dtype`."""
+    # fp32 tables: bf16 angles lose precision at long positions.
+    rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling,
+                           device=device, dtype=torch.float32)
+    with torch.device("meta"):
+        model = LlamaModel(cfg, ops, rope)
+    h, q, kv, i = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size
+    params: dict[str, torch.Tensor] = {"embed": _take(tensors, "model.embed_tokens.weight", (cfg.vocab_size, h)),
+                                       "norm": _take(tensors, "model.norm.weight", (h,))}
+    if not cfg.tie_word_embeddings:
+        params["lm_head"] = _take(tensors, "lm_head.weight", (cfg.vocab_size, h))
+    for n in range(cfg.num_layers):
+        p = f"model.layers.{n}."
+        a = p + "self_attn."
+        params[f"layers.{n}.input_norm"] = _take(tensors, p + "input_layernorm.weight", (h,))
+        params[f"layers.{n}.post_norm"] = _take(tensors, p + "post_attention_layernorm.weight", (h,))
+        params[f"layers.{n}.qkv"] = torch.cat([_take(tensors, a + "q_proj.weight", (q, h)),
+                                               _take(tensors, a + "k_proj.weight", (kv, h)),
+                                               _take(tensors, a + "v_proj.weight", (kv, h))])
+        if cfg.attention_bias:
+            params[f"layers.{n}.qkv_bias"] = torch.cat([_take(tensors, a + "q_proj.bias", (q,)),
+                                                        _take(tensors, a + "k_proj.bias", (kv,)),
+                                                        _take(tensors, a + "v_proj.bias", (kv,))])
+        if cfg.qk_norm:
+            params[f"layers.{n}.q_norm"] = _take(tensors, a + "q_norm.weight", (cfg.head_dim,))
+            params[f"layers.{n}.k_norm"] = _take(tensors, a + "k_norm.weight", (cfg.head_dim,))
+        params[f"layers.{n}.o_proj"] = _take(tensors, a + "o_proj.weight", (h, q))
+        m = p + "mlp."
+        params[f"layers.{n}.gate_up"] = torch.cat([_take(tensors, m + "gate_proj.weight", (i, h)),
+                                                   _take(tensors, m + "up_proj.weight", (i, h))])
+        params[f"layers.{n}.down"] = _take(tensors, m + "down_proj.weight", (h, i))
+    state = {k: v.to(device=device, dtype=dtype).contiguous() for k, v in params.items()}
+    model.load_state_dict(state, strict=True, assign=True)
+    return model.eval().requires_grad_(False)

@@ -1,0 +1,27 @@
+"""Assemble a ready-to-run model (weights, backend ops, paged KV cache, runner) from tensors."""
+from __future__ import annotations
+
+import torch
+
+from runtime.kv_cache import KVLedger, allocate_kv_cache, plan_kv_cache
+from runtime.model.build import build_model
+from runtime.model.config import ModelConfig
+from runtime.model.ops import select_ops
+from runtime.model_runner import ModelRunner
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    """float32 on the CPU (exact parity with references), bf16 on a GPU."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def make_runner(cfg: ModelConfig, tensors: dict[str, torch.Tensor], kv_budget_bytes: int,
+                block_size: int = 16, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
+                backend: str = "auto") -> tuple[ModelRunner, KVLedger]:
+    device = torch.device(device)
+    dtype = dtype or default_dtype(device)
+    ops = select_ops(backend, device)
+    model = build_model(cfg, tensors, ops, device, dtype)
+    ledger = plan_kv_cache(cfg, kv_budget_bytes, block_size, dtype)
+    caches = allocate_kv_cache(cfg, ledger, device, dtype)
+    return ModelRunner(model, caches, block_size, device), ledger

@@ -1,0 +1,82 @@
+"""A Llama-family decoder (Llama 2/3, SmolLM, Mistral, Qwen2, Qwen3) over a backend `Ops`.
+
+The model sees packed tokens of a whole step (no batch dimension, no padding) and a paged KV
+cache; it never sees requests. Q/K/V and gate/up are fused into one matmul each.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from runtime.model.attention_batch import AttentionBatch
+from runtime.model.config import ModelConfig
+from runtime.model.ops import Ops
+from runtime.model.rope import RotaryEmbedding
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        h = cfg.hidden_size
+        self.input_norm = nn.Parameter(torch.ones(h))
+        self.qkv = nn.Parameter(torch.empty(cfg.q_size + 2 * cfg.kv_size, h))
+        self.qkv_bias = nn.Parameter(torch.zeros(cfg.q_size + 2 * cfg.kv_size)) if cfg.attention_bias else None
+        self.q_norm = nn.Parameter(torch.ones(cfg.head_dim)) if cfg.qk_norm else None
+        self.k_norm = nn.Parameter(torch.ones(cfg.head_dim)) if cfg.qk_norm else None
+        self.o_proj = nn.Parameter(torch.empty(h, cfg.q_size))
+        self.post_norm = nn.Parameter(torch.ones(h))
+        self.gate_up = nn.Parameter(torch.empty(2 * cfg.intermediate_size, h))
+        self.down = nn.Parameter(torch.empty(h, cfg.intermediate_size))
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor,
+                rope: RotaryEmbedding, kv_cache: tuple[torch.Tensor, torch.Tensor],
+                batch: AttentionBatch, ops: Ops) -> tuple[torch.Tensor, torch.Tensor]:
+        cfg = self.cfg
+        eps = cfg.rms_norm_eps
+        residual = x if residual is None else x + residual
+        h = F.rms_norm(residual, (cfg.hidden_size,), self.input_norm, eps)
+        qkv = F.linear(h, self.qkv, self.qkv_bias)
+        q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
+        q = q.view(-1, cfg.num_heads, cfg.head_dim)
+        k = k.view(-1, cfg.num_kv_heads, cfg.head_dim)
+        v = v.reshape(-1, cfg.num_kv_heads, cfg.head_dim)
+        if self.q_norm is not None:
+            q = F.rms_norm(q, (cfg.head_dim,), self.q_norm, eps)
+            k = F.rms_norm(k, (cfg.head_dim,), self.k_norm, eps)
+        q, k = rope.apply(q, positions), rope.apply(k, positions)
+        attn = ops.attention(q, k, v, kv_cache[0], kv_cache[1], batch, cfg.head_dim**-0.5)
+        x = F.linear(attn.view(-1, cfg.q_size), self.o_proj)
+        residual = x + residual
+        h = F.rms_norm(residual, (cfg.hidden_size,), self.post_norm, eps)
+        gate, up = F.linear(h, self.gate_up).chunk(2, dim=-1)
+        return F.linear(F.silu(gate) * up, self.down), residual
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, cfg: ModelConfig, ops: Ops, rope: RotaryEmbedding) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.ops = ops
+        self.rope = rope
+        self.embed = nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size))
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = nn.Parameter(torch.ones(cfg.hidden_size))
+        self.lm_head = None if cfg.tie_word_embeddings else nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size))
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch,
+                kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """Final hidden states [tokens, hidden] for the packed tokens of one step."""
+        x = F.embedding(input_ids, self.embed)
+        residual = None
+        for layer, kv in zip(self.layers, kv_caches):
+            x, residual = layer(x, residual, positions, self.rope, kv, batch, self.ops)
+        return F.rms_norm(x + residual, (self.cfg.hidden_size,), self.norm, self.cfg.rms_norm_eps)
+
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Vocabulary logits in float32 for the rows that will be sampled."""
+        head = self.embed if self.lm_head is None else self.lm_head
+        return F.linear(hidden, head).float()

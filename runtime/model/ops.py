@@ -1,0 +1,66 @@
+"""The backend seam: attention (and later linear) ops the model calls, chosen once at start.
+
+`torch` runs the references in cute_kernels/attention_ref.py anywhere; `cute` swaps in the Hopper
+kernels for the same contracts when running on an sm_90 GPU.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from cute_kernels.attention_ref import decode_attention_ref, prefill_attention_ref, write_kv
+from runtime.errors import UserError
+from runtime.model.attention_batch import AttentionBatch
+
+
+@dataclass
+class Ops:
+    name: str
+    prefill_attention: Callable[..., torch.Tensor]
+    decode_attention: Callable[..., torch.Tensor]
+    write_kv: Callable[..., None] = write_kv
+
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                  v_cache: torch.Tensor, batch: AttentionBatch, scale: float) -> torch.Tensor:
+        """Write the step's new k/v into the paged cache, then attend decodes and prefill chunks."""
+        self.write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
+        nd = batch.num_decode_tokens
+        if nd == q.shape[0]:
+            return self.decode_attention(q, k_cache, v_cache, batch.decode_block_tables,
+                                         batch.decode_context_lens, scale)
+        out = torch.empty_like(q)
+        if nd:
+            out[:nd] = self.decode_attention(q[:nd], k_cache, v_cache, batch.decode_block_tables,
+                                             batch.decode_context_lens, scale)
+        prefix = batch.prefill_prefix_lens if batch.max_prefix_len else None
+        out[nd:] = self.prefill_attention(
+            q[nd:], k[nd:], v[nd:], batch.cu_seqlens_q, batch.cu_seqlens_q, scale, True,
+            k_cache, v_cache, batch.prefill_block_tables, prefix,
+        )
+        return out
+
+
+def torch_ops() -> Ops:
+    return Ops("torch", prefill_attention_ref, decode_attention_ref)
+
+
+def select_ops(name: str, device: torch.device) -> Ops:
+    """'torch', 'cute', or 'auto' (cute on an sm_90 GPU when the kernels are available)."""
+    if name == "torch":
+        return torch_ops()
+    if name not in ("cute", "auto"):
+        raise UserError(f"unknown backend {name!r} (choose torch, cute or auto)")
+    on_hopper = device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
+    if not on_hopper:
+        if name == "cute":
+            raise UserError("the cute backend needs an sm_90 (Hopper) GPU")
+        return torch_ops()
+    try:
+        from runtime.model import cute_backend
+    except ImportError as exc:
+        if name == "cute":
+            raise UserError(f"the cute backend is unavailable: {exc}") from None
+        return torch_ops()
+    return Ops("cute", cute_backend.prefill_attention, decode_attention_ref)
