@@ -1,0 +1,96 @@
+"""Per-request sampling parameters, validated before a request enters the engine."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from runtime.errors import RequestError
+
+MAX_LOGPROBS = 20
+
+
+@dataclass
+class SamplingParams:
+    n: int = 1
+    max_tokens: int = 16
+    min_tokens: int = 0
+    temperature: float = 1.0  # 0 = greedy, deterministic
+    top_p: float = 1.0
+    top_k: int = 0  # 0 or -1 = disabled
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    logprobs: int | None = None  # top-n logprobs per generated token (0 = only the chosen token's)
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    skip_special_tokens: bool = True
+    speculative: bool = True  # per-request switch, when the engine has a proposer
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop or [])
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        self.logit_bias = {int(k): float(v) for k, v in (self.logit_bias or {}).items()}
+        if self.top_k == -1:
+            self.top_k = 0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def validate(self, vocab_size: int) -> None:
+        """Raise RequestError naming the first bad field."""
+        def bad(name: str, why: str) -> RequestError:
+            return RequestError(f"invalid {name}: {why}")
+
+        _check_int(self.n, "n", 1)
+        _check_int(self.max_tokens, "max_tokens", 1)
+        _check_int(self.min_tokens, "min_tokens", 0)
+        _check_int(self.top_k, "top_k", 0)
+        if self.min_tokens > self.max_tokens:
+            raise bad("min_tokens", f"{self.min_tokens} exceeds max_tokens {self.max_tokens}")
+        if not 0.0 <= _num(self.temperature, "temperature") <= 100.0:
+            raise bad("temperature", f"{self.temperature} (must be in [0, 100])")
+        if not 0.0 < _num(self.top_p, "top_p") <= 1.0:
+            raise bad("top_p", f"{self.top_p} (must be in (0, 1])")
+        if not 0.0 <= _num(self.min_p, "min_p") <= 1.0:
+            raise bad("min_p", f"{self.min_p} (must be in [0, 1])")
+        if not 0.0 < _num(self.repetition_penalty, "repetition_penalty") <= 10.0:
+            raise bad("repetition_penalty", f"{self.repetition_penalty} (must be in (0, 10])")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= _num(getattr(self, name), name) <= 2.0:
+                raise bad(name, f"{getattr(self, name)} (must be in [-2, 2])")
+        if self.seed is not None:
+            _check_int(self.seed, "seed", -(2**63))
+        if self.logprobs is not None:
+            _check_int(self.logprobs, "logprobs", 0)
+            if self.logprobs > MAX_LOGPROBS:
+                raise bad("logprobs", f"{self.logprobs} (at most {MAX_LOGPROBS})")
+        for t in self.stop_token_ids:
+            if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab_size:
+                raise bad("stop_token_ids", f"{t!r} is not a token id in [0, {vocab_size})")
+        for s in self.stop:
+            if not isinstance(s, str) or not s:
+                raise bad("stop", "stop strings must be non-empty strings")
+        for t, b in self.logit_bias.items():
+            if not 0 <= t < vocab_size:
+                raise bad("logit_bias", f"token id {t} is not in [0, {vocab_size})")
+            if not -100.0 <= b <= 100.0:
+                raise bad("logit_bias", f"bias {b} for token {t} (must be in [-100, 100])")
+
+
+def _check_int(value: object, name: str, minimum: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise RequestError(f"invalid {name}: {value!r} is not an integer")
+    if value < minimum:
+        raise RequestError(f"invalid {name}: {value} (must be >= {minimum})")
+
+
+def _num(value: object, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        raise RequestError(f"invalid {name}: {value!r} is not a number")
+    return float(value)
