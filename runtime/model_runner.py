@@ -75,7 +75,10 @@ class ModelRunner:
 
     def run(self, chunks: list[SeqChunk]) -> torch.Tensor:
         """Float32 logits [sum of num_logits, vocab], rows in chunk order."""
-        ids, positions, batch, rows = self.prepare(chunks)
+        return self.forward(*self.prepare(chunks))
+
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch,
+                rows: np.ndarray) -> torch.Tensor:
         hidden = self.model(ids, positions, batch, self.kv_caches)
         if len(rows) == 0:
             return hidden.new_empty((0, self.model.cfg.vocab_size), dtype=torch.float32)

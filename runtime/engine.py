@@ -1,0 +1,259 @@
+"""LLMEngine: the step-driven core. add_request / abort_request / step() -> incremental outputs.
+
+Data flows one way: request -> scheduler -> model runner -> sampler -> detokenizer -> outputs.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+
+from runtime.engine_config import EngineConfig, available_host_memory
+from runtime.engine_stats import EngineStats
+from runtime.errors import RequestError, UserError
+from runtime.kv.block_manager import BlockManager
+from runtime.kv.block_pool import BlockPool
+from runtime.kv_cache import KVLedger
+from runtime.model.config import ModelConfig
+from runtime.model.factory import make_runner
+from runtime.model_runner import SeqChunk
+from runtime.output_processor import append_token, take_delta
+from runtime.outputs import CompletionOutput, RequestOutput
+from runtime.sampler import SamplingRow, sample
+from runtime.sampling_params import SamplingParams
+from runtime.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
+from runtime.sequence import RequestMetrics, Sequence
+from runtime.tokenizer.detokenizer import IncrementalDetokenizer
+from runtime.tokenizer.tokenizer import Tokenizer
+
+log = logging.getLogger("cute_serve")
+
+
+@dataclass(eq=False)
+class RequestState:
+    request_id: str
+    prompt_ids: list[int]
+    seqs: list[Sequence]
+    metrics: RequestMetrics
+    reported_final: bool = False
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UserError(f"invalid device {name!r}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda was asked for but no CUDA GPU is available")
+    return device
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def kv_budget(config: EngineConfig, device: torch.device) -> int:
+    if config.kv_cache_memory is not None:
+        return config.kv_cache_memory
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free * 0.85)
+    return int(available_host_memory() * config.kv_cache_fraction)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, model_config: ModelConfig, tensors: dict[str, torch.Tensor],
+                 tokenizer: Tokenizer) -> None:
+        self.config = config
+        self.model_config = model_config
+        self.tokenizer = tokenizer
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        self.max_model_len = min(model_config.max_position_embeddings, config.max_model_len or 1 << 62)
+        self.runner, self.ledger = self._build_runner(tensors)
+        self.pool = BlockPool(self.ledger.num_blocks, config.enable_prefix_caching)
+        self.blocks = BlockManager(self.pool, config.block_size)
+        self.scheduler = Scheduler(SchedulerConfig(config.max_num_batched_tokens, config.max_num_seqs,
+                                                   config.scheduler), self.blocks)
+        self.eos_ids = set(tokenizer.eos_token_ids) | set(model_config.eos_token_ids)
+        self.requests: dict[str, RequestState] = {}
+        self.stats = EngineStats()
+        self._seq_ids = itertools.count()
+        self._aborted: list[RequestState] = []
+        if config.log_ledger:
+            log.info(self.ledger.describe())
+
+    def _build_runner(self, tensors: dict[str, torch.Tensor]):
+        budget = kv_budget(self.config, self.device)
+        runner, ledger = make_runner(self.model_config, tensors, budget, self.config.block_size, self.device,
+                                     self.dtype, self.config.backend)
+        if ledger.num_blocks < 1:
+            raise UserError(f"the KV cache budget ({budget} bytes) holds no block of {self.config.block_size} "
+                            f"tokens ({ledger.bytes_per_token * self.config.block_size} bytes needed)")
+        return runner, ledger
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model_config.vocab_size
+
+    # -- requests -----------------------------------------------------------------------------
+
+    def _check_prompt(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        if not prompt_ids:
+            raise RequestError("the prompt is empty")
+        bad = next((t for t in prompt_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise RequestError(f"prompt token id {bad!r} is not in [0, {self.vocab_size})")
+        n, m = len(prompt_ids), params.max_tokens
+        if n + m > self.max_model_len:
+            raise RequestError(f"prompt ({n} tokens) + max_tokens ({m}) = {n + m} exceeds the model's context "
+                               f"length of {self.max_model_len} tokens")
+        if n + 1 > self.ledger.max_tokens:
+            raise RequestError(f"prompt ({n} tokens) + 1 can never fit the KV cache of {self.ledger.max_tokens} tokens")
+
+    def encode_prompt(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt)
+        if not isinstance(prompt, list):
+            raise RequestError("a prompt is a string or a list of token ids")
+        return list(prompt)
+
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+                    arrival_time: float | None = None) -> list[int]:
+        """Validate and enqueue; raises RequestError (nothing enqueued) on bad input. Returns prompt ids."""
+        if request_id in self.requests:
+            raise RequestError(f"duplicate request id {request_id!r}")
+        params.validate(self.vocab_size)
+        prompt_ids = self.encode_prompt(prompt)
+        self._check_prompt(prompt_ids, params)
+        metrics = RequestMetrics(arrival=arrival_time or time.perf_counter())
+        seqs = [self._new_seq(request_id, i, prompt_ids, params, metrics) for i in range(params.n)]
+        self.requests[request_id] = RequestState(request_id, prompt_ids, seqs, metrics)
+        self.stats.prompt_tokens += len(prompt_ids)
+        for seq in seqs:
+            self.scheduler.add(seq)
+        return prompt_ids
+
+    def _new_seq(self, request_id: str, index: int, prompt_ids: list[int], params: SamplingParams,
+                 metrics: RequestMetrics) -> Sequence:
+        gen = None
+        if params.seed is not None and not params.greedy:
+            gen = torch.Generator(device=self.device).manual_seed((params.seed + index) % 2**63)
+        seq = Sequence(next(self._seq_ids), request_id, index, list(prompt_ids), len(prompt_ids), params,
+                       metrics, generator=gen)
+        seq.detokenizer = IncrementalDetokenizer(self.tokenizer, prompt_ids, params.skip_special_tokens)
+        return seq
+
+    def abort_request(self, request_id: str) -> bool:
+        """Stop a request now; its blocks return to the pool at once. False if unknown or done."""
+        state = self.requests.get(request_id)
+        if state is None:
+            return False
+        for seq in state.seqs:
+            if not seq.is_finished:
+                seq.finish_reason = "abort"
+                self.scheduler.finish(seq)
+        self._aborted.append(state)
+        return True
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    # -- the step -----------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        """Run one forward pass over the scheduled batch; return outputs of requests that changed."""
+        times = self.stats.times
+        t0 = time.perf_counter()
+        sched = self.scheduler.schedule()
+        self.stats.preemptions += len(sched.preempted)
+        changed = {self.requests[s.request_id] for s in sched.out_of_memory}
+        for seq in sched.out_of_memory:
+            log.warning("request %s ran out of KV cache capacity; finishing it", seq.request_id)
+            seq.finish_reason = "length"
+            self.scheduler.finish(seq)
+        t1 = time.perf_counter()
+        times.schedule += t1 - t0
+        if sched.chunks:
+            changed |= self._run(sched)
+        t2 = time.perf_counter()
+        outputs = [self._output(state) for state in changed | set(self._aborted)]
+        self._aborted.clear()
+        times.output += time.perf_counter() - t2
+        self.stats.steps += 1
+        return outputs
+
+    def _run(self, sched: SchedulerOutput) -> set[RequestState]:
+        times = self.stats.times
+        t0 = time.perf_counter()
+        chunks = []
+        for c in sched.chunks:
+            seq = c.seq
+            start = seq.num_computed
+            reaches_end = start + c.num_tokens == len(seq.token_ids)
+            chunks.append(SeqChunk(seq.token_ids[start:start + c.num_tokens], start, seq.block_table,
+                                   num_logits=1 if reaches_end else 0))
+            if c.num_tokens > 1 or seq.num_output_tokens == 0:
+                self.stats.computed_prefill_tokens += c.num_tokens
+        ids, positions, batch, rows = self.runner.prepare(chunks)
+        t1 = time.perf_counter()
+        logits = self.runner.forward(ids, positions, batch, rows)
+        t2 = time.perf_counter()
+        sampled = [c.seq for c, ch in zip(sched.chunks, chunks) if ch.num_logits]
+        for c in sched.chunks:
+            c.seq.num_computed += c.num_tokens
+            self.blocks.register_full_blocks(c.seq)
+        result = sample(logits, [SamplingRow(s.params, s.output_ids, s.token_ids[:s.num_prompt_tokens]
+                                             if s.params.repetition_penalty != 1.0 else [], s.generator,
+                                             self._banned(s)) for s in sampled]) if sampled else None
+        t3 = time.perf_counter()
+        changed = set()
+        now = time.perf_counter()
+        for i, seq in enumerate(sampled):
+            self._accept(seq, result.token_ids[i], result.logprobs[i], now)
+            changed.add(self.requests[seq.request_id])
+        times.prepare += t1 - t0
+        times.forward += t2 - t1
+        times.sample += t3 - t2
+        times.output += time.perf_counter() - t3
+        return changed
+
+    def _banned(self, seq: Sequence) -> list[int]:
+        if seq.num_output_tokens >= seq.params.min_tokens:
+            return []
+        return sorted((set() if seq.params.ignore_eos else self.eos_ids) | set(seq.params.stop_token_ids))
+
+    def _accept(self, seq: Sequence, token: int, logprobs, now: float) -> None:
+        m = seq.metrics
+        if m.first_token is None:
+            m.first_token = now
+        m.last_token = now
+        m.num_output_tokens += 1
+        self.stats.generated_tokens += 1
+        if logprobs is not None:
+            seq.logprobs.append(logprobs)
+        append_token(seq, token, self.eos_ids, self.max_model_len)
+        if seq.finish_reason:
+            self.scheduler.finish(seq)
+
+    def _output(self, state: RequestState) -> RequestOutput:
+        outs = []
+        for seq in state.seqs:
+            delta_text, delta_ids = take_delta(seq)
+            outs.append(CompletionOutput(seq.index, seq.text, seq.output_ids, seq.finish_reason, seq.stop_reason,
+                                         delta_text, delta_ids, list(seq.logprobs) if seq.params.logprobs is not None else None))
+        finished = all(s.is_finished for s in state.seqs)
+        if finished:
+            state.metrics.finished = state.metrics.finished or time.perf_counter()
+            self.requests.pop(state.request_id, None)
+            for seq in state.seqs:
+                self.stats.finished[seq.finish_reason] = self.stats.finished.get(seq.finish_reason, 0) + 1
+        return RequestOutput(state.request_id, state.prompt_ids, outs, finished, state.metrics.as_dict(),
+                             state.metrics.num_cached_prompt_tokens)

@@ -1,0 +1,100 @@
+"""The KV block pool: reference counts, a LRU free queue, and the prefix-cache index.
+
+A block is in exactly one of three states: in use (ref > 0), cached-free (ref == 0 but still holds
+the KV of a known token block, findable by hash), or empty-free. Free blocks of both kinds sit in
+one queue in the order they were freed; a fresh allocation takes the oldest, evicting its hash.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+
+@dataclass
+class PrefixCacheStats:
+    queries: int = 0  # prompt tokens looked up
+    hits: int = 0  # of which found in the cache
+    evictions: int = 0  # cached blocks whose contents were dropped for a fresh allocation
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.queries if self.queries else 0.0
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int, enable_prefix_caching: bool = True) -> None:
+        if num_blocks < 1:
+            raise ValueError("the KV pool needs at least one block")
+        self.num_blocks = num_blocks
+        self.enable_prefix_caching = enable_prefix_caching
+        self.ref_counts = [0] * num_blocks
+        self.block_hash: list[int | None] = [None] * num_blocks
+        self.block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks
+        self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self.cached: dict[int, int] = {}  # block hash -> block id
+        self.stats = PrefixCacheStats()
+
+    @property
+    def num_free(self) -> int:
+        return len(self.free_queue)
+
+    @property
+    def num_used(self) -> int:
+        return self.num_blocks - len(self.free_queue)
+
+    @property
+    def num_cached(self) -> int:
+        return len(self.cached)
+
+    def allocate(self) -> int:
+        """A fresh block (ref 1), evicting the least recently freed one's cached contents."""
+        block, _ = self.free_queue.popitem(last=False)
+        self._uncache(block)
+        self.ref_counts[block] = 1
+        return block
+
+    def _uncache(self, block: int) -> None:
+        h = self.block_hash[block]
+        if h is not None:
+            if self.cached.get(h) == block:
+                del self.cached[h]
+                self.stats.evictions += 1
+            self.block_hash[block] = None
+            self.block_tokens[block] = None
+
+    def lookup(self, block_hash: int, tokens: tuple[int, ...]) -> int | None:
+        """The cached block holding exactly these tokens after this prefix, or None."""
+        block = self.cached.get(block_hash)
+        if block is None or self.block_tokens[block] != tokens:  # token check guards against collisions
+            return None
+        return block
+
+    def share(self, block: int) -> None:
+        """Take one more reference to a cached block (reviving it if it was free)."""
+        if self.ref_counts[block] == 0:
+            del self.free_queue[block]
+        self.ref_counts[block] += 1
+
+    def register(self, block: int, block_hash: int, tokens: tuple[int, ...]) -> None:
+        """Mark a full, computed block as findable by its chained hash."""
+        if not self.enable_prefix_caching or self.block_hash[block] is not None:
+            return
+        if block_hash in self.cached:  # an identical block exists already; keep the first
+            return
+        self.block_hash[block] = block_hash
+        self.block_tokens[block] = tokens
+        self.cached[block_hash] = block
+
+    def free(self, blocks: list[int]) -> None:
+        """Drop one reference to each; a block reaching zero joins the free queue's tail."""
+        for block in blocks:
+            self.ref_counts[block] -= 1
+            assert self.ref_counts[block] >= 0, f"block {block} freed twice"
+            if self.ref_counts[block] == 0:
+                self.free_queue[block] = None
+                if self.block_hash[block] is None:  # nothing worth keeping: reuse it first
+                    self.free_queue.move_to_end(block, last=False)
+
+    def reset_prefix_cache(self) -> None:
+        for block in list(self.free_queue):
+            self._uncache(block)

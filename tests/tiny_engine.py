@@ -1,0 +1,53 @@
+"""Tiny random-weight engines for fast unit tests: a byte-level tokenizer and a 2-layer model."""
+from __future__ import annotations
+
+from tokenizers import AddedToken, Tokenizer as HFTokenizer, decoders, models, pre_tokenizers
+
+from runtime.engine import LLMEngine
+from runtime.engine_config import EngineConfig
+from runtime.tokenizer.tokenizer import Tokenizer
+from tests.hf_tiny import our_config, state_dict, tiny_hf_model
+
+BOS, EOS = 256, 257
+TINY_VOCAB = 260
+CHATML = ("{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
+          "{% if add_generation_prompt %}<s>assistant\n{% endif %}")
+
+
+def byte_tokenizer() -> Tokenizer:
+    """Every byte is one token (ids 0-255), plus <s>=256 and </s>=257 as special tokens."""
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {ch: i for i, ch in enumerate(sorted(alphabet, key=lambda c: _byte_of(c)))}
+    backend = HFTokenizer(models.BPE(vocab=vocab, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens([AddedToken("<s>", special=True), AddedToken("</s>", special=True)])
+    return Tokenizer(backend, bos_token_id=BOS, eos_token_ids=[EOS], chat_template=CHATML, vocab_size=TINY_VOCAB)
+
+
+def _byte_of(ch: str) -> int:
+    table = {v: k for k, v in _bytes_to_unicode().items()}
+    return table[ch]
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+def tiny_engine(arch: str = "llama", seed: int = 0, num_blocks: int = 256, **config) -> LLMEngine:
+    """A random 2-layer model over the byte tokenizer; num_blocks sizes the KV pool exactly."""
+    hf = tiny_hf_model(arch, seed=seed, vocab_size=TINY_VOCAB, max_position_embeddings=1024)
+    cfg = our_config(hf, arch)
+    config.setdefault("block_size", 16)
+    per_block = config["block_size"] * 2 * cfg.num_kv_heads * cfg.head_dim * 4 * cfg.num_layers
+    econf = EngineConfig(device="cpu", backend="torch", kv_cache_memory=num_blocks * per_block,
+                         log_ledger=False, **config)
+    return LLMEngine(econf, cfg, state_dict(hf), byte_tokenizer())
