@@ -28,7 +28,7 @@ class EngineConfig:
     backend: str = "auto"  # torch | cute | auto
     block_size: int = 16
     kv_cache_memory: int | None = None  # bytes; None: sized from free memory
-    kv_cache_fraction: float = 0.25  # of available host memory on cpu (of free device memory on gpu: 0.85)
+    kv_cache_fraction: float = 0.1  # of available host memory on cpu (gpu: 0.85 of free device memory)
     max_num_batched_tokens: int = 1024
     max_num_seqs: int = 64
     max_model_len: int | None = None
