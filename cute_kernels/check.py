@@ -1,0 +1,110 @@
+"""`python -m cute_kernels.check`: compile every kernel variant the runtime uses for sm_90a (no GPU
+needed) and print one row per variant: compile seconds, HGMMA count and shapes, TMA / cp.async
+loads, registers and spills. Exits non-zero when a variant fails to compile or its SASS lacks the
+tensor-core instructions its design relies on (the kernel fell off the fast path).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+
+
+@dataclass
+class VariantReport:
+    name: str
+    compile_s: float | None
+    hgmma: int = 0
+    hgmma_shapes: str = ""
+    tma_loads: int = 0
+    cp_async: int = 0
+    hmma: int = 0
+    registers: int | None = None
+    spills: int = 0
+    problems: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def required_hgmma_shapes(spec) -> set[str]:
+    """S = Q K^T is m64 x tile_n, O += P V is m64 x head_dim, both k16 into fp32."""
+    return {f"64x{spec.tile.tile_n}x16.F32", f"64x{spec.head_dim}x16.F32"}
+
+
+def check_prefill_variant(spec) -> VariantReport:
+    from .prefill_compile import compile_prefill
+    from .sass import sass_stats
+
+    try:
+        compiled = compile_prefill(spec, keep_artifacts=True)
+    except Exception as exc:  # report every variant, then fail
+        return VariantReport(spec.name, None, problems=f"compile failed: {type(exc).__name__}: {exc}"[:300])
+    stats = sass_stats(compiled.artifacts["cubin"])
+    problems = []
+    missing = required_hgmma_shapes(spec) - set(stats.hgmma_shapes)
+    if missing:
+        problems.append(f"no HGMMA {sorted(missing)}")
+    if stats.hmma:
+        problems.append(f"{stats.hmma} HMMA (warp-level MMA fallback)")
+    if not stats.cp_async:
+        problems.append("no cp.async (LDGSTS) loads")
+    return VariantReport(
+        spec.name, compiled.compile_seconds, stats.hgmma, ",".join(stats.hgmma_shapes), stats.tma_load,
+        stats.cp_async, stats.hmma, stats.registers, stats.spills, "; ".join(problems),
+    )
+
+
+def format_table(reports: list[VariantReport]) -> str:
+    header = f"{'variant':<36} {'compile_s':>9} {'HGMMA':>5} {'shapes':<34} {'TMA':>4} {'cp.async':>8} {'regs':>4} {'spills':>6}  status"
+    lines = [header, "-" * len(header)]
+    for r in reports:
+        secs = f"{r.compile_s:.1f}" if r.compile_s is not None else "-"
+        regs = str(r.registers) if r.registers is not None else "?"
+        status = "ok" if r.ok else f"FAIL: {r.problems}"
+        lines.append(f"{r.name:<36} {secs:>9} {r.hgmma:>5} {r.hgmma_shapes:<34} {r.tma_loads:>4} "
+                     f"{r.cp_async:>8} {regs:>4} {r.spills:>6}  {status}")
+    return "\n".join(lines)
+
+
+def selected_specs(all_variants: bool, only: list[str] | None):
+    from .prefill_spec import SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS, PrefillSpec, runtime_variants
+
+    specs = runtime_variants()
+    if all_variants:  # also the non-causal kernels
+        specs += [PrefillSpec(s.dtype, s.head_dim, s.qheads_per_kvhead, causal=False) for s in specs]
+    if only:
+        specs = [s for s in specs if any(pattern in s.name for pattern in only)]
+    return specs
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--all", action="store_true", help="also the variants the runtime does not use today")
+    parser.add_argument("--only", nargs="*", help="substrings of variant names to keep")
+    parser.add_argument("--json", help="also write the reports as JSON to this path")
+    args = parser.parse_args(argv)
+
+    # The DSL writes its cache under $TMPDIR; keep it out of shared temp dirs.
+    os.environ.setdefault("TMPDIR", tempfile.mkdtemp(prefix="cute_check_"))
+    reports = []
+    for spec in selected_specs(args.all, args.only):
+        reports.append(check_prefill_variant(spec))
+        print(f"  compiled {spec.name}", file=sys.stderr, flush=True)
+    print(format_table(reports))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([asdict(r) | {"ok": r.ok} for r in reports], f, indent=1)
+    failed = [r.name for r in reports if not r.ok]
+    if failed or not reports:
+        print(f"FAILED: {failed or 'no variants selected'}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

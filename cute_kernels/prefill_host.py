@@ -1,0 +1,116 @@
+"""Host-side argument preparation for the prefill kernel (pure torch; testable on the CPU).
+
+Turns the attention_ref.prefill_attention_ref arguments into exactly what the kernel reads:
+int32 metadata, a PrefillSpec (the compile key), max_seqlen_q for the grid, and placeholders when
+there is no paged prefix (prefix_lens = 0 means the cache is never read).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .prefill_schedule import num_query_tiles
+from .prefill_spec import KV_BLOCK_SIZE, PrefillSpec
+
+_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+@dataclass
+class PrefillLaunchArgs:
+    spec: PrefillSpec
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    block_tables: torch.Tensor  # int32 [B, max_blocks]
+    prefix_lens: torch.Tensor  # int32 [B]
+    cu_seqlens_q: torch.Tensor  # int32 [B + 1]
+    cu_seqlens_k: torch.Tensor  # int32 [B + 1]
+    out: torch.Tensor  # like q
+    lse: torch.Tensor  # fp32 [total_q, H]
+    softmax_scale_log2: float
+    max_seqlen_q: int
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        tiles = num_query_tiles(self.max_seqlen_q, self.spec.qheads_per_kvhead, self.spec.tile.tile_m)
+        return tiles, self.k.shape[1], self.cu_seqlens_q.numel() - 1
+
+    def kernel_tensors(self) -> tuple[torch.Tensor, ...]:
+        """Tensors in the argument order of PrefillAttentionSm90.__call__."""
+        return (self.q, self.k, self.v, self.k_cache, self.v_cache, self.block_tables, self.prefix_lens,
+                self.cu_seqlens_q, self.cu_seqlens_k, self.out, self.lse)
+
+
+def _rows_ready(x: torch.Tensor, name: str) -> torch.Tensor:
+    """The kernel copies 16-byte row chunks: contiguous head_dim, 16-byte aligned rows."""
+    if x.stride(-1) != 1 or any(s % 8 for s in x.stride()[:-1]) or x.data_ptr() % 16:
+        x = x.contiguous()
+    if x.data_ptr() % 16:
+        raise ValueError(f"prefill attention: {name} must be 16-byte aligned")
+    return x
+
+
+def _int32(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.int32).contiguous()
+
+
+def prepare_prefill_args(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    scale: float,
+    causal: bool = True,
+    k_cache: torch.Tensor | None = None,
+    v_cache: torch.Tensor | None = None,
+    block_tables: torch.Tensor | None = None,
+    prefix_lens: torch.Tensor | None = None,
+    max_seqlen_q: int | None = None,
+) -> PrefillLaunchArgs:
+    if q.dim() != 3 or k.dim() != 3 or v.shape != k.shape:
+        raise ValueError(f"prefill attention: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: "
+                         "expected packed [tokens, heads, head_dim] with k and v alike")
+    if q.dtype not in _DTYPE_NAMES or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"prefill attention: dtypes {q.dtype}/{k.dtype}/{v.dtype}; need bf16 or fp16, all equal")
+    heads, head_dim = q.shape[1], q.shape[2]
+    kv_heads = k.shape[1]
+    if k.shape[2] != head_dim or heads % kv_heads:
+        raise ValueError(f"prefill attention: {heads} query heads over {kv_heads} KV heads, "
+                         f"head_dim {head_dim} vs {k.shape[2]}")
+    spec = PrefillSpec(_DTYPE_NAMES[q.dtype], head_dim, heads // kv_heads, causal)
+    batch = cu_seqlens_q.numel() - 1
+    if cu_seqlens_k.numel() != batch + 1:
+        raise ValueError("prefill attention: cu_seqlens_q and cu_seqlens_k differ in batch size")
+
+    if prefix_lens is None:
+        prefix_lens = torch.zeros(batch, dtype=torch.int32, device=q.device)
+        # Never read (prefix 0); tiny placeholders keep the kernel signature fixed.
+        k_cache = v_cache = torch.zeros(1, KV_BLOCK_SIZE, kv_heads, head_dim, dtype=q.dtype, device=q.device)
+        block_tables = torch.zeros(batch, 1, dtype=torch.int32, device=q.device)
+    else:
+        if k_cache is None or v_cache is None or block_tables is None:
+            raise ValueError("prefill attention: prefix_lens needs k_cache, v_cache and block_tables")
+        expected = (KV_BLOCK_SIZE, kv_heads, head_dim)
+        if tuple(k_cache.shape[1:]) != expected or v_cache.shape != k_cache.shape or k_cache.dtype != q.dtype:
+            raise ValueError(f"prefill attention: caches {tuple(k_cache.shape)}/{tuple(v_cache.shape)} "
+                             f"{k_cache.dtype}, expected [num_blocks, {', '.join(map(str, expected))}] {q.dtype}")
+        if block_tables.dim() != 2 or block_tables.shape[0] != batch:
+            raise ValueError(f"prefill attention: block_tables {tuple(block_tables.shape)}, expected [{batch}, max_blocks]")
+
+    if max_seqlen_q is None:
+        max_seqlen_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max()) if batch > 0 else 0
+
+    q = _rows_ready(q, "q")
+    return PrefillLaunchArgs(
+        spec=spec, q=q, k=_rows_ready(k, "k"), v=_rows_ready(v, "v"),
+        k_cache=_rows_ready(k_cache, "k_cache"), v_cache=_rows_ready(v_cache, "v_cache"),
+        block_tables=_int32(block_tables), prefix_lens=_int32(prefix_lens),
+        cu_seqlens_q=_int32(cu_seqlens_q), cu_seqlens_k=_int32(cu_seqlens_k),
+        out=torch.empty_like(q), lse=torch.empty(q.shape[0], heads, dtype=torch.float32, device=q.device),
+        softmax_scale_log2=scale * math.log2(math.e), max_seqlen_q=max_seqlen_q,
+    )

@@ -1,0 +1,113 @@
+"""Read what ptxas made of a kernel: disassemble a cubin and count the instructions the design relies on.
+
+nvdisasm comes from the PyPI wheel `nvidia-cuda-nvdisasm`; registers per thread are read from the
+cubin's `.nv.info` EIATTR_REGCOUNT records (no CUDA driver needed).
+"""
+from __future__ import annotations
+
+import re
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+# Instruction families we report: tensor-core MMA, async copies, local-memory traffic (spills).
+_PATTERNS = {
+    "hgmma": r"\bHGMMA\.",  # warpgroup MMA, 16-bit inputs
+    "qgmma": r"\bQGMMA\.",  # warpgroup MMA, fp8 inputs
+    "hmma": r"\bHMMA\.",  # warp-level MMA (the slow path on Hopper)
+    "tma_load": r"\bUTMALDG\b",
+    "cp_async": r"\bLDGSTS\b",
+    "local_load": r"\bLDL\b",
+    "local_store": r"\bSTL\b",
+}
+
+
+@dataclass(frozen=True)
+class SassStats:
+    hgmma: int
+    qgmma: int
+    hmma: int
+    tma_load: int
+    cp_async: int
+    local_load: int
+    local_store: int
+    registers: int | None  # per thread, of the largest kernel in the cubin
+    hgmma_shapes: tuple[str, ...]  # e.g. ("64x128x16.F32",)
+
+    @property
+    def spills(self) -> int:
+        return self.local_load + self.local_store
+
+
+def find_nvdisasm() -> str | None:
+    """nvdisasm from PATH or from the nvidia-cuda-nvdisasm wheel."""
+    found = shutil.which("nvdisasm")
+    if found:
+        return found
+    for site in map(Path, sys.path):
+        for sub in ("nvidia/cu13/bin/nvdisasm", "nvidia/cuda_nvdisasm/bin/nvdisasm", "nvidia/cu12/bin/nvdisasm"):
+            if (site / sub).is_file():
+                return str(site / sub)
+    return None
+
+
+def disassemble(cubin: bytes) -> str:
+    tool = find_nvdisasm()
+    if tool is None:
+        raise RuntimeError("nvdisasm not found: pip install nvidia-cuda-nvdisasm")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([tool, "-c", f.name], check=True, capture_output=True, text=True).stdout
+
+
+def _elf_sections(cubin: bytes) -> dict[str, tuple[int, int]]:
+    """Section name -> (offset, size) of a 64-bit little-endian ELF."""
+    shoff, = struct.unpack_from("<Q", cubin, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
+    headers = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * shentsize) for i in range(shnum)]
+    names_off = headers[shstrndx][4]
+    sections = {}
+    for h in headers:
+        name = cubin[names_off + h[0]:cubin.index(b"\0", names_off + h[0])].decode()
+        sections[name] = (h[4], h[5])
+    return sections
+
+
+_EIATTR_REGCOUNT = 0x2F
+_EIFMT_SIZES = {1: 0, 2: 1, 3: 2}  # attribute formats with fixed payload sizes; 4 = u16 length prefix
+
+
+def cubin_registers(cubin: bytes) -> int | None:
+    """Registers per thread (max over kernels), from the EIATTR_REGCOUNT records of `.nv.info`."""
+    if cubin[:4] != b"\x7fELF" or cubin[4] != 2:
+        return None
+    best = None
+    for name, (off, size) in _elf_sections(cubin).items():
+        if not name.startswith(".nv.info"):
+            continue
+        pos = off
+        while pos + 2 <= off + size:
+            fmt, attr = cubin[pos], cubin[pos + 1]
+            if fmt == 4:
+                length, = struct.unpack_from("<H", cubin, pos + 2)
+                if attr == _EIATTR_REGCOUNT and length == 8:
+                    regs = struct.unpack_from("<II", cubin, pos + 4)[1]
+                    best = regs if best is None else max(best, regs)
+                pos += 4 + length
+            elif fmt in _EIFMT_SIZES:
+                pos += 2 + _EIFMT_SIZES[fmt]
+            else:
+                break
+    return best
+
+
+def sass_stats(cubin: bytes) -> SassStats:
+    text = disassemble(cubin)
+    counts = {key: len(re.findall(pat, text)) for key, pat in _PATTERNS.items()}
+    shapes = tuple(sorted(set(re.findall(r"\b[HQ]GMMA\.(\d+x\d+x\d+\.[A-Z0-9]+)", text))))
+    return SassStats(**counts, registers=cubin_registers(cubin), hgmma_shapes=shapes)

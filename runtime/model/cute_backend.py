@@ -1,0 +1,51 @@
+"""The `cute` attention backend: CuTe DSL kernels on Hopper (sm_90), same contract as the torch reference.
+
+prefill_attention(...) takes exactly attention_ref.prefill_attention_ref's arguments. It runs the
+compiled sm_90a kernel and raises CuteBackendUnavailable, saying why, anywhere else (CPU tensors, a
+non-Hopper GPU, the DSL not installed); callers pick the torch backend in that case.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class CuteBackendUnavailable(RuntimeError):
+    pass
+
+
+def unavailable_reason(device: torch.device | None = None) -> str | None:
+    """None when the cute kernels can run on `device`, else a one-line reason."""
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    device = torch.device("cuda") if device is None else device
+    if device.type != "cuda":
+        return f"tensors are on {device}, not CUDA"
+    major, minor = torch.cuda.get_device_capability(device)
+    if major != 9:
+        return f"needs an sm_90 (Hopper) GPU, found sm_{major}{minor}"
+    try:
+        import cutlass  # noqa: F401
+    except ImportError:
+        return "nvidia-cutlass-dsl is not installed (pip install 'cute-serve[hopper]')"
+    return None
+
+
+def prefill_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    scale: float,
+    causal: bool = True,
+    k_cache: torch.Tensor | None = None,
+    v_cache: torch.Tensor | None = None,
+    block_tables: torch.Tensor | None = None,
+    prefix_lens: torch.Tensor | None = None,
+) -> torch.Tensor:
+    reason = unavailable_reason(q.device)
+    if reason is not None:
+        raise CuteBackendUnavailable(f"cute prefill attention unavailable: {reason}")
+    from cute_kernels.prefill_launch import prefill_attention as kernel
+
+    return kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, causal, k_cache, v_cache, block_tables, prefix_lens)

@@ -1,0 +1,106 @@
+"""The sm_90a compile check: kernels compile on the CPU, their SASS keeps the HGMMA fast path,
+the compile cache keys on the spec only, and the GPU suite script passes its dry run."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+cutlass = pytest.importorskip("cutlass", reason="needs nvidia-cutlass-dsl (the hopper extra)")
+
+
+@pytest.fixture(autouse=True)
+def _private_tmpdir(tmp_path, monkeypatch):
+    # The DSL writes a cache under $TMPDIR; keep it inside the test's temp dir.
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+
+
+@pytest.fixture(scope="module")
+def compiled_bf16_d128_gqa4():
+    from cute_kernels.prefill_compile import compile_prefill
+    from cute_kernels.prefill_spec import PrefillSpec
+
+    spec = PrefillSpec("bfloat16", 128, 4)
+    return spec, compile_prefill(spec, keep_artifacts=True)
+
+
+def test_prefill_compiles_to_hgmma_with_cp_async(compiled_bf16_d128_gqa4):
+    from cute_kernels.check import required_hgmma_shapes
+    from cute_kernels.sass import find_nvdisasm, sass_stats
+
+    spec, compiled = compiled_bf16_d128_gqa4
+    assert "wgmma.mma_async" in compiled.artifacts["ptx"]
+    if find_nvdisasm() is None:
+        pytest.skip("nvdisasm not installed (pip install nvidia-cuda-nvdisasm)")
+    stats = sass_stats(compiled.artifacts["cubin"])
+    assert required_hgmma_shapes(spec) <= set(stats.hgmma_shapes)
+    assert stats.hgmma >= 2 * (spec.head_dim // 16)  # at least one S and one PV k-loop
+    assert stats.hmma == 0, "warp-level MMA: the kernel fell off the wgmma path"
+    assert stats.cp_async > 0
+    assert stats.spills == 0
+    assert stats.registers is not None and 0 < stats.registers <= 255
+
+
+def test_compile_cache_compiles_each_spec_once():
+    from cute_kernels.compile_cache import CompileCache, CompiledKernel
+    from cute_kernels.prefill_spec import PrefillSpec
+
+    calls = []
+    cache = CompileCache(lambda spec: calls.append(spec) or CompiledKernel(object(), 0.0))
+    a, a_again, b = PrefillSpec("bfloat16", 128, 4), PrefillSpec("bfloat16", 128, 4), PrefillSpec("bfloat16", 128, 8)
+    assert cache.get(a) is cache.get(a_again)
+    cache.get(b)
+    assert calls == [a, b] and cache.compiles == 2 and len(cache) == 2
+
+
+@pytest.mark.slow
+def test_real_compile_cache_reuses_the_kernel():
+    from cute_kernels.compile_cache import CompileCache
+    from cute_kernels.prefill_compile import compile_prefill
+    from cute_kernels.prefill_spec import PrefillSpec
+
+    cache = CompileCache(compile_prefill)
+    first = cache.get(PrefillSpec("float16", 64, 1))
+    assert cache.get(PrefillSpec("float16", 64, 1)) is first and cache.compiles == 1
+
+
+def test_check_reports_and_fails_on_a_broken_variant(monkeypatch, capsys):
+    from cute_kernels import check, prefill_compile
+
+    def broken(spec, keep_artifacts=False):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(prefill_compile, "compile_prefill", broken)
+    assert check.main(["--only", "bfloat16_d64_g1_causal"]) == 1
+    assert "FAIL: compile failed: RuntimeError: boom" in capsys.readouterr().out
+
+
+def test_check_flags_missing_hgmma(monkeypatch):
+    from cute_kernels import check, prefill_compile, sass
+    from cute_kernels.compile_cache import CompiledKernel
+    from cute_kernels.prefill_spec import PrefillSpec
+
+    monkeypatch.setattr(prefill_compile, "compile_prefill",
+                        lambda spec, keep_artifacts=False: CompiledKernel(None, 0.1, {"cubin": b"", "ptx": ""}))
+    monkeypatch.setattr(sass, "sass_stats", lambda cubin: sass.SassStats(0, 0, 16, 0, 8, 0, 0, 128, ("16x8x16",)))
+    report = check.check_prefill_variant(PrefillSpec("bfloat16", 64, 1))
+    assert not report.ok and "no HGMMA" in report.problems and "HMMA" in report.problems
+
+
+def test_check_cli_one_variant():
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-m", "cute_kernels.check", "--only", "bfloat16_d64_g1_causal"],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "prefill_bfloat16_d64_g1_causal" in out.stdout and " ok" in out.stdout
+
+
+def test_gpu_suite_dry_run():
+    out = subprocess.run(["bash", str(REPO / "profiling" / "gpu_suite.sh"), "--dry-run"], cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "prefill" in out.stdout
