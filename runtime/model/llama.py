@@ -30,8 +30,8 @@ class DecoderLayer(nn.Module):
         self.gate_up = nn.Parameter(torch.empty(2 * cfg.intermediate_size, h))
         self.down = nn.Parameter(torch.empty(h, cfg.intermediate_size))
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, positions: torch.Tensor,
-                rope: RotaryEmbedding, kv_cache: tuple[torch.Tensor, torch.Tensor],
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None,
+                cos_sin: tuple[torch.Tensor, torch.Tensor], kv_cache: tuple[torch.Tensor, torch.Tensor],
                 batch: AttentionBatch, ops: Ops) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.cfg
         eps = cfg.rms_norm_eps
@@ -45,7 +45,7 @@ class DecoderLayer(nn.Module):
         if self.q_norm is not None:
             q = F.rms_norm(q, (cfg.head_dim,), self.q_norm, eps)
             k = F.rms_norm(k, (cfg.head_dim,), self.k_norm, eps)
-        q, k = rope.apply(q, positions), rope.apply(k, positions)
+        q, k = RotaryEmbedding.apply(q, cos_sin), RotaryEmbedding.apply(k, cos_sin)
         attn = ops.attention(q, k, v, kv_cache[0], kv_cache[1], batch, cfg.head_dim**-0.5)
         x = F.linear(attn.view(-1, cfg.q_size), self.o_proj)
         residual = x + residual
@@ -71,8 +71,9 @@ class LlamaModel(nn.Module):
         """Final hidden states [tokens, hidden] for the packed tokens of one step."""
         x = F.embedding(input_ids, self.embed)
         residual = None
+        cos_sin = self.rope.lookup(positions)
         for layer, kv in zip(self.layers, kv_caches):
-            x, residual = layer(x, residual, positions, self.rope, kv, batch, self.ops)
+            x, residual = layer(x, residual, cos_sin, kv, batch, self.ops)
         return F.rms_norm(x + residual, (self.cfg.hidden_size,), self.norm, self.cfg.rms_norm_eps)
 
     @torch.inference_mode()

@@ -1,0 +1,90 @@
+"""Batch-1 greedy decode speed: our engine vs transformers' generate, same model and prompt, one run.
+
+    python profiling/bench_generate.py [--model PATH] [--new-tokens 128] [--repeats 3]
+
+Prints TTFT and decode tokens/s of each and the ratio (ours / transformers).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+from runtime.engine import LLMEngine  # noqa: E402
+from runtime.engine_config import EngineConfig  # noqa: E402
+from runtime.load import load_model  # noqa: E402
+from runtime.sampling_params import SamplingParams  # noqa: E402
+
+PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
+
+
+def ours(engine: LLMEngine, ids: list[int], n: int) -> tuple[float, float, list[int]]:
+    """(TTFT s, decode tokens/s, tokens) for one greedy request."""
+    engine.add_request(f"bench-{time.perf_counter_ns()}", ids, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
+    out = None
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            pass
+    m = out.metrics
+    return m["ttft"], (n - 1) / (m["e2e"] - m["ttft"]), out.outputs[0].token_ids
+
+
+def transformers_run(model, ids: list[int], n: int) -> tuple[float, float, list[int]]:
+    """Same measurement with transformers: a 1-token generate for TTFT, then the full generate."""
+    x = torch.tensor([ids])
+    kw = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        model.generate(x, max_new_tokens=1, min_new_tokens=1, **kw)
+        ttft = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        out = model.generate(x, max_new_tokens=n, min_new_tokens=n, **kw)
+        total = time.perf_counter() - t0
+    return ttft, (n - 1) / max(total - ttft, 1e-9), out[0, len(ids):].tolist()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None, help="a .gguf file (default: SmolLM2-135M-Instruct)")
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--json", default=None, help="write results here")
+    args = ap.parse_args()
+    from transformers import AutoModelForCausalLM
+
+    cfg, tensors, tok, path = load_model(args.model)
+    engine = LLMEngine(EngineConfig(device="cpu", backend="torch", kv_cache_memory=256 << 20, log_ledger=False),
+                       cfg, tensors, tok)
+    hf = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
+                                              dtype=torch.float32).eval()
+    ids = tok.encode_chat([{"role": "user", "content": PROMPT}])
+    n = args.new_tokens
+    ours(engine, ids, 8), transformers_run(hf, ids, 8)  # warm-up
+    rows = {"ours": [], "transformers": []}
+    for _ in range(args.repeats):  # interleaved so drifts in machine load hit both
+        rows["ours"].append(ours(engine, ids, n))
+        rows["transformers"].append(transformers_run(hf, ids, n))
+    res = {k: {"ttft_ms": 1000 * statistics.median(r[0] for r in v), "decode_tok_s": statistics.median(r[1] for r in v)}
+           for k, v in rows.items()}
+    same = rows["ours"][0][2] == rows["transformers"][0][2]
+    print(f"prompt {len(ids)} tokens, {n} new tokens, greedy, float32, {torch.get_num_threads()} threads, "
+          f"median of {args.repeats}")
+    print(f"{'engine':<14}{'TTFT ms':>10}{'decode tok/s':>14}")
+    for k, v in res.items():
+        print(f"{k:<14}{v['ttft_ms']:>10.1f}{v['decode_tok_s']:>14.1f}")
+    ratio = res["ours"]["decode_tok_s"] / res["transformers"]["decode_tok_s"]
+    print(f"decode ratio ours/transformers: {ratio:.2f}x; identical tokens: {same}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({**res, "ratio": ratio, "identical_tokens": same, "prompt_tokens": len(ids), "new_tokens": n}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
