@@ -74,6 +74,27 @@ def prefill_attention_ref(
     return out
 
 
+DecodePlan = list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+
+
+def plan_decode(block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int,
+                seqs_per_bucket: int = 8) -> DecodePlan:
+    """Group sequences of similar length and precompute their flat cache slots.
+
+    Gathering paged KV into a padded batch costs memory traffic proportional to the padding, so
+    sequences are sorted by length and split into buckets; the plan depends only on the block
+    tables, so one plan serves every layer of a step. Returns (seq indices, slots [b, 1, L], valid [b, L]).
+    """
+    order = torch.argsort(context_lens, descending=True)
+    plan = []
+    for idx in torch.split(order, seqs_per_bucket):
+        lens = context_lens[idx].long()
+        pos = torch.arange(int(lens.max()), device=block_tables.device)
+        slots = block_tables[idx][:, pos // block_size].long() * block_size + pos % block_size
+        plan.append((idx, slots.unsqueeze(1), pos.unsqueeze(0) < lens.unsqueeze(1)))
+    return plan
+
+
 def decode_attention_ref(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -81,15 +102,24 @@ def decode_attention_ref(
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    plan: DecodePlan | None = None,
 ) -> torch.Tensor:
-    """One query token per sequence over its whole paged context: q [B, H, d] -> [B, H, d]."""
-    bsz = q.shape[0]
-    max_len = int(context_lens.max())
-    bs = k_cache.shape[1]
-    nblocks = (max_len + bs - 1) // bs
-    table = block_tables[:, :nblocks].long()
-    keys = k_cache[table].flatten(1, 2)  # [B, nblocks*bs, Hkv, d]
-    values = v_cache[table].flatten(1, 2)
-    valid = torch.arange(nblocks * bs, device=q.device).unsqueeze(0) < context_lens.unsqueeze(1)  # [B, Lk]
-    mask = valid.view(bsz, 1, 1, -1)
-    return _sdpa(q.unsqueeze(1), keys, values, mask, scale).squeeze(1)
+    """One query token per sequence over its whole paged context: q [B, H, d] -> [B, H, d].
+
+    Query heads of one KV head are multiplied together ([G, d] x [d, L]), so K/V are never repeated.
+    """
+    plan = plan if plan is not None else plan_decode(block_tables, context_lens, k_cache.shape[1])
+    hkv, d = k_cache.shape[2], k_cache.shape[3]
+    group = q.shape[1] // hkv
+    keys, values = k_cache.view(-1, hkv, d), v_cache.view(-1, hkv, d)
+    heads = torch.arange(hkv, device=q.device).view(1, -1, 1)
+    out = torch.empty_like(q)
+    for idx, slots, valid in plan:
+        b = len(idx)
+        k = keys[slots, heads]  # [b, Hkv, L, d], gathered straight into matmul layout
+        v = values[slots, heads]
+        scores = torch.matmul(q[idx].view(b, hkv, group, d).float(), k.transpose(-1, -2).float()) * scale
+        scores.masked_fill_(~valid.view(b, 1, 1, -1), float("-inf"))
+        probs = scores.softmax(-1).to(v.dtype)
+        out[idx] = torch.matmul(probs, v).reshape(b, hkv * group, d).to(q.dtype)
+    return out

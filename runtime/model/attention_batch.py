@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -25,3 +26,4 @@ class AttentionBatch:
     prefill_prefix_lens: torch.Tensor | None = None
     prefill_block_tables: torch.Tensor | None = None
     max_prefix_len: int = 0
+    decode_plan: Any = None  # backend-specific precomputation shared by all layers of the step

@@ -10,7 +10,7 @@ from typing import Callable
 
 import torch
 
-from cute_kernels.attention_ref import decode_attention_ref, prefill_attention_ref, write_kv
+from cute_kernels.attention_ref import decode_attention_ref, plan_decode, prefill_attention_ref, write_kv
 from runtime.errors import UserError
 from runtime.model.attention_batch import AttentionBatch
 
@@ -28,18 +28,26 @@ class Ops:
         self.write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
         nd = batch.num_decode_tokens
         if nd == q.shape[0]:
-            return self.decode_attention(q, k_cache, v_cache, batch.decode_block_tables,
-                                         batch.decode_context_lens, scale)
+            return self._decode(q, k_cache, v_cache, batch, scale)
         out = torch.empty_like(q)
         if nd:
-            out[:nd] = self.decode_attention(q[:nd], k_cache, v_cache, batch.decode_block_tables,
-                                             batch.decode_context_lens, scale)
+            out[:nd] = self._decode(q[:nd], k_cache, v_cache, batch, scale)
         prefix = batch.prefill_prefix_lens if batch.max_prefix_len else None
         out[nd:] = self.prefill_attention(
             q[nd:], k[nd:], v[nd:], batch.cu_seqlens_q, batch.cu_seqlens_q, scale, True,
             k_cache, v_cache, batch.prefill_block_tables, prefix,
         )
         return out
+
+
+    def _decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: AttentionBatch,
+                scale: float) -> torch.Tensor:
+        if self.decode_attention is decode_attention_ref:
+            if batch.decode_plan is None:  # built once per step, shared by every layer
+                batch.decode_plan = plan_decode(batch.decode_block_tables, batch.decode_context_lens, k_cache.shape[1])
+            return decode_attention_ref(q, k_cache, v_cache, batch.decode_block_tables, batch.decode_context_lens,
+                                        scale, batch.decode_plan)
+        return self.decode_attention(q, k_cache, v_cache, batch.decode_block_tables, batch.decode_context_lens, scale)
 
 
 def torch_ops() -> Ops:

@@ -1,0 +1,173 @@
+"""Offline throughput: 64 requests (prompts 32-512 tokens, outputs 16-256, greedy, ignore_eos, token-id
+prompts), run side by side by (a) transformers' batched generate, (b) our static batching, (c) our
+continuous batching, and (d) vLLM's CPU build when --vllm-python points at a Python that has it.
+
+    python profiling/bench_offline.py [--engines continuous,static,transformers] [--hf-batch 16]
+        [--vllm-python /path/to/venv/bin/python] [--json out.json]
+
+Prints useful output tokens/s (requested tokens only), TTFT/TPOT P50/P99, ratios, and where a step's
+time goes in the continuous engine.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+from profiling.workloads import offline_workload, percentile  # noqa: E402
+from runtime.engine import LLMEngine  # noqa: E402
+from runtime.engine_config import EngineConfig  # noqa: E402
+from runtime.llm import LLM  # noqa: E402
+from runtime.load import load_model  # noqa: E402
+from runtime.sampling_params import SamplingParams  # noqa: E402
+
+
+def run_ours(model_path, workload, policy: str, args) -> dict:
+    cfg, tensors, tok, _ = load_model(model_path)
+    engine = LLMEngine(EngineConfig(device="cpu", backend="torch", kv_cache_memory=args.kv_bytes, scheduler=policy,
+                                    max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                                    log_ledger=False, enable_prefix_caching=False), cfg, tensors, tok)
+    llm = LLM.from_engine(engine)
+    llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)  # warm-up
+    engine.stats.times.__init__()
+    params = [SamplingParams(temperature=0, max_tokens=r.max_tokens, ignore_eos=True) for r in workload]
+    t0 = time.perf_counter()
+    outs = llm.generate([r.prompt_ids for r in workload], params, use_tqdm=False)
+    wall = time.perf_counter() - t0
+    useful = sum(len(o.outputs[0].token_ids) for o in outs)
+    ttft = [o.metrics["ttft"] for o in outs]
+    tpot = [o.metrics["tpot"] for o in outs if o.metrics["tpot"] is not None]
+    return {"engine": policy, "wall_s": wall, "useful_tok_s": useful / wall, "useful_tokens": useful,
+            "ttft_p50": percentile(ttft, 50), "ttft_p99": percentile(ttft, 99),
+            "tpot_p50": percentile(tpot, 50), "tpot_p99": percentile(tpot, 99),
+            "steps": engine.stats.steps, "time_shares": engine.stats.times.shares(),
+            "tokens": [o.outputs[0].token_ids for o in outs]}
+
+
+def run_transformers(model_path, workload, batch: int) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(os.path.dirname(model_path), gguf_file=os.path.basename(model_path),
+                                                 dtype=torch.float32).eval()
+    model.generation_config.eos_token_id = None
+    t0 = time.perf_counter()
+    useful, ttft, e2e = 0, [], []
+    for i in range(0, len(workload), batch):
+        group = workload[i:i + batch]
+        width = max(len(r.prompt_ids) for r in group)
+        ids = torch.zeros(len(group), width, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for j, r in enumerate(group):  # left padding
+            ids[j, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
+            mask[j, width - len(r.prompt_ids):] = 1
+        n = max(r.max_tokens for r in group)
+        with torch.no_grad():
+            model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+        done = time.perf_counter() - t0
+        useful += sum(r.max_tokens for r in group)
+        e2e += [done] * len(group)
+    wall = time.perf_counter() - t0
+    return {"engine": f"transformers(b={batch})", "wall_s": wall, "useful_tok_s": useful / wall, "useful_tokens": useful,
+            "e2e_p50": percentile(e2e, 50)}
+
+
+VLLM_SCRIPT = r"""
+import json, sys, time
+from vllm import LLM, SamplingParams
+from vllm.inputs import TokensPrompt
+spec = json.load(open(sys.argv[1]))
+llm = LLM(model=spec["model"], dtype="float32", max_model_len=2048, seed=0)
+prompts = [TokensPrompt(prompt_token_ids=r[0]) for r in spec["requests"]]
+params = [SamplingParams(temperature=0, max_tokens=r[1], ignore_eos=True) for r in spec["requests"]]
+llm.generate(prompts[:1], params[:1])
+t0 = time.perf_counter()
+outs = llm.generate(prompts, params)
+wall = time.perf_counter() - t0
+useful = sum(len(o.outputs[0].token_ids) for o in outs)
+json.dump({"engine": "vllm-cpu", "wall_s": wall, "useful_tok_s": useful / wall, "useful_tokens": useful}, open(sys.argv[2], "w"))
+"""
+
+
+def run_vllm(python: str, model_path: str, workload) -> dict:
+    """vLLM in its own process and environment, on an HF folder exported from the same weights."""
+    from runtime.model.checkpoint import load_checkpoint
+    from runtime.model.hf_export import export_hf_folder
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = os.path.join(tmp, "hf")
+        export_hf_folder(load_checkpoint(model_path), None, folder)
+        _write_tokenizer(model_path, folder)
+        spec, out, script = (os.path.join(tmp, n) for n in ("spec.json", "out.json", "run_vllm.py"))
+        json.dump({"model": folder, "requests": [[r.prompt_ids, r.max_tokens] for r in workload]}, open(spec, "w"))
+        open(script, "w").write(VLLM_SCRIPT)
+        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_CPU_OMP_THREADS_BIND": "0-1"}
+        subprocess.run([python, script, spec, out], check=True, env=env)
+        return json.load(open(out))
+
+
+def _write_tokenizer(model_path: str, folder: str) -> None:
+    from runtime.tokenizer.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_gguf(model_path)
+    tok.backend.save(os.path.join(folder, "tokenizer.json"))
+    json.dump({"chat_template": tok.chat_template, "eos_token": "<|im_end|>", "bos_token": "<|im_start|>"},
+              open(os.path.join(folder, "tokenizer_config.json"), "w"))
+
+
+def print_table(results: list[dict], base: dict | None) -> None:
+    print(f"{'engine':<20}{'useful tok/s':>13}{'wall s':>9}{'TTFT p50/p99 s':>17}{'TPOT p50/p99 ms':>18}{'vs cont.':>9}")
+    for r in results:
+        lat = (f"{r['ttft_p50']:.2f}/{r['ttft_p99']:.2f}" if "ttft_p50" in r else "-")
+        tp = (f"{r['tpot_p50'] * 1e3:.0f}/{r['tpot_p99'] * 1e3:.0f}" if "tpot_p50" in r else "-")
+        ratio = f"{base['useful_tok_s'] / r['useful_tok_s']:.2f}x" if base and r is not base else ""
+        print(f"{r['engine']:<20}{r['useful_tok_s']:>13.1f}{r['wall_s']:>9.1f}{lat:>17}{tp:>18}{ratio:>9}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--engines", default="continuous,static,transformers")
+    ap.add_argument("--requests", type=int, default=64)
+    ap.add_argument("--hf-batch", type=int, default=16)
+    ap.add_argument("--max-num-seqs", type=int, default=64)
+    ap.add_argument("--max-num-batched-tokens", type=int, default=1024)
+    ap.add_argument("--kv-bytes", type=int, default=3 << 30)
+    ap.add_argument("--vllm-python", default=None, help="a Python interpreter that has vLLM's CPU build")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    from weights.default import resolve_model_path
+
+    path = resolve_model_path(args.model)
+    workload = offline_workload(args.requests)
+    print(f"workload: {len(workload)} requests, {sum(len(r.prompt_ids) for r in workload)} prompt tokens, "
+          f"{sum(r.max_tokens for r in workload)} output tokens; {torch.get_num_threads()} threads")
+    results = []
+    for name in args.engines.split(","):
+        if name in ("continuous", "static"):
+            results.append(run_ours(path, workload, name, args))
+        elif name == "transformers":
+            results.append(run_transformers(path, workload, args.hf_batch))
+        print(f"  done: {results[-1]['engine']} {results[-1]['useful_tok_s']:.1f} useful tok/s", flush=True)
+    if args.vllm_python:
+        results.append(run_vllm(args.vllm_python, path, workload))
+    base = next((r for r in results if r["engine"] == "continuous"), None)
+    print_table(results, base)
+    ours = {r["engine"]: r for r in results if "tokens" in r}
+    if "continuous" in ours and "static" in ours:
+        print("continuous and static outputs identical:", ours["continuous"]["tokens"] == ours["static"]["tokens"])
+    if base:
+        print("continuous step time shares:", ", ".join(f"{k} {v:.1%}" for k, v in base["time_shares"].items()))
+    if args.json:
+        json.dump([{k: v for k, v in r.items() if k != "tokens"} for r in results], open(args.json, "w"), indent=2)
+
+
+if __name__ == "__main__":
+    main()

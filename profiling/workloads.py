@@ -1,0 +1,29 @@
+"""Synthetic workloads shared by the benchmarks: token-id prompts so every engine sees the same input."""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+
+@dataclass
+class OfflineRequest:
+    prompt_ids: list[int]
+    max_tokens: int
+
+
+def offline_workload(n: int = 64, prompt_range=(32, 512), output_range=(16, 256), seed: int = 0,
+                     vocab_range=(100, 49000)) -> list[OfflineRequest]:
+    """n requests with uniform prompt and output lengths (the engine-core benchmark's shape)."""
+    rng = random.Random(seed)
+    return [OfflineRequest([rng.randrange(*vocab_range) for _ in range(rng.randint(*prompt_range))],
+                           rng.randint(*output_range)) for _ in range(n)]
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    k = (len(s) - 1) * q / 100
+    lo = int(k)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
