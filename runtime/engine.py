@@ -9,6 +9,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from runtime.engine_config import EngineConfig, available_host_memory
@@ -22,10 +23,13 @@ from runtime.model.factory import make_runner
 from runtime.model_runner import SeqChunk
 from runtime.output_processor import append_token, take_delta
 from runtime.outputs import CompletionOutput, RequestOutput
-from runtime.sampler import SamplingRow, sample
+from runtime.sampler import SamplingRow, logprob_records, processed_probs, sample
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from runtime.sequence import RequestMetrics, Sequence
+from runtime.spec.factory import make_proposer
+from runtime.spec.proposer import Draft, Proposer
+from runtime.spec.verify import verify_one
 from runtime.tokenizer.detokenizer import IncrementalDetokenizer
 from runtime.tokenizer.tokenizer import Tokenizer
 
@@ -87,6 +91,7 @@ class LLMEngine:
         self.stats = EngineStats()
         self._seq_ids = itertools.count()
         self._aborted: list[RequestState] = []
+        self.proposer: Proposer | None = make_proposer(config, model_config, self.device, self.dtype)
         if config.log_ledger:
             log.info(self.ledger.describe())
 
@@ -117,6 +122,11 @@ class LLMEngine:
                                f"length of {self.max_model_len} tokens")
         if n + 1 > self.ledger.max_tokens:
             raise RequestError(f"prompt ({n} tokens) + 1 can never fit the KV cache of {self.ledger.max_tokens} tokens")
+
+    def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        """Raise RequestError if add_request would; reads only fixed limits, so any thread may call it."""
+        params.validate(self.vocab_size)
+        self._check_prompt(prompt_ids, params)
 
     def encode_prompt(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -159,7 +169,7 @@ class LLMEngine:
         for seq in state.seqs:
             if not seq.is_finished:
                 seq.finish_reason = "abort"
-                self.scheduler.finish(seq)
+                self._finish(seq)
         self._aborted.append(state)
         return True
 
@@ -172,17 +182,18 @@ class LLMEngine:
         """Run one forward pass over the scheduled batch; return outputs of requests that changed."""
         times = self.stats.times
         t0 = time.perf_counter()
-        sched = self.scheduler.schedule()
+        drafts = self._propose()
+        sched = self.scheduler.schedule({seq: len(d.tokens) for seq, d in drafts.items()})
         self.stats.preemptions += len(sched.preempted)
         changed = {self.requests[s.request_id] for s in sched.out_of_memory}
         for seq in sched.out_of_memory:
             log.warning("request %s ran out of KV cache capacity; finishing it", seq.request_id)
             seq.finish_reason = "length"
-            self.scheduler.finish(seq)
+            self._finish(seq)
         t1 = time.perf_counter()
         times.schedule += t1 - t0
         if sched.chunks:
-            changed |= self._run(sched)
+            changed |= self._run(sched, drafts)
         t2 = time.perf_counter()
         outputs = [self._output(state) for state in changed | set(self._aborted)]
         self._aborted.clear()
@@ -190,40 +201,109 @@ class LLMEngine:
         self.stats.steps += 1
         return outputs
 
-    def _run(self, sched: SchedulerOutput) -> set[RequestState]:
+    def _propose(self) -> dict[Sequence, Draft]:
+        """Draft tokens for decoding sequences that allow speculation (empty without a proposer)."""
+        if self.proposer is None:
+            return {}
+        k = self.config.num_speculative_tokens
+        room = {s: min(k, s.params.max_tokens - s.num_output_tokens - 1, self.max_model_len - len(s.token_ids) - 1)
+                for s in self.scheduler.running if s.num_remaining == 1 and s.params.speculative}
+        drafts = self.proposer.propose([s for s, r in room.items() if r > 0], k)
+        for seq, d in drafts.items():
+            n = room[seq]
+            d.tokens = d.tokens[:n]
+            d.probs = d.probs[:n] if d.probs is not None else None
+        return {s: d for s, d in drafts.items() if d.tokens}
+
+    def _sampling_row(self, seq: Sequence, extra: list[int] = ()) -> SamplingRow:
+        """Sampling context of seq's next token, with `extra` draft tokens treated as already output."""
+        p = seq.params
+        prompt = seq.token_ids[:seq.num_prompt_tokens] if p.repetition_penalty != 1.0 else []
+        out = seq.output_ids + list(extra) if (p.repetition_penalty != 1.0 or p.presence_penalty
+                                               or p.frequency_penalty) else []
+        banned = self._banned(seq) if seq.num_output_tokens + len(extra) < p.min_tokens else []
+        return SamplingRow(p, out, prompt, seq.generator, banned)
+
+    def _run(self, sched: SchedulerOutput, drafts: dict[Sequence, Draft]) -> set[RequestState]:
         times = self.stats.times
         t0 = time.perf_counter()
-        chunks = []
+        chunks, specs = [], []
         for c in sched.chunks:
             seq = c.seq
             start = seq.num_computed
+            spec = drafts[seq].tokens[:c.num_spec_tokens] if c.num_spec_tokens else []
             reaches_end = start + c.num_tokens == len(seq.token_ids)
-            chunks.append(SeqChunk(seq.token_ids[start:start + c.num_tokens], start, seq.block_table,
-                                   num_logits=1 if reaches_end else 0))
+            chunks.append(SeqChunk(seq.token_ids[start:start + c.num_tokens] + spec, start, seq.block_table,
+                                   num_logits=len(spec) + 1 if reaches_end else 0))
+            specs.append(spec)
             if c.num_tokens > 1 or seq.num_output_tokens == 0:
                 self.stats.computed_prefill_tokens += c.num_tokens
         ids, positions, batch, rows = self.runner.prepare(chunks)
         t1 = time.perf_counter()
         logits = self.runner.forward(ids, positions, batch, rows)
         t2 = time.perf_counter()
-        sampled = [c.seq for c, ch in zip(sched.chunks, chunks) if ch.num_logits]
         for c in sched.chunks:
             c.seq.num_computed += c.num_tokens
             self.blocks.register_full_blocks(c.seq)
-        result = sample(logits, [SamplingRow(s.params, s.output_ids, s.token_ids[:s.num_prompt_tokens]
-                                             if s.params.repetition_penalty != 1.0 else [], s.generator,
-                                             self._banned(s)) for s in sampled]) if sampled else None
+        sampled = [(c.seq, spec) for c, ch, spec in zip(sched.chunks, chunks, specs) if ch.num_logits]
+        plain = [seq for seq, spec in sampled if not spec]
+        plain_rows = [i for i, (_, spec) in enumerate(sampled) if not spec]
+        offsets = np.cumsum([0] + [len(spec) + 1 for _, spec in sampled])
+        result = sample(logits[offsets[plain_rows]], [self._sampling_row(s) for s in plain]) if plain else None
+        verified = self._verify(sampled, logits, offsets, drafts)
         t3 = time.perf_counter()
-        changed = set()
         now = time.perf_counter()
-        for i, seq in enumerate(sampled):
+        changed = set()
+        for i, seq in enumerate(plain):
             self._accept(seq, result.token_ids[i], result.logprobs[i], now)
+            changed.add(self.requests[seq.request_id])
+        for seq, tokens, lp in verified:
+            self._accept_verified(seq, tokens, lp, len(drafts[seq].tokens), now)
             changed.add(self.requests[seq.request_id])
         times.prepare += t1 - t0
         times.forward += t2 - t1
         times.sample += t3 - t2
         times.output += time.perf_counter() - t3
         return changed
+
+    def _verify(self, sampled, logits: torch.Tensor, offsets: np.ndarray, drafts: dict[Sequence, Draft]):
+        """(seq, tokens to emit, logprob records) for every sequence that verified drafts this step."""
+        out = []
+        for i, (seq, spec) in enumerate(sampled):
+            if not spec:
+                continue
+            rows = [self._sampling_row(seq, spec[:j]) for j in range(len(spec) + 1)]
+            seq_logits = logits[offsets[i]:offsets[i + 1]]
+            probs = processed_probs(seq_logits, rows)
+            q = drafts[seq].probs
+            tokens = verify_one(probs, spec, q[:len(spec)] if q is not None else None, rows[0])
+            lp = None
+            if seq.params.logprobs is not None:
+                tok = torch.tensor(tokens, device=seq_logits.device)
+                lp = logprob_records(seq_logits[:len(tokens)], tok, seq.params.logprobs)
+            out.append((seq, tokens, lp))
+        return out
+
+    def _accept_verified(self, seq: Sequence, tokens: list[int], lp, proposed: int, now: float) -> None:
+        """Emit verified tokens in order (stopping early on a stop condition) and roll back rejected KV."""
+        accepted = len(tokens) - 1
+        start_len = len(seq.token_ids)
+        for j, tok in enumerate(tokens):
+            self._accept(seq, tok, lp[j] if lp else None, now)
+            if seq.is_finished:
+                break
+        self.stats.spec_proposed += proposed
+        self.stats.spec_accepted += accepted
+        self.stats.spec_verify_steps += 1
+        seq.metrics.spec_proposed += proposed
+        seq.metrics.spec_accepted += accepted
+        if seq.is_finished:
+            return
+        # KV is valid for the known tokens and the accepted drafts, not for rejected ones
+        seq.num_computed = start_len + accepted
+        self.blocks.truncate(seq, seq.num_computed)
+        self.blocks.register_full_blocks(seq)
+        self.proposer.on_verified(seq, seq.num_computed)
 
     def _banned(self, seq: Sequence) -> list[int]:
         if seq.num_output_tokens >= seq.params.min_tokens:
@@ -241,7 +321,12 @@ class LLMEngine:
             seq.logprobs.append(logprobs)
         append_token(seq, token, self.eos_ids, self.max_model_len)
         if seq.finish_reason:
-            self.scheduler.finish(seq)
+            self._finish(seq)
+
+    def _finish(self, seq: Sequence) -> None:
+        self.scheduler.finish(seq)
+        if self.proposer is not None:
+            self.proposer.release(seq)
 
     def _output(self, state: RequestState) -> RequestOutput:
         outs = []

@@ -97,17 +97,22 @@ def draw(probs: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
     return (probs / noise).argmax(-1)
 
 
+def logprob_records(logits: torch.Tensor, tokens: torch.Tensor, n: int) -> list[tuple[float, list[tuple[int, float]]]]:
+    """(chosen token's logprob, top-n (token, logprob)) per row, from the model's raw distribution
+    (before temperature and penalties, as vLLM reports it)."""
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    chosen = lp.gather(1, tokens.view(-1, 1)).squeeze(1).tolist()
+    if not n:
+        return [(c, []) for c in chosen]
+    top = lp.topk(n, dim=-1)
+    return [(c, list(zip(i, v))) for c, i, v in zip(chosen, top.indices.tolist(), top.values.tolist())]
+
+
 def _logprobs(logits: torch.Tensor, tokens: torch.Tensor, rows: list[SamplingRow]) -> list:
     want = [i for i, r in enumerate(rows) if r.params.logprobs is not None]
     out: list = [None] * len(rows)
-    if not want:
-        return out
-    lp = torch.log_softmax(logits[want].float(), dim=-1)  # the model's raw distribution, as vLLM reports
-    for j, i in enumerate(want):
-        n = rows[i].params.logprobs
-        top = lp[j].topk(n) if n else None
-        tops = list(zip(top.indices.tolist(), top.values.tolist())) if top is not None else []
-        out[i] = (float(lp[j, tokens[i]]), tops)
+    for i in want:  # rows may ask for different n
+        out[i] = logprob_records(logits[i:i + 1], tokens[i:i + 1], rows[i].params.logprobs)[0]
     return out
 
 

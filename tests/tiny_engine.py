@@ -42,12 +42,20 @@ def _bytes_to_unicode() -> dict[int, str]:
     return dict(zip(bs, map(chr, cs)))
 
 
-def tiny_engine(arch: str = "llama", seed: int = 0, num_blocks: int = 256, **config) -> LLMEngine:
-    """A random 2-layer model over the byte tokenizer; num_blocks sizes the KV pool exactly."""
+def tiny_weights(arch: str = "llama", seed: int = 0, logit_scale: float = 1.0):
+    """(ModelConfig, HF-named tensors) of a random 2-layer model; logit_scale sharpens its outputs."""
     hf = tiny_hf_model(arch, seed=seed, vocab_size=TINY_VOCAB, max_position_embeddings=1024)
-    cfg = our_config(hf, arch)
+    tensors = state_dict(hf)
+    tensors["lm_head.weight"] = tensors["lm_head.weight"] * logit_scale
+    return our_config(hf, arch), tensors
+
+
+def tiny_engine(arch: str = "llama", seed: int = 0, num_blocks: int = 256, logit_scale: float = 1.0,
+                **config) -> LLMEngine:
+    """A random 2-layer model over the byte tokenizer; num_blocks sizes the KV pool exactly."""
+    cfg, tensors = tiny_weights(arch, seed, logit_scale)
     config.setdefault("block_size", 16)
     per_block = config["block_size"] * 2 * cfg.num_kv_heads * cfg.head_dim * 4 * cfg.num_layers
     econf = EngineConfig(device="cpu", backend="torch", kv_cache_memory=num_blocks * per_block,
                          log_ledger=False, **config)
-    return LLMEngine(econf, cfg, state_dict(hf), byte_tokenizer())
+    return LLMEngine(econf, cfg, tensors, byte_tokenizer())

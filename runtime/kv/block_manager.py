@@ -1,8 +1,17 @@
 """Per-sequence block tables over the pool: allocation as tokens arrive, prefix matching, rollback."""
 from __future__ import annotations
 
+from array import array
+from hashlib import blake2b
+
 from runtime.kv.block_pool import BlockPool
 from runtime.sequence import Sequence
+
+
+def chain_hash(parent: int, tokens: list[int]) -> int:
+    """128-bit hash of (parent block hash, token ids): collisions, crafted or not, are infeasible."""
+    data = parent.to_bytes(16, "little") + array("q", tokens).tobytes()
+    return int.from_bytes(blake2b(data, digest_size=16).digest(), "little")
 
 
 class BlockManager:
@@ -19,7 +28,7 @@ class BlockManager:
         hashes = seq.block_hashes
         for i in range(len(hashes), num_full):
             parent = hashes[i - 1] if i else 0
-            hashes.append(hash((parent, tuple(seq.token_ids[i * bs : (i + 1) * bs]))))
+            hashes.append(chain_hash(parent, seq.token_ids[i * bs : (i + 1) * bs]))
         return hashes[:num_full]
 
     def match_prefix(self, seq: Sequence) -> int:
