@@ -255,6 +255,9 @@ class LLMEngine:
         now = time.perf_counter()
         changed = set()
         for i, seq in enumerate(plain):
+            if seq.ghost:
+                self._accept(seq, result.token_ids[i], None, now)
+                continue
             self._accept(seq, result.token_ids[i], result.logprobs[i], now)
             changed.add(self.requests[seq.request_id])
         for seq, tokens, lp in verified:
@@ -311,6 +314,11 @@ class LLMEngine:
         return sorted((set() if seq.params.ignore_eos else self.eos_ids) | set(seq.params.stop_token_ids))
 
     def _accept(self, seq: Sequence, token: int, logprobs, now: float) -> None:
+        if seq.ghost:  # static-batch padding: computed, never reported
+            seq.token_ids.append(token)
+            if len(seq.token_ids) >= min(len(seq.block_table) * self.config.block_size, self.max_model_len):
+                self.scheduler.finish(seq)
+            return
         m = seq.metrics
         if m.first_token is None:
             m.first_token = now
@@ -324,6 +332,10 @@ class LLMEngine:
             self._finish(seq)
 
     def _finish(self, seq: Sequence) -> None:
+        if self.config.scheduler == "static" and seq.finish_reason != "abort" and seq in self.scheduler.running:
+            seq.ghost = True  # a static batch keeps computing finished members until its longest is done
+            self.scheduler.release_drained_batch()
+            return
         self.scheduler.finish(seq)
         if self.proposer is not None:
             self.proposer.release(seq)
@@ -334,7 +346,7 @@ class LLMEngine:
             delta_text, delta_ids = take_delta(seq)
             outs.append(CompletionOutput(seq.index, seq.text, seq.output_ids, seq.finish_reason, seq.stop_reason,
                                          delta_text, delta_ids, list(seq.logprobs) if seq.params.logprobs is not None else None))
-        finished = all(s.is_finished for s in state.seqs)
+        finished = all(s.finish_reason is not None for s in state.seqs)
         if finished:
             state.metrics.finished = state.metrics.finished or time.perf_counter()
             self.requests.pop(state.request_id, None)

@@ -142,22 +142,38 @@ class Scheduler:
 
     # -- static -------------------------------------------------------------------------------
 
+    def _admit_static_batch(self, out: SchedulerOutput) -> None:
+        """FCFS into one padded rectangle: every member reserves (longest prompt + largest max_tokens)."""
+        batch: list[Sequence] = []
+        width = 0
+        for seq in self.waiting:
+            if len(batch) == self.config.max_num_seqs:
+                break
+            w = max(width, len(seq.token_ids) + seq.params.max_tokens - seq.num_output_tokens)
+            if (len(batch) + 1) * self.blocks.blocks_needed(w) > self.blocks.pool.num_free:
+                break
+            batch.append(seq)
+            width = w
+        if not batch and self.waiting:  # the head cannot fit even alone
+            out.out_of_memory.append(self.waiting.popleft())
+            return
+        for seq in batch:
+            self.waiting.popleft()
+            assert self.blocks.allocate(seq, width - seq.num_computed)
+            seq.status = SeqStatus.RUNNING
+            seq.metrics.first_scheduled = time.perf_counter()
+            self.running.append(seq)
+
+    def release_drained_batch(self) -> None:
+        """Static mode: once every member of the batch has finished, free the whole rectangle."""
+        if all(s.ghost for s in self.running):
+            for seq in list(self.running):
+                self.finish(seq)
+
     def _schedule_static(self) -> SchedulerOutput:
         out = SchedulerOutput()
         if not self.running:
-            while self.waiting and len(self.running) < self.config.max_num_seqs:
-                seq = self.waiting[0]
-                reserve = len(seq.token_ids) + seq.params.max_tokens - seq.num_output_tokens
-                if not self.blocks.allocate(seq, reserve):
-                    if not self.running:  # cannot fit even alone
-                        self.waiting.popleft()
-                        out.out_of_memory.append(seq)
-                        continue
-                    break
-                self.waiting.popleft()
-                seq.status = SeqStatus.RUNNING
-                seq.metrics.first_scheduled = time.perf_counter()
-                self.running.append(seq)
+            self._admit_static_batch(out)
         budget = self.config.max_num_batched_tokens
         for seq in sorted(self.running, key=lambda s: s.num_remaining > 1):
             n = min(seq.num_remaining, budget)

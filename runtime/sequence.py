@@ -78,7 +78,8 @@ class Sequence:
     num_emitted_tokens: int = 0
     logprobs: list = field(default_factory=list)
     detokenizer: Any = None
-    spec_tokens: list[int] = field(default_factory=list)  # draft tokens proposed for this step
+    # static batching: finished, reported, but still decoding as padding until its batch drains
+    ghost: bool = False
 
     @property
     def output_ids(self) -> list[int]:
@@ -95,7 +96,7 @@ class Sequence:
 
     @property
     def is_finished(self) -> bool:
-        return self.status is SeqStatus.FINISHED
+        return self.finish_reason is not None
 
     def __hash__(self) -> int:
         return self.seq_id

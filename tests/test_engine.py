@@ -55,7 +55,12 @@ def test_preemption_storm_outputs_unchanged():
 
 def test_static_scheduler_matches_continuous():
     ps = prompts(8, seed=3)
-    assert run(tiny_engine(scheduler="static", max_num_seqs=3), ps) == run(tiny_engine(), ps)
+    mixed = [SamplingParams(temperature=0, max_tokens=4 + 5 * i, ignore_eos=True) for i in range(8)]
+    static = tiny_engine(scheduler="static", max_num_seqs=3)
+    assert run(static, ps, mixed) == run(tiny_engine(), ps, mixed)
+    # finished members kept decoding as padding until their batch's longest member finished
+    assert static.stats.steps > sum(p.max_tokens for p in mixed[2::3])
+    assert_idle(static)
 
 
 def test_no_leak_after_aborts_mid_prefill_and_mid_decode():
