@@ -59,7 +59,7 @@ def run_transformers(model_path, workload, batch: int) -> dict:
                                                  dtype=torch.float32).eval()
     model.generation_config.eos_token_id = None
     t0 = time.perf_counter()
-    useful, ttft, e2e = 0, [], []
+    useful, e2e = 0, []
     for i in range(0, len(workload), batch):
         group = workload[i:i + batch]
         width = max(len(r.prompt_ids) for r in group)

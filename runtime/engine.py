@@ -17,7 +17,6 @@ from runtime.engine_stats import EngineStats
 from runtime.errors import RequestError, UserError
 from runtime.kv.block_manager import BlockManager
 from runtime.kv.block_pool import BlockPool
-from runtime.kv_cache import KVLedger
 from runtime.model.config import ModelConfig
 from runtime.model.factory import make_runner
 from runtime.model_runner import SeqChunk

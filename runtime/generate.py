@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 from runtime.cli import run_main, setup_logging
 from runtime.engine import LLMEngine

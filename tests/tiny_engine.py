@@ -5,6 +5,7 @@ from tokenizers import AddedToken, Tokenizer as HFTokenizer, decoders, models, p
 
 from runtime.engine import LLMEngine
 from runtime.engine_config import EngineConfig
+from runtime.tokenizer.gguf_vocab import bytes_to_unicode
 from runtime.tokenizer.tokenizer import Tokenizer
 from tests.hf_tiny import our_config, state_dict, tiny_hf_model
 
@@ -26,20 +27,7 @@ def byte_tokenizer() -> Tokenizer:
 
 
 def _byte_of(ch: str) -> int:
-    table = {v: k for k, v in _bytes_to_unicode().items()}
-    return table[ch]
-
-
-def _bytes_to_unicode() -> dict[int, str]:
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, map(chr, cs)))
+    return {v: k for k, v in bytes_to_unicode().items()}[ch]
 
 
 def tiny_weights(arch: str = "llama", seed: int = 0, logit_scale: float = 1.0):

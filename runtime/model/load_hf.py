@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import glob
-import json
 import os
 from typing import Any
 
 import torch
 
 from runtime.errors import ModelLoadError
+from runtime.jsonfile import read_json_object
 from runtime.model.checkpoint import Checkpoint, check_shapes, expected_shapes
 from runtime.model.config import ModelConfig
 
@@ -22,14 +22,7 @@ ARCHITECTURES = {
 
 
 def _read_json(path: str) -> dict[str, Any]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"cannot read {path}: {exc}") from None
-    if not isinstance(data, dict):
-        raise ModelLoadError(f"{path} does not hold a JSON object")
-    return data
+    return read_json_object(path)
 
 
 def _rope(cfg: dict[str, Any]) -> tuple[float, dict | None]:

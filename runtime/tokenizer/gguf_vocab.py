@@ -66,7 +66,7 @@ class GGUFVocab:
     chat_template: str | None
 
 
-def _bytes_to_unicode() -> dict[int, str]:
+def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte -> printable character table (the byte-level alphabet)."""
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
     cs = bs[:]
@@ -127,7 +127,7 @@ def _merges_from_scores(tokens: list[str], scores: list[float]) -> list[tuple[st
 def _build_byte_level(meta: dict[str, Any], tokens: list[str], types: list[int]) -> HFTokenizer:
     if "tokenizer.ggml.merges" not in meta:
         raise ModelLoadError("corrupt GGUF tokenizer: byte-level BPE ('gpt2') without tokenizer.ggml.merges")
-    spelling = _bytes_to_unicode()
+    spelling = bytes_to_unicode()
     alphabet = set(spelling.values())
     vocab: dict[str, int] = {}
     for i, tok in enumerate(tokens):

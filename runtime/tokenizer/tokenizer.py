@@ -1,7 +1,6 @@
 """The engine's tokenizer: a `tokenizers.Tokenizer` plus the special ids and chat template around it."""
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Sequence
 
@@ -9,6 +8,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import processors
 
 from runtime.errors import ModelLoadError
+from runtime.jsonfile import read_json_object
 from runtime.tokenizer.chat_template import render_chat_template
 from runtime.tokenizer.gguf_vocab import END_OF_TURN_TOKENS, build_from_gguf_metadata
 
@@ -21,17 +21,7 @@ def _template_processor(bos: tuple[str, int] | None, eos: tuple[str, int] | None
 
 
 def _read_json(folder: str, name: str) -> dict[str, Any]:
-    path = os.path.join(folder, name)
-    if not os.path.isfile(path):
-        return {}
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"cannot read {path}: {exc}") from None
-    if not isinstance(data, dict):
-        raise ModelLoadError(f"cannot read {path}: expected a JSON object")
-    return data
+    return read_json_object(os.path.join(folder, name), missing_ok=True)
 
 
 def _token_text(value: Any) -> str | None:
