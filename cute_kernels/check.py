@@ -1,7 +1,8 @@
 """`python -m cute_kernels.check`: compile every kernel variant the runtime uses for sm_90a (no GPU
 needed) and print one row per variant: compile seconds, HGMMA count and shapes, TMA / cp.async
-loads, registers and spills. Exits non-zero when a variant fails to compile or its SASS lacks the
-tensor-core instructions its design relies on (the kernel fell off the fast path).
+loads, registers and spills, and whether it exports ahead of time (aot: the .so it links to alone,
+or the .o without a CUDA toolkit). Exits non-zero when a variant fails to compile or export, or its
+SASS lacks the tensor-core instructions its design relies on (the kernel fell off the fast path).
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import os
 import sys
 import tempfile
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 
 @dataclass
@@ -24,6 +26,7 @@ class VariantReport:
     hmma: int = 0
     registers: int | None = None
     spills: int = 0
+    aot: str = "-"  # "so:NNNK" / "o:NNNK" when the variant exports and links, else "FAIL"
     problems: str = ""
 
     @property
@@ -53,21 +56,36 @@ def check_prefill_variant(spec) -> VariantReport:
         problems.append(f"{stats.hmma} HMMA (warp-level MMA fallback)")
     if not stats.cp_async:
         problems.append("no cp.async (LDGSTS) loads")
+    aot = check_aot_export(spec, compiled, problems)
     return VariantReport(
         spec.name, compiled.compile_seconds, stats.hgmma, ",".join(stats.hgmma_shapes), stats.tma_load,
-        stats.cp_async, stats.hmma, stats.registers, stats.spills, "; ".join(problems),
+        stats.cp_async, stats.hmma, stats.registers, stats.spills, aot, "; ".join(problems),
     )
 
 
+def check_aot_export(spec, compiled, problems: list[str]) -> str:
+    """Export + link this variant alone, as `python -m cute_kernels.aot` would; size or FAIL."""
+    from .aot import link_one
+
+    try:
+        with tempfile.TemporaryDirectory(prefix="cute_aot_check_") as work:
+            o_bytes, so_bytes = link_one(spec, compiled, Path(work))
+    except Exception as exc:  # noqa: BLE001 - reported in the table
+        problems.append(f"aot export failed: {type(exc).__name__}: {exc}"[:300])
+        return "FAIL"
+    return f"so:{so_bytes // 1024}K" if so_bytes is not None else f"o:{o_bytes // 1024}K"
+
+
 def format_table(reports: list[VariantReport]) -> str:
-    header = f"{'variant':<36} {'compile_s':>9} {'HGMMA':>5} {'shapes':<34} {'TMA':>4} {'cp.async':>8} {'regs':>4} {'spills':>6}  status"
+    header = (f"{'variant':<36} {'compile_s':>9} {'HGMMA':>5} {'shapes':<34} {'TMA':>4} {'cp.async':>8} {'regs':>4} "
+              f"{'spills':>6} {'aot':>8}  status")
     lines = [header, "-" * len(header)]
     for r in reports:
         secs = f"{r.compile_s:.1f}" if r.compile_s is not None else "-"
         regs = str(r.registers) if r.registers is not None else "?"
         status = "ok" if r.ok else f"FAIL: {r.problems}"
         lines.append(f"{r.name:<36} {secs:>9} {r.hgmma:>5} {r.hgmma_shapes:<34} {r.tma_loads:>4} "
-                     f"{r.cp_async:>8} {regs:>4} {r.spills:>6}  {status}")
+                     f"{r.cp_async:>8} {regs:>4} {r.spills:>6} {r.aot:>8}  {status}")
     return "\n".join(lines)
 
 

@@ -45,10 +45,19 @@ class PrefillLaunchArgs:
                 self.cu_seqlens_q, self.cu_seqlens_k, self.out, self.lse)
 
 
+def _compact_strides(shape: torch.Size) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= size
+    return tuple(reversed(strides))
+
+
 def _rows_ready(x: torch.Tensor, name: str) -> torch.Tensor:
-    """The kernel copies 16-byte row chunks: contiguous head_dim, 16-byte aligned rows."""
-    if x.stride(-1) != 1 or any(s % 8 for s in x.stride()[:-1]) or x.data_ptr() % 16:
-        x = x.contiguous()
+    """The kernels are compiled for compact row-major layouts (the JIT path's DLPack view rejects
+    others) and copy 16-byte row chunks: copy anything else, e.g. a v split off a fused qkv."""
+    if x.stride() != _compact_strides(x.shape) or x.data_ptr() % 16:
+        x = torch.empty(x.shape, dtype=x.dtype, device=x.device).copy_(x)
     if x.data_ptr() % 16:
         raise ValueError(f"prefill attention: {name} must be 16-byte aligned")
     return x

@@ -1,7 +1,8 @@
 """Kernel benchmarks on the GPU: `python profiling/bench_kernels.py prefill [--json PATH] [--dry-run]`.
 
 prefill: the cute sm_90a prefill kernel vs torch SDPA (flash backend) on the same inputs, causal
-TFLOP/s (half the square counted) and the fraction of the chip's dense bf16 peak. One row per case.
+TFLOP/s (half the square counted) and the fraction of the chip's dense bf16 peak. One row per case;
+`path` says whether the kernel ran JIT-compiled (DSL) or from the AOT library (cute_kernels.kernel_path).
 """
 from __future__ import annotations
 
@@ -66,6 +67,7 @@ def bench_prefill_case(case: PrefillCase) -> dict:
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    from cute_kernels.kernel_path import kernel_path
     from cute_kernels.prefill_host import prepare_prefill_args
     from cute_kernels.prefill_launch import launch_prefill
 
@@ -90,14 +92,18 @@ def bench_prefill_case(case: PrefillCase) -> dict:
     flops = case.causal_flops()
     cute_tflops, sdpa_tflops = flops / cute_ms / 1e9, flops / sdpa_ms / 1e9
     peak = _peak_tflops()
-    return {"case": case.name, "cute_ms": round(cute_ms, 3), "cute_tflops": round(cute_tflops, 1),
-            "sdpa_tflops": round(sdpa_tflops, 1), "vs_sdpa": round(cute_tflops / sdpa_tflops, 2),
+    return {"case": case.name, "path": kernel_path(), "cute_ms": round(cute_ms, 3),
+            "cute_tflops": round(cute_tflops, 1), "sdpa_tflops": round(sdpa_tflops, 1),
+            "vs_sdpa": round(cute_tflops / sdpa_tflops, 2),
             "of_peak": round(cute_tflops / peak, 2) if peak else None}
 
 
 def run_prefill(dry_run: bool) -> list[dict]:
     if dry_run:
-        return [{"case": c.name, "gflop": round(c.causal_flops() / 1e9, 1), "dry_run": True} for c in PREFILL_CASES]
+        from cute_kernels.kernel_path import kernel_path
+
+        return [{"case": c.name, "path": kernel_path(), "gflop": round(c.causal_flops() / 1e9, 1), "dry_run": True}
+                for c in PREFILL_CASES]
     rows = []
     for case in PREFILL_CASES:
         try:

@@ -1,16 +1,23 @@
 #!/usr/bin/env bash
 # One command for every GPU numerics test and kernel benchmark, ending in one compact table.
-#   profiling/gpu_suite.sh            run on a Hopper GPU (needs torch+CUDA and nvidia-cutlass-dsl)
-#   profiling/gpu_suite.sh --dry-run  CPU/CI: check this script, that the tests collect, list the bench cases
+#   profiling/gpu_suite.sh            run on a Hopper GPU (torch + CUDA; the DSL is NOT needed)
+#   profiling/gpu_suite.sh --dry-run  CPU/CI: check this script, that the tests collect, list the bench
+#                                     cases, and build + open one AOT variant (when the DSL is here)
+# Kernels run ahead-of-time compiled (CUTE_KERNELS_PATH=aot by default): build them where the DSL is,
+#   python -m cute_kernels.aot --out build/aot        (~1 min on 2 cores, a few MB)
+# and carry build/aot to the GPU box (or point CUTE_AOT_DIR at them). Where the DSL is installed and
+# build/aot is missing or stale, this script builds it first. CUTE_KERNELS_PATH=jit uses the DSL's JIT.
 # Later kernels add a line to TESTS and BENCHES.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 if [[ -z "${OUT:-}" ]]; then OUT="$(mktemp -d)"; [[ "${1:-}" == "--dry-run" ]] && trap 'rm -rf "$OUT"' EXIT; fi
 export TMPDIR="${TMPDIR:-$OUT}"   # the DSL's cache stays with this run
+export CUTE_KERNELS_PATH="${CUTE_KERNELS_PATH:-aot}"
+export CUTE_AOT_DIR="${CUTE_AOT_DIR:-$PWD/build/aot}"
 
-TESTS=(tests/test_prefill_attention.py)   # GPU numerics (pytest marker: gpu)
-BENCHES=(prefill)                         # profiling/bench_kernels.py <name>
+TESTS=(tests/test_prefill_attention.py tests/test_aot.py)   # GPU numerics (pytest marker: gpu)
+BENCHES=(prefill)                                           # profiling/bench_kernels.py <name>
 
 DRY=0
 [[ "${1:-}" == "--dry-run" ]] && DRY=1
@@ -18,6 +25,8 @@ DRY=0
 status=0
 rows=()
 row() { rows+=("$(printf '%-10s %-34s %s' "$1" "$2" "$3")"); }
+have_dsl() { python -c 'import cutlass' 2>/dev/null; }
+aot_status() { python -m cute_kernels.aot --status --out "$1" 2>&1 | tail -n 1; }
 
 if (( DRY )); then
   bash -n "$0" && row check gpu_suite.sh "syntax ok" || { row check gpu_suite.sh FAIL; status=1; }
@@ -30,9 +39,24 @@ if (( DRY )); then
       row bench "$b" "$(wc -l < "$OUT/bench_$b.txt") cases (dry run)"
     else row bench "$b" FAIL; status=1; fi
   done
+  if have_dsl; then
+    if python -m cute_kernels.aot --out "$OUT/aot" --only bfloat16_d128_g4 > "$OUT/aot.txt" 2>&1; then
+      row aot "build + open (1 variant)" "$(aot_status "$OUT/aot")"
+    else row aot "build (1 variant)" "FAIL: $(tail -n 1 "$OUT/aot.txt")"; status=1; fi
+  else row aot "build (1 variant)" "skipped: nvidia-cutlass-dsl not installed"; fi
 else
   python -c 'import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)' || { echo "no CUDA device" >&2; exit 2; }
-  python -c 'import cutlass' 2>/dev/null || row env cutlass "nvidia-cutlass-dsl missing: kernels cannot compile here"
+  if [[ "$CUTE_KERNELS_PATH" == aot ]]; then
+    if have_dsl && ! python -m cute_kernels.aot --status --out "$CUTE_AOT_DIR" > /dev/null 2>&1; then
+      python -m cute_kernels.aot --out "$CUTE_AOT_DIR" > "$OUT/aot_build.txt" 2>&1 || row aot build "FAIL: see $OUT/aot_build.txt"
+    fi
+    aot_line=$(aot_status "$CUTE_AOT_DIR")
+    [[ "$aot_line" == *"opens here"* ]] || status=1
+    row kernels aot "$aot_line"
+  else
+    if have_dsl; then row kernels jit "nvidia-cutlass-dsl installed"
+    else row kernels jit "FAIL: nvidia-cutlass-dsl missing"; status=1; fi
+  fi
   for t in "${TESTS[@]}"; do
     python -m pytest -q -m gpu "$t" -p no:cacheprovider > "$OUT/test_$(basename "$t" .py).txt" 2>&1
     rc=$?
@@ -46,6 +70,6 @@ else
   done
 fi
 
-if (( DRY )); then echo "== gpu_suite (dry run)"; else echo "== gpu_suite: logs in $OUT"; fi
+if (( DRY )); then echo "== gpu_suite (dry run)"; else echo "== gpu_suite ($CUTE_KERNELS_PATH kernels): logs in $OUT"; fi
 printf '%s\n' "${rows[@]}"
 exit $status

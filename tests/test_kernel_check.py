@@ -1,8 +1,9 @@
-"""The sm_90a compile check: kernels compile on the CPU, their SASS keeps the HGMMA fast path,
-the compile cache keys on the spec only, and the GPU suite script passes its dry run."""
+"""The sm_90a compile check: kernels compile on the CPU, their SASS keeps the HGMMA fast path, they
+export ahead of time, the compile cache keys on the spec only, and the GPU suite passes its dry run."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -97,6 +98,19 @@ def test_check_cli_one_variant():
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "prefill_bfloat16_d64_g1_causal" in out.stdout and " ok" in out.stdout
+    assert re.search(r" (so|o):\d+K  ok", out.stdout), "the aot column: the variant exports (and links)"
+
+
+def test_check_fails_a_variant_that_does_not_export(monkeypatch):
+    from cute_kernels import aot, check
+    from cute_kernels.prefill_spec import PrefillSpec
+
+    def broken(spec, compiled, work):
+        raise RuntimeError("Failed to dump object file with PIC relocation")
+
+    monkeypatch.setattr(aot, "link_one", broken)
+    report = check.check_prefill_variant(PrefillSpec("bfloat16", 64, 1))
+    assert report.aot == "FAIL" and "aot export failed: RuntimeError: Failed to dump" in report.problems
 
 
 def test_gpu_suite_dry_run():
@@ -104,3 +118,4 @@ def test_gpu_suite_dry_run():
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "prefill" in out.stdout
+    assert "opens here (1 variants)" in out.stdout, "the dry run builds one AOT variant and opens its library"

@@ -1,8 +1,10 @@
 """The `cute` attention backend: CuTe DSL kernels on Hopper (sm_90), same contract as the torch reference.
 
 prefill_attention(...) takes exactly attention_ref.prefill_attention_ref's arguments. It runs the
-compiled sm_90a kernel and raises CuteBackendUnavailable, saying why, anywhere else (CPU tensors, a
-non-Hopper GPU, the DSL not installed); callers pick the torch backend in that case.
+sm_90a kernel, JIT-compiled when nvidia-cutlass-dsl is installed, else the ahead-of-time library
+built by `python -m cute_kernels.aot` (build/aot or $CUTE_AOT_DIR; $CUTE_KERNELS_PATH forces one).
+It raises CuteBackendUnavailable, saying why, anywhere else (CPU tensors, a non-Hopper GPU, neither
+the DSL nor usable AOT kernels); callers pick the torch backend in that case.
 """
 from __future__ import annotations
 
@@ -23,11 +25,16 @@ def unavailable_reason(device: torch.device | None = None) -> str | None:
     major, minor = torch.cuda.get_device_capability(device)
     if major != 9:
         return f"needs an sm_90 (Hopper) GPU, found sm_{major}{minor}"
-    try:
-        import cutlass  # noqa: F401
-    except ImportError:
-        return "nvidia-cutlass-dsl is not installed (pip install 'cute-serve[hopper]')"
-    return None
+    from cute_kernels.kernel_path import kernels_unavailable_reason
+
+    return kernels_unavailable_reason()
+
+
+def kernel_path() -> str:
+    """'jit' (DSL installed) or 'aot' (precompiled library): for logs and the GPU suite."""
+    from cute_kernels.kernel_path import kernel_path as path
+
+    return path()
 
 
 def prefill_attention(

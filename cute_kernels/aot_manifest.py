@@ -1,0 +1,52 @@
+"""manifest.json of an AOT build folder: which variants and libraries it holds, and what they were
+built from. Pure Python (no DSL, no torch): the loader reads it on boxes without the DSL.
+
+The source hash covers every file that shapes the kernels' code or the C ABI, so a loader refuses
+artifacts built from another version of the kernels instead of running stale code.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+ABI_VERSION = 1  # csrc/prefill_aot.h CUTE_AOT_PREFILL_ABI
+MANIFEST = "manifest.json"
+PACKAGE = Path(__file__).resolve().parent
+KERNEL_SOURCES = (
+    "prefill_attention.py", "prefill_schedule.py", "prefill_spec.py", "prefill_compile.py", "wgmma_layouts.py",
+    "aot_export.py", "csrc/prefill_aot.h", "csrc/prefill_aot_shim.c", "csrc/aot_common.c",
+)
+
+
+def kernel_source_hash() -> str:
+    digest = hashlib.sha256()
+    for name in KERNEL_SOURCES:
+        digest.update(name.encode() + b"\0" + (PACKAGE / name).read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def default_aot_dir() -> Path:
+    """$CUTE_AOT_DIR, else build/aot at the repository root (what `python -m cute_kernels.aot` writes)."""
+    return Path(os.environ.get("CUTE_AOT_DIR") or PACKAGE.parent / "build" / "aot")
+
+
+def write_manifest(aot_dir: Path, manifest: dict) -> Path:
+    path = aot_dir / MANIFEST
+    path.write_text(json.dumps(manifest, indent=1) + "\n")
+    return path
+
+
+def read_manifest(aot_dir: Path, check_sources: bool = True) -> dict:
+    """The manifest, or ValueError/FileNotFoundError saying why these artifacts cannot be used."""
+    path = aot_dir / MANIFEST
+    if not path.is_file():
+        raise FileNotFoundError(f"no AOT kernels in {aot_dir} (build them: python -m cute_kernels.aot --out {aot_dir})")
+    manifest = json.loads(path.read_text())
+    if manifest.get("abi") != ABI_VERSION:
+        raise ValueError(f"{path}: ABI {manifest.get('abi')}, this loader speaks {ABI_VERSION}; rebuild")
+    if check_sources and manifest.get("source_hash") != kernel_source_hash():
+        raise ValueError(f"{path}: built from kernel sources {manifest.get('source_hash')}, this tree is "
+                         f"{kernel_source_hash()}: stale artifacts, rebuild with python -m cute_kernels.aot")
+    return manifest

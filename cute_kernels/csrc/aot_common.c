@@ -1,0 +1,19 @@
+/* Entry points shared by every exported variant: ABI checks and error names for the Python loader. */
+#include <cuda_runtime.h>
+#include "prefill_aot.h"
+
+#define EXPORT __attribute__((visibility("default")))
+
+EXPORT int32_t cute_aot_abi_version(void) { return CUTE_AOT_PREFILL_ABI; }
+
+EXPORT int32_t cute_aot_prefill_args_size(void) { return (int32_t)sizeof(cute_aot_prefill_args_t); }
+
+EXPORT const char *cute_aot_error_name(int32_t err) {
+    if (err == CUTE_AOT_NOT_LOADED) return "cute_aot: kernel variant launched before it was loaded";
+    return cudaGetErrorName((cudaError_t)err);
+}
+
+EXPORT const char *cute_aot_error_string(int32_t err) {
+    if (err == CUTE_AOT_NOT_LOADED) return "call cute_aot_<variant>_load() first";
+    return cudaGetErrorString((cudaError_t)err);
+}
