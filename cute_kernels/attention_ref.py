@@ -27,11 +27,16 @@ def gather_paged(cache: torch.Tensor, block_table: torch.Tensor, length: int) ->
     return cache[block_table[:nblocks].long()].flatten(0, 1)[:length]
 
 
-def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
-    """q [B, Lq, H, d], k/v [B, Lk, Hkv, d] -> [B, Lq, H, d], fp32 softmax, GQA by head ratio."""
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, scale: float,
+          square_causal: bool = False) -> torch.Tensor:
+    """q [B, Lq, H, d], k/v [B, Lk, Hkv, d] -> [B, Lq, H, d], fp32 softmax, GQA by head ratio.
+
+    A square causal block (no prefix) uses SDPA's built-in causal path, which skips masked tiles.
+    """
     out = F.scaled_dot_product_attention(
         q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-        attn_mask=mask, scale=scale, enable_gqa=q.shape[2] != k.shape[2],
+        attn_mask=None if square_causal else mask, is_causal=square_causal, scale=scale,
+        enable_gqa=q.shape[2] != k.shape[2],
     )
     return out.transpose(1, 2)
 
@@ -67,10 +72,10 @@ def prefill_attention_ref(
             vb = torch.cat([gather_paged(v_cache, block_tables[b], prefixes[b]), vb])
         lq, lk = qb.shape[0], kb.shape[0]
         mask = None
-        if causal and lq > 1:
+        if causal and 1 < lq < lk:  # a chunk after a prefix: bottom-right aligned mask
             qpos = torch.arange(lk - lq, lk, device=q.device).unsqueeze(1)
             mask = torch.arange(lk, device=q.device).unsqueeze(0) <= qpos
-        out[cq[b] : cq[b + 1]] = _sdpa(qb[None], kb[None], vb[None], mask, scale)[0]
+        out[cq[b] : cq[b + 1]] = _sdpa(qb[None], kb[None], vb[None], mask, scale, causal and lq == lk > 1)[0]
     return out
 
 

@@ -55,20 +55,18 @@ def torch_ops() -> Ops:
 
 
 def select_ops(name: str, device: torch.device) -> Ops:
-    """'torch', 'cute', or 'auto' (cute on an sm_90 GPU when the kernels are available)."""
+    """'torch', 'cute', or 'auto' (cute when its kernels can run on this device, torch otherwise)."""
     if name == "torch":
         return torch_ops()
     if name not in ("cute", "auto"):
         raise UserError(f"unknown backend {name!r} (choose torch, cute or auto)")
-    on_hopper = device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0)
-    if not on_hopper:
-        if name == "cute":
-            raise UserError("the cute backend needs an sm_90 (Hopper) GPU")
-        return torch_ops()
-    try:
+    reason = "not a CUDA device" if device.type != "cuda" else None
+    if reason is None:
         from runtime.model import cute_backend
-    except ImportError as exc:
+
+        reason = cute_backend.unavailable_reason(device)
+    if reason is not None:
         if name == "cute":
-            raise UserError(f"the cute backend is unavailable: {exc}") from None
+            raise UserError(f"the cute backend cannot run here: {reason}")
         return torch_ops()
     return Ops("cute", cute_backend.prefill_attention, decode_attention_ref)
