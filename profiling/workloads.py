@@ -27,3 +27,10 @@ def percentile(values: list[float], q: float) -> float:
     lo = int(k)
     hi = min(lo + 1, len(s) - 1)
     return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def summarize(values: list[float], qs: tuple[int, ...] = (50, 95, 99)) -> dict[str, float]:
+    """{"mean", "p50", "p95", "p99"} of values (NaN when there are none)."""
+    out = {"mean": sum(values) / len(values) if values else float("nan")}
+    out.update({f"p{q}": percentile(values, q) for q in qs})
+    return out

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP layer: schemas, validation into errors, routes, the app factory."""

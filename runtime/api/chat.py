@@ -1,0 +1,69 @@
+"""POST /v1/chat/completions: messages through the model's chat template -> an assistant message."""
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response
+
+from runtime.api.errors import ERROR_RESPONSES
+from runtime.api.generation import Generation, json_response, start_generation
+from runtime.api.openapi import sse_content
+from runtime.api.prepare import PreparedPrompt
+from runtime.api.protocol import ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse
+from runtime.api.sse import ChunkRenderer, sse_response
+from runtime.api.state import ServerState, server_state
+from runtime.outputs import CompletionOutput, RequestOutput
+
+router = APIRouter()
+STREAM_DOC = sse_content(ChatCompletionChunk,
+                         'data: {"object":"chat.completion.chunk","choices":[...]}\n\ndata: [DONE]\n\n')
+
+
+def _logprobs(gen: Generation, c: CompletionOutput, token_ids: list[int]) -> dict[str, Any] | None:
+    if not gen.logprobs or c.logprobs is None:
+        return None
+    records = c.logprobs[len(c.logprobs) - len(token_ids):] if token_ids else []
+    return gen.formatter.chat(token_ids, records)
+
+
+def chat_body(gen: Generation, finals: dict[str, RequestOutput]) -> dict[str, Any]:
+    out = finals[gen.prompts[0].request.request_id]
+    choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
+                "logprobs": _logprobs(gen, c, c.token_ids), "finish_reason": c.finish_reason,
+                "stop_reason": c.stop_reason} for c in out.outputs]
+    return {"id": gen.response_id, "object": "chat.completion", "created": gen.created, "model": gen.model,
+            "choices": choices, "usage": gen.usage(sum(len(c.token_ids) for c in out.outputs))}
+
+
+class ChatChunks(ChunkRenderer):
+    usage_object = "chat.completion.chunk"
+
+    def _chunk(self, index: int, delta: dict[str, Any], logprobs=None, finish_reason=None,
+               stop_reason=None) -> dict[str, Any]:
+        return self.chunk([{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason,
+                            "stop_reason": stop_reason}], "chat.completion.chunk")
+
+    def start(self):
+        # the role first, at once: the client sees the response begin before the first token
+        return [self._chunk(k, {"role": "assistant", "content": ""}) for k in range(self.gen.n)]
+
+    def delta(self, index: int, prompt: PreparedPrompt, c: CompletionOutput):
+        lp = _logprobs(self.gen, c, c.delta_token_ids)
+        if not c.delta_text and not (lp and lp["content"]):
+            return None
+        return self._chunk(index, {"content": c.delta_text}, lp)
+
+    def final(self, index: int, c: CompletionOutput):
+        return self._chunk(index, {}, None, c.finish_reason, c.stop_reason)
+
+
+@router.post("/v1/chat/completions", response_model=ChatCompletionResponse,
+             responses={200: {"content": STREAM_DOC, "description": "JSON, or SSE events when stream is true"},
+                        **ERROR_RESPONSES})
+async def create_chat_completion(body: ChatCompletionRequest, request: Request,
+                                 state: ServerState = Depends(server_state)) -> Response:
+    gen, stream = await start_generation(state, body, "chatcmpl")
+    if body.stream:
+        return sse_response(stream, ChatChunks(gen))
+    return await json_response(request, stream, lambda finals: chat_body(gen, finals))

@@ -1,0 +1,80 @@
+"""POST /v1/completions: a prompt (string, token ids, or a batch of either) -> text, streamed or not."""
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response
+
+from runtime.api.errors import ERROR_RESPONSES
+from runtime.api.generation import Generation, json_response, start_generation
+from runtime.api.openapi import sse_content
+from runtime.api.prepare import PreparedPrompt
+from runtime.api.protocol import CompletionChunk, CompletionRequest, CompletionResponse
+from runtime.api.sse import ChunkRenderer, sse_response
+from runtime.api.state import ServerState, server_state
+from runtime.outputs import CompletionOutput, RequestOutput
+
+router = APIRouter()
+STREAM_DOC = sse_content(CompletionChunk, 'data: {"object":"text_completion","choices":[...]}\n\ndata: [DONE]\n\n')
+
+
+def _logprobs(gen: Generation, c: CompletionOutput, token_ids: list[int], offset: int) -> dict[str, Any] | None:
+    if not gen.logprobs or c.logprobs is None:
+        return None
+    records = c.logprobs[len(c.logprobs) - len(token_ids):] if token_ids else []
+    return gen.formatter.completion(token_ids, records, offset)
+
+
+def completion_body(gen: Generation, finals: dict[str, RequestOutput]) -> dict[str, Any]:
+    choices, generated = [], 0
+    for p in gen.prompts:
+        out = finals[p.request.request_id]
+        for c in out.outputs:
+            generated += len(c.token_ids)
+            choices.append({"index": gen.choice_index(out.request_id, c.index), "text": p.echo + c.text,
+                            "logprobs": _logprobs(gen, c, c.token_ids, len(p.echo)),
+                            "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
+    choices.sort(key=lambda ch: ch["index"])
+    return {"id": gen.response_id, "object": "text_completion", "created": gen.created, "model": gen.model,
+            "choices": choices, "usage": gen.usage(generated)}
+
+
+class CompletionChunks(ChunkRenderer):
+    usage_object = "text_completion"
+
+    def __init__(self, gen: Generation) -> None:
+        super().__init__(gen)
+        self.offsets: dict[int, int] = {}  # choice -> text offset of its next token (for logprobs)
+
+    def _chunk(self, index: int, text: str, logprobs=None, finish_reason=None, stop_reason=None) -> dict[str, Any]:
+        return self.chunk([{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason,
+                            "stop_reason": stop_reason}], "text_completion")
+
+    def start(self):
+        for i, p in enumerate(self.gen.prompts):
+            self.offsets.update({i * self.gen.n + k: len(p.echo) for k in range(self.gen.n)})
+            if p.echo:
+                yield from (self._chunk(i * self.gen.n + k, p.echo) for k in range(self.gen.n))
+
+    def delta(self, index: int, prompt: PreparedPrompt, c: CompletionOutput):
+        lp = _logprobs(self.gen, c, c.delta_token_ids, self.offsets[index])
+        if lp:
+            self.offsets[index] += sum(len(t) for t in lp["tokens"])
+        if not c.delta_text and not (lp and lp["tokens"]):
+            return None
+        return self._chunk(index, c.delta_text, lp)
+
+    def final(self, index: int, c: CompletionOutput):
+        return self._chunk(index, "", None, c.finish_reason, c.stop_reason)
+
+
+@router.post("/v1/completions", response_model=CompletionResponse,
+             responses={200: {"content": STREAM_DOC, "description": "JSON, or SSE events when stream is true"},
+                        **ERROR_RESPONSES})
+async def create_completion(body: CompletionRequest, request: Request,
+                            state: ServerState = Depends(server_state)) -> Response:
+    gen, stream = await start_generation(state, body, "cmpl")
+    if body.stream:
+        return sse_response(stream, CompletionChunks(gen))
+    return await json_response(request, stream, lambda finals: completion_body(gen, finals))

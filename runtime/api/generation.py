@@ -1,0 +1,104 @@
+"""What both generation routes share: preparing off the event loop, submitting, and answering with
+one JSON body, aborting the engine requests if the client leaves (SSE answers: runtime.api.sse).
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
+
+from runtime.api.errors import APIError
+from runtime.api.logprobs import LogprobFormatter
+from runtime.api.prepare import PreparedPrompt, prepare
+from runtime.api.protocol import SamplingFields
+from runtime.api.state import ServerState
+from runtime.async_engine import RequestStream
+from runtime.outputs import RequestOutput
+
+CLIENT_CLOSED = 499  # nginx's code for "client closed the request"; nobody is left to read it
+
+
+@dataclass
+class Generation:
+    """One HTTP request's engine requests and the bookkeeping its responses need."""
+
+    response_id: str
+    created: int
+    model: str
+    n: int
+    prompts: list[PreparedPrompt]
+    logprobs: bool
+    include_usage: bool
+    formatter: LogprobFormatter
+    prompt_index: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.prompt_index = {p.request.request_id: i for i, p in enumerate(self.prompts)}
+
+    def choice_index(self, request_id: str, index: int) -> int:
+        """OpenAI's batch semantics: choices of prompt i are i*n .. i*n+n-1."""
+        return self.prompt_index[request_id] * self.n + index
+
+    def usage(self, completion_tokens: int) -> dict[str, int]:
+        prompt = sum(len(p.request.prompt_ids) for p in self.prompts)
+        return {"prompt_tokens": prompt, "completion_tokens": completion_tokens,
+                "total_tokens": prompt + completion_tokens}
+
+
+async def start_generation(state: ServerState, req: SamplingFields, prefix: str) -> tuple[Generation, RequestStream]:
+    """Check the model, tokenize and validate in the thread pool, then enqueue (all or nothing)."""
+    arrival = time.perf_counter()
+    state.check_model(req.model)
+    response_id = f"{prefix}-{uuid.uuid4().hex}"
+    prompts = await run_in_threadpool(prepare, state.engine, req, response_id, arrival)
+    wants_logprobs = prompts[0].request.params.logprobs is not None
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    gen = Generation(response_id, int(time.time()), state.model_name, req.n, prompts, wants_logprobs, include_usage,
+                     state.formatter)
+    return gen, state.engine.submit([p.request for p in prompts])
+
+
+async def _until_disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def collect(request: Request, stream: RequestStream) -> dict[str, RequestOutput] | None:
+    """Every request's final output, or None if the client disconnected first (requests aborted)."""
+    finals: dict[str, RequestOutput] = {}
+
+    async def drain() -> None:
+        async for out in stream:
+            if out.finished:
+                finals[out.request_id] = out
+
+    work = asyncio.ensure_future(drain())
+    watch = asyncio.ensure_future(_until_disconnected(request))
+    try:
+        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+        if not work.done():
+            return None
+        work.result()  # re-raise an engine failure
+        return finals
+    finally:
+        work.cancel()
+        watch.cancel()
+        stream.close()
+
+
+async def json_response(request: Request, stream: RequestStream,
+                        body: Callable[[dict[str, RequestOutput]], dict[str, Any]]) -> Response:
+    """Wait for every final output, then answer with body(finals); abort if the client leaves first."""
+    finals = await collect(request, stream)
+    if finals is None:
+        return Response(status_code=CLIENT_CLOSED)
+    if any(c.finish_reason == "abort" for out in finals.values() for c in out.outputs):
+        # aborted by the server, not by this client (which is still here): no answer to give
+        raise APIError(503, "the request was aborted by the server", code="aborted")
+    return JSONResponse(body(finals))

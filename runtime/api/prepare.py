@@ -1,0 +1,65 @@
+"""Turn a parsed request into validated, tokenized EngineRequests (run in the handler thread pool).
+
+Chat templating, encoding and every check the engine would make happen here, before anything is
+enqueued: a bad request is an immediate 400 and never reaches the engine thread.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from runtime.api.errors import APIError
+from runtime.api.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from runtime.api.sampling import requested_logprobs, sampling_params
+from runtime.async_engine import AsyncEngine, EngineRequest
+from runtime.errors import RequestError
+from runtime.tokenizer.tokenizer import Tokenizer
+
+
+@dataclass
+class PreparedPrompt:
+    request: EngineRequest
+    echo: str  # text to put before the completion when echo is asked for ("" otherwise)
+
+
+def completion_prompts(req: CompletionRequest, tokenizer: Tokenizer) -> list[tuple[list[int], str]]:
+    """(token ids, prompt text) per prompt: a string, a token list, or a batch of either."""
+    p = req.prompt
+    if isinstance(p, str):
+        return [(tokenizer.encode(p), p)]
+    if p and isinstance(p[0], int):
+        return [(list(p), "")]
+    return [(tokenizer.encode(x), x) if isinstance(x, str) else (list(x), "") for x in p]
+
+
+def chat_prompt(req: ChatCompletionRequest, tokenizer: Tokenizer) -> list[int]:
+    return tokenizer.encode_chat([m.template_dict() for m in req.messages], add_generation_prompt=True)
+
+
+def prepare(engine: AsyncEngine, req: SamplingFields, request_id: str, arrival: float | None = None
+            ) -> list[PreparedPrompt]:
+    """One EngineRequest per prompt (ids request_id-0, -1, ...); raises APIError / RequestError."""
+    arrival = arrival if arrival is not None else time.perf_counter()
+    core = engine.engine
+    tok = core.tokenizer
+    logprobs = requested_logprobs(req)
+    if isinstance(req, ChatCompletionRequest):
+        prompts = [(chat_prompt(req, tok), "")]
+    else:
+        assert isinstance(req, CompletionRequest)
+        if req.echo and logprobs is not None:
+            raise APIError(400, "echo together with logprobs is not supported (no prompt logprobs)", "echo")
+        prompts = completion_prompts(req, tok)
+    out = []
+    for i, (ids, text) in enumerate(prompts):
+        params = sampling_params(req, len(ids), core.max_model_len, core.vocab_size, logprobs)
+        try:
+            engine.check(ids, params)
+        except RequestError as exc:
+            if str(exc).startswith("invalid "):  # a sampling parameter: as_api_error names it
+                raise
+            raise APIError(400, str(exc), "messages" if isinstance(req, ChatCompletionRequest) else "prompt",
+                           "context_length_exceeded" if "exceeds" in str(exc) else "invalid_prompt") from None
+        echo = (text or tok.decode(ids)) if isinstance(req, CompletionRequest) and req.echo else ""
+        out.append(PreparedPrompt(EngineRequest(f"{request_id}-{i}", ids, params, arrival), echo))
+    return out

@@ -1,0 +1,262 @@
+"""OpenAI-shaped request and response schemas.
+
+Types are checked strictly where JSON Schema is strict: a bool or a string is not a number (pydantic's
+lax mode would take `false` for an int and "7" for a float), but 240.0 is an integer, as JSON Schema
+says, so strict mode is not used for ints. Ranges that need the model (token ids < vocab size,
+prompt + max_tokens <= context) are checked later, against the engine.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, Strict
+
+from runtime.sampling_params import MAX_LOGPROBS
+
+
+def _unicode(value: str) -> str:
+    """JSON can carry lone surrogates ("\\ud800"); they are not text and the tokenizer rejects them."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("text must be valid Unicode (it has a lone surrogate)") from None
+    return value
+
+
+def _integer(value: Any) -> Any:
+    if isinstance(value, (bool, str)):
+        raise ValueError("Input should be a valid integer")
+    return value
+
+
+# Caps on list sizes: each stop string and bias entry costs every step of the request some work.
+MAX_STOP, MAX_STOP_TOKEN_IDS, MAX_LOGIT_BIAS, MAX_BATCH = 16, 64, 1024, 256
+
+Int = Annotated[int, BeforeValidator(_integer)]
+TokenId = Annotated[int, BeforeValidator(_integer), Field(ge=0, le=2**31 - 1)]
+Number = Annotated[float, Strict(), Field(allow_inf_nan=False)]
+Bool = Annotated[bool, Strict()]
+Str = Annotated[str, Strict(), AfterValidator(_unicode)]
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    include_usage: Bool = False
+
+
+class SamplingFields(BaseModel):
+    """Knobs shared by both routes: OpenAI's names, then vLLM-style extras."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: Str | None = Field(None, description="the served model's id (GET /v1/models); omit for the only one")
+    max_tokens: Int | None = Field(None, ge=1, description="default: the rest of the context")
+    temperature: Annotated[Number, Field(ge=0, le=2)] = 1.0
+    top_p: Annotated[Number, Field(gt=0, le=1)] = 1.0
+    n: Int = Field(1, ge=1, le=128)
+    stop: Str | Annotated[list[Annotated[Str, Field(min_length=1)]], Field(max_length=MAX_STOP)] | None = None
+    seed: Int | None = Field(None, ge=-(2**63), le=2**63 - 1)
+    presence_penalty: Annotated[Number, Field(ge=-2, le=2)] = 0.0
+    frequency_penalty: Annotated[Number, Field(ge=-2, le=2)] = 0.0
+    logit_bias: dict[Str, Annotated[Number, Field(ge=-100, le=100)]] | None = Field(
+        None, max_length=MAX_LOGIT_BIAS, description="token id (as a string) -> bias added to its logit")
+    stream: Bool = False
+    stream_options: StreamOptions | None = None
+    user: Str | None = None
+    # extras (vLLM names)
+    top_k: Int = Field(0, ge=-1, le=2**31 - 1, description="keep the k most likely tokens; 0 or -1 = off")
+    min_p: Annotated[Number, Field(ge=0, le=1)] = 0.0
+    repetition_penalty: Annotated[Number, Field(gt=0, le=10)] = 1.0
+    min_tokens: Int = Field(0, ge=0)
+    ignore_eos: Bool = False
+    stop_token_ids: list[TokenId] | None = Field(None, max_length=MAX_STOP_TOKEN_IDS)
+    skip_special_tokens: Bool = True
+
+
+PromptText = Annotated[Str, Field(min_length=1)]
+TokenIds = Annotated[list[TokenId], Field(min_length=1)]
+Prompt = PromptText | TokenIds | Annotated[list[PromptText], Field(min_length=1, max_length=MAX_BATCH)] \
+    | Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_BATCH)]
+
+
+class CompletionRequest(SamplingFields):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"prompt": "Once upon a time", "max_tokens": 16, "temperature": 0},
+        {"prompt": ["The sky is", "Water is"], "n": 2, "max_tokens": 4, "stream": True,
+         "stream_options": {"include_usage": True}, "logprobs": 2},
+    ]})
+    prompt: Prompt = Field(description="a string, a list of token ids, or a batch: a list of either")
+    echo: Bool = False
+    logprobs: Int | None = Field(None, ge=0, le=MAX_LOGPROBS, description="top logprobs per token")
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text"]
+    text: Str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Str | list[TextPart] | None = None
+    name: Str | None = None
+
+    def template_dict(self) -> dict[str, str]:
+        content = self.content
+        if isinstance(content, list):
+            content = "".join(part.text for part in content)
+        return {"role": self.role, "content": content or ""}
+
+
+class ChatCompletionRequest(SamplingFields):
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 32,
+         "temperature": 0},
+        {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}], "n": 2,
+         "max_completion_tokens": 6, "stream": True, "stream_options": {"include_usage": True}, "logprobs": True,
+         "top_logprobs": 2},
+    ]})
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: Int | None = Field(None, ge=1, description="preferred over max_tokens when both are set")
+    logprobs: Bool = False
+    top_logprobs: Int | None = Field(None, ge=0, le=MAX_LOGPROBS, description="needs logprobs: true")
+
+
+# -- responses ----------------------------------------------------------------------------------
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[TokenLogprob] | None = None
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "cute-serve"
+    max_model_len: int | None = None
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class HealthStatus(BaseModel):
+    status: Literal["ok"] = "ok"
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | int | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
+
+
+# -- stream chunks (each SSE event's JSON; documented under text/event-stream) --------------------
+
+
+class CompletionChunkChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class CompletionChunk(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChunkChoice]
+    usage: Usage | None = None
+
+
+class ChatDelta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int
+    delta: ChatDelta
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None

@@ -1,0 +1,98 @@
+"""Server-sent events for streaming responses: chunk rendering, the event stream, and its cleanup."""
+from __future__ import annotations
+
+import json
+from typing import Any, AsyncIterator, Iterable
+
+from fastapi.responses import StreamingResponse
+from starlette.background import BackgroundTask
+
+from runtime.api.errors import as_api_error, error_body
+from runtime.api.generation import Generation
+from runtime.api.prepare import PreparedPrompt
+from runtime.async_engine import RequestStream
+from runtime.outputs import CompletionOutput, RequestOutput
+
+DONE = "data: [DONE]\n\n"
+
+
+def event(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+class ChunkRenderer:
+    """Turns engine outputs into SSE payloads; subclasses say what a chunk looks like.
+
+    Each choice gets its delta chunks, then one final chunk with its finish_reason and an empty
+    delta; with include_usage, a last chunk with no choices carries the usage.
+    """
+
+    usage_object = ""  # the "object" of the usage chunk
+
+    def __init__(self, gen: Generation) -> None:
+        self.gen = gen
+        self.finished: set[int] = set()
+        self.completion_tokens = 0
+
+    def start(self) -> Iterable[dict[str, Any]]:
+        return ()
+
+    def delta(self, index: int, prompt: PreparedPrompt, c: CompletionOutput) -> dict[str, Any] | None:
+        raise NotImplementedError
+
+    def final(self, index: int, c: CompletionOutput) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def chunk(self, choices: list[dict[str, Any]], obj: str) -> dict[str, Any]:
+        g = self.gen
+        out = {"id": g.response_id, "object": obj, "created": g.created, "model": g.model, "choices": choices}
+        if g.include_usage:
+            out["usage"] = None
+        return out
+
+    def output(self, out: RequestOutput) -> Iterable[dict[str, Any]]:
+        prompt = self.gen.prompts[self.gen.prompt_index[out.request_id]]
+        for c in out.outputs:
+            index = self.gen.choice_index(out.request_id, c.index)
+            if index in self.finished:
+                continue
+            body = self.delta(index, prompt, c)
+            if body is not None:
+                yield body
+            if c.finish_reason is not None:
+                self.finished.add(index)
+                self.completion_tokens += len(c.token_ids)
+                yield self.final(index, c)
+
+    def end(self) -> Iterable[dict[str, Any]]:
+        g = self.gen
+        if g.include_usage:
+            yield {"id": g.response_id, "object": self.usage_object, "created": g.created, "model": g.model,
+                   "choices": [], "usage": g.usage(self.completion_tokens)}
+
+
+async def sse_events(stream: RequestStream, renderer: ChunkRenderer) -> AsyncIterator[str]:
+    """The event stream; an engine failure becomes an error event. Always closes the stream."""
+    try:
+        for payload in renderer.start():
+            yield event(payload)
+        async for out in stream:
+            for payload in renderer.output(out):
+                yield event(payload)
+        for payload in renderer.end():
+            yield event(payload)
+        yield DONE
+    except Exception as exc:  # not CancelledError / GeneratorExit: those mean the client is gone
+        err = as_api_error(exc)
+        yield event(error_body(err.status, err.message, err.param, err.code))
+        yield DONE
+    finally:
+        stream.close()
+
+
+def sse_response(stream: RequestStream, renderer: ChunkRenderer) -> StreamingResponse:
+    # The background task closes the stream even if the body iterator is abandoned without being
+    # closed (Starlette cancels the send loop on disconnect): close() is idempotent.
+    return StreamingResponse(sse_events(stream, renderer), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+                             background=BackgroundTask(stream.close))

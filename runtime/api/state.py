@@ -1,0 +1,31 @@
+"""What every route needs: the engine, the served model's name, the metrics; one per app."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from fastapi import Request
+
+from runtime.api.errors import APIError
+from runtime.api.logprobs import LogprobFormatter
+from runtime.async_engine import AsyncEngine
+from runtime.metrics import ServerMetrics
+
+
+@dataclass
+class ServerState:
+    engine: AsyncEngine
+    model_name: str
+    metrics: ServerMetrics
+    formatter: LogprobFormatter
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name != self.model_name:
+            raise APIError(404, f"the model '{name}' does not exist; this server serves '{self.model_name}'",
+                           "model", "model_not_found")
+
+
+def server_state(request: Request) -> ServerState:
+    """FastAPI dependency: the app's ServerState."""
+    return request.app.state.server

@@ -1,0 +1,320 @@
+"""AsyncEngine: the LLMEngine step loop on its own thread, streaming outputs to asyncio code.
+
+The engine thread alone touches the LLMEngine (it is not thread-safe). Callers on an event loop
+submit requests (validated and tokenized beforehand, so the step loop never waits on them); the
+commands (add / abort) queue up and the engine thread applies them between steps, sleeping on an
+event while there is no work. After each step the outputs go back to each request's event loop
+with one call_soon_threadsafe per loop, into per-request-group asyncio queues (RequestStream).
+Closing a stream before it finishes aborts its requests: their KV blocks are free before the next
+step runs.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+from runtime.engine import LLMEngine
+from runtime.errors import RequestError
+from runtime.outputs import RequestOutput
+from runtime.sampling_params import SamplingParams
+
+log = logging.getLogger("cute_serve")
+
+
+class QueueFullError(Exception):
+    """More requests are in flight than the server admits; retry later (HTTP 429)."""
+
+    def __init__(self, message: str, retry_after: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class EngineUnavailableError(Exception):
+    """The engine thread has stopped or failed; nothing can be served (HTTP 503)."""
+
+
+class EngineStepError(Exception):
+    """A step raised while this request was in flight (a server bug, HTTP 500)."""
+
+
+@dataclass
+class EngineRequest:
+    """One prompt, already tokenized and validated, ready for the engine thread."""
+
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    arrival: float = field(default_factory=time.perf_counter)  # TTFT and queue time count from here
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """Engine gauges and totals, published by the engine thread after each step (read anywhere)."""
+
+    num_requests_running: int = 0  # requests with at least one sequence scheduled to run
+    num_requests_waiting: int = 0
+    kv_blocks_total: int = 0
+    kv_blocks_used: int = 0
+    kv_bytes_per_block: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    spec_acceptance_rate: float = 0.0
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    preemptions: int = 0
+    finished: dict[str, int] = field(default_factory=dict)  # sequences by finish reason
+    steps: int = 0
+
+    @property
+    def kv_usage(self) -> float:
+        return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
+
+    @classmethod
+    def of(cls, engine: LLMEngine) -> "EngineSnapshot":
+        running = {s.request_id for s in engine.scheduler.running}
+        pool, stats = engine.pool, engine.stats
+        return cls(len(running), len(engine.requests.keys() - running), pool.num_blocks, pool.num_used,
+                   engine.ledger.bytes_per_token * engine.ledger.block_size, pool.stats.queries, pool.stats.hits,
+                   stats.spec_acceptance_rate, stats.prompt_tokens, stats.generated_tokens, stats.preemptions,
+                   dict(stats.finished), stats.steps)
+
+
+class OutputObserver(Protocol):
+    """Sees every output (of every stream, closed or not) on the stream's event loop."""
+
+    def on_output(self, output: RequestOutput, now: float) -> None: ...
+
+
+class RequestStream:
+    """Outputs of a group of requests (one prompt x n, or a batch of prompts), in engine order.
+
+    Iterate with `async for`; it ends after the last request finishes. close() (idempotent) aborts
+    whatever has not finished: always call it, e.g. in a finally block.
+    """
+
+    def __init__(self, owner: "AsyncEngine", requests: Sequence[EngineRequest], loop: asyncio.AbstractEventLoop):
+        self._owner = owner
+        self.loop = loop
+        self.num_seqs = {r.request_id: r.params.n for r in requests}
+        self.unfinished = set(self.num_seqs)
+        self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+
+    def put(self, item: RequestOutput | BaseException) -> None:
+        self._queue.put_nowait(item)
+
+    def __aiter__(self) -> "RequestStream":
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if not self.unfinished:
+            raise StopAsyncIteration
+        item = await self._queue.get()
+        if isinstance(item, BaseException):
+            self.close()
+            raise item
+        if item.finished:
+            self._owner._release(self, item.request_id)
+        return item
+
+    def close(self) -> None:
+        self._owner._close(self)
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine, max_queue: int | None = None) -> None:
+        """max_queue: sequences that may wait beyond a full batch (max_num_seqs); None = no limit."""
+        self.engine = engine
+        self.max_queue = max_queue
+        self.snapshot = EngineSnapshot.of(engine)
+        self.error: BaseException | None = None  # set when the engine thread gave up
+        self._observers: list[OutputObserver] = []
+        self._commands: deque[tuple] = deque()
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._streams: dict[str, RequestStream] = {}  # engine thread only
+        self._admission = threading.Lock()
+        self.num_seqs_in_flight = 0  # guarded by _admission
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def start(self) -> "AsyncEngine":
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="engine-step-loop", daemon=True)
+            self._thread.start()
+        return self
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop the step loop; streams still open get EngineUnavailableError."""
+        self._stopping = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def __enter__(self) -> "AsyncEngine":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+    @property
+    def is_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and not self._stopping and self.error is None
+
+    def add_observer(self, observer: OutputObserver) -> None:
+        self._observers.append(observer)
+
+    def remove_observer(self, observer: OutputObserver) -> None:
+        if observer in self._observers:
+            self._observers.remove(observer)
+
+    # -- called by request handlers ------------------------------------------------------------
+
+    @property
+    def capacity(self) -> int | None:
+        """Most sequences in flight at once (running + waiting), or None for no limit."""
+        return None if self.max_queue is None else self.engine.config.max_num_seqs + self.max_queue
+
+    def check(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        """Raise RequestError for what the engine would reject; safe from any thread."""
+        self.engine.check_request(prompt_ids, params)
+
+    def submit(self, requests: Sequence[EngineRequest]) -> RequestStream:
+        """Enqueue a group of validated requests (all or none); call from a coroutine.
+
+        Raises QueueFullError when admitting them would exceed the capacity, RequestError when
+        they could never be admitted, EngineUnavailableError when the engine is not running.
+        """
+        if not self.is_running:
+            raise EngineUnavailableError("the engine is not running" + (f": {self.error}" if self.error else ""))
+        stream = RequestStream(self, requests, asyncio.get_running_loop())
+        need = sum(stream.num_seqs.values())
+        with self._admission:
+            cap = self.capacity
+            if cap is not None and need > cap:
+                raise RequestError(f"the request needs {need} sequences but the server admits at most {cap} at once")
+            if cap is not None and self.num_seqs_in_flight + need > cap:
+                raise QueueFullError(f"the server is at capacity ({self.num_seqs_in_flight} sequences in flight, "
+                                     f"limit {cap}); retry later")
+            self.num_seqs_in_flight += need
+        for r in requests:
+            self._commands.append(("add", r, stream))
+        self._wake.set()
+        return stream
+
+    def _release(self, stream: RequestStream, request_id: str) -> None:
+        if request_id in stream.unfinished:
+            stream.unfinished.discard(request_id)
+            with self._admission:
+                self.num_seqs_in_flight -= stream.num_seqs[request_id]
+
+    def _close(self, stream: RequestStream) -> None:
+        gone = list(stream.unfinished)
+        for rid in gone:
+            self._release(stream, rid)
+            self._commands.append(("abort", rid))
+        if gone:
+            self._wake.set()
+
+    # -- the engine thread ---------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while not self._stopping and self.error is None:
+                self._wake.clear()
+                self._apply_commands()
+                if self.engine.has_unfinished_requests():
+                    self._step()
+                else:
+                    self.snapshot = EngineSnapshot.of(self.engine)
+                    self._wake.wait()
+        except BaseException as exc:  # a bug in the loop itself: say so, fail everyone, stop
+            log.exception("the engine thread failed")
+            self.error = exc
+        self._fail_all(EngineUnavailableError("the engine stopped" + (f": {self.error}" if self.error else "")))
+
+    def _apply_commands(self) -> None:
+        while self._commands:
+            command = self._commands.popleft()
+            if command[0] == "add":
+                self._add(command[1], command[2])
+            else:
+                self.engine.abort_request(command[1])
+
+    def _add(self, request: EngineRequest, stream: RequestStream) -> None:
+        try:
+            self.engine.add_request(request.request_id, request.prompt_ids, request.params, request.arrival)
+        except Exception as exc:  # RequestError normally; anything else must not stop the loop either
+            if not isinstance(exc, RequestError):
+                log.exception("add_request failed")
+            self._send(stream, exc)
+            return
+        self._streams[request.request_id] = stream
+
+    def _step(self) -> None:
+        try:
+            outputs = self.engine.step()
+        except Exception as exc:
+            log.exception("engine step failed; failing the requests in flight")
+            self._fail_all(EngineStepError(f"the engine failed while serving this request: {exc}"))
+            return
+        now = time.perf_counter()
+        self.snapshot = EngineSnapshot.of(self.engine)
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[RequestStream, RequestOutput]]] = defaultdict(list)
+        for out in outputs:
+            stream = self._streams.pop(out.request_id) if out.finished else self._streams.get(out.request_id)
+            if stream is not None:
+                by_loop[stream.loop].append((stream, out))
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(self._hand_over, items, now)
+            except RuntimeError:  # that event loop is closed: nobody will read these, stop them
+                for _, out in items:
+                    self._streams.pop(out.request_id, None)
+                    self.engine.abort_request(out.request_id)
+
+    def _hand_over(self, items: list[tuple[RequestStream, RequestOutput]], now: float) -> None:
+        """On the event loop: queue each output on its stream, then let observers see it."""
+        for stream, out in items:
+            stream.put(out)
+            for observer in self._observers:
+                try:
+                    observer.on_output(out, now)
+                except Exception:  # metrics must never break serving
+                    log.exception("output observer failed")
+
+    def _send(self, stream: RequestStream, item: BaseException) -> None:
+        try:
+            stream.loop.call_soon_threadsafe(stream.put, item)
+        except RuntimeError:
+            pass
+
+    def _fail_all(self, exc: BaseException) -> None:
+        """Every stream in flight gets exc; its requests leave the engine (best effort)."""
+        for rid, stream in list(self._streams.items()):
+            self._send(stream, exc)
+            try:
+                self.engine.abort_request(rid)
+            except Exception:
+                log.exception("abort of %s failed", rid)
+        self._streams.clear()
+        while self._commands:
+            command = self._commands.popleft()
+            if command[0] == "add":
+                self._send(command[2], exc)
+        try:
+            if self.engine.has_unfinished_requests():
+                self.engine.step()  # emits the aborts and frees their blocks
+        except Exception:
+            log.exception("the engine could not flush aborted requests")
+            self.error = self.error or exc
+        self.snapshot = EngineSnapshot.of(self.engine)
