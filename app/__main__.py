@@ -1,0 +1,5 @@
+"""python -m app: the chat UI for development (the same server `python -m runtime.serve` starts)."""
+from runtime.serve import main
+
+if __name__ == "__main__":
+    main()

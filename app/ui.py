@@ -1,0 +1,95 @@
+"""The Gradio Blocks page: chat on the left, the engine's live panel on the right."""
+from __future__ import annotations
+
+import os
+
+import gradio as gr
+import pandas as pd
+
+from app.block_map import STATE_COLORS, STATE_NAMES
+from app.chat import ChatSettings, keep_stopped_reply, reply
+from app.panel import LivePanel
+from runtime.async_engine import AsyncEngine
+from runtime.metrics import ServerMetrics
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+
+def about_markdown(engine: AsyncEngine) -> str:
+    e = engine.engine
+    cfg = e.model_config
+    ops = e.runner.model.ops.name
+    spec = e.config.speculative or "off"
+    return (f"**Model** {cfg.name} ({cfg.arch}, {cfg.num_layers} layers, {cfg.num_parameters() / 1e6:.1f}M parameters, "
+            f"context {e.max_model_len})  \n**dtype** {str(e.dtype).replace('torch.', '')} · **device** {e.device} · "
+            f"**backend** {'CuTe kernels (sm_90a)' if ops == 'cute' else 'torch reference'} · **block size** "
+            f"{e.config.block_size} · **scheduler** {e.config.scheduler} · **prefix caching** "
+            f"{'on' if e.config.enable_prefix_caching else 'off'} · **speculative** {spec}  \n"
+            f"**Memory ledger** {e.ledger.describe()}")
+
+
+def legend_html() -> str:
+    cells = "".join(f'<span style="display:inline-block;width:10px;height:10px;background:rgb{tuple(c)};'
+                    f'margin:0 4px 0 10px"></span>{n}' for n, c in zip(STATE_NAMES, STATE_COLORS[:4].tolist()))
+    return f"<div style='font-size:12px'>{cells}</div>"
+
+
+def build_ui(engine: AsyncEngine, metrics: ServerMetrics) -> gr.Blocks:
+    panel = LivePanel(engine, metrics)
+    has_proposer = engine.engine.proposer is not None
+    with gr.Blocks(title="cute-serve") as demo:
+        gr.Markdown("## cute-serve")
+        convo = gr.State([])
+        with gr.Row():
+            with gr.Column(scale=3):
+                chat = gr.Chatbot(elem_id="chat", height=460, label="chat")
+                msg = gr.Textbox(elem_id="msg", placeholder="Message (Enter to send)", show_label=False)
+                with gr.Row():
+                    send = gr.Button("Send", variant="primary", elem_id="send")
+                    stop = gr.Button("Stop", elem_id="stop")
+                    clear = gr.Button("Clear", elem_id="clear")
+                with gr.Accordion("Settings", open=False):
+                    system = gr.Textbox(label="System prompt", value="", elem_id="system")
+                    temperature = gr.Slider(0, 2, value=0.7, step=0.05, label="temperature")
+                    top_p = gr.Slider(0.05, 1, value=0.95, step=0.05, label="top_p")
+                    max_tokens = gr.Slider(1, 2048, value=256, step=1, label="max tokens")
+                    seed = gr.Number(value=-1, precision=0, label="seed (-1: random)")
+                    speculative = gr.Checkbox(value=has_proposer, label="speculative decoding", visible=has_proposer)
+            with gr.Column(scale=2):
+                kv = gr.HTML(elem_id="kv-panel")
+                blocks = gr.Image(label="KV block map", elem_id="block-map", interactive=False, height=260)
+                gr.HTML(legend_html())
+                stats = gr.Markdown(elem_id="live-stats")
+                plot = gr.LinePlot(pd.DataFrame({"t": [0.0], "metric": ["ttft_p50"], "ms": [0.0]}), x="t", y="ms",
+                                   color="metric", x_title="seconds ago", y_title="ms", height=200,
+                                   label="recent TTFT / TPOT (P50, P95)")
+        with gr.Accordion("About this engine", open=False):
+            gr.Markdown(about_markdown(engine), elem_id="about")
+
+        settings = [system, temperature, top_p, max_tokens, seed, speculative]
+
+        async def respond(message, display, history, system_prompt, temp, nucleus, max_new, seed_value, spec):
+            settings = ChatSettings(system_prompt, temp, nucleus, max_new, seed_value, spec)
+            async for update in reply(engine, message, display, history, settings):
+                yield update
+
+        events = [trigger(respond, [msg, chat, convo, *settings], [chat, convo, msg])
+                  for trigger in (msg.submit, send.click)]
+        stop.click(keep_stopped_reply, [chat, convo], [chat, convo], cancels=events)
+        clear.click(lambda: ([], [], ""), None, [chat, convo, msg], cancels=events)
+
+        def refresh():
+            kv_html, image, md, rows = panel.refresh()
+            frame = pd.DataFrame(rows, columns=["t", "metric", "ms"]).astype({"t": float, "ms": float, "metric": str})
+            return kv_html, image, md, frame
+
+        timer = gr.Timer(1.0)
+        timer.tick(refresh, None, [kv, blocks, stats, plot], show_progress="hidden")
+        demo.load(refresh, None, [kv, blocks, stats, plot])
+    return demo
+
+
+def mount_chat_ui(app, engine: AsyncEngine):
+    """runtime.api.app.create_app's mount_ui hook: the page at "/", API routes keep precedence."""
+    demo = build_ui(engine, app.state.server.metrics)
+    return gr.mount_gradio_app(app, demo, path="/", ssr_mode=False)

@@ -1,0 +1,128 @@
+"""python -m runtime.serve: the OpenAI-compatible server (FastAPI under uvicorn) over one engine.
+
+Binds 127.0.0.1 unless --host says otherwise. Start-up shows a progress bar while loading, the KV
+memory ledger, and the URLs to open.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import sys
+from typing import TYPE_CHECKING
+
+from tqdm import tqdm
+
+from runtime.cli import run_main, setup_logging
+from runtime.engine_config import add_engine_args, config_from_args
+from runtime.errors import UserError
+
+if TYPE_CHECKING:
+    from runtime.async_engine import AsyncEngine
+
+DEFAULT_MAX_QUEUE = 1024
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m runtime.serve", description=__doc__)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
+    p.add_argument("--api-key", default=os.environ.get("CUTE_SERVE_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on /v1 routes (default: $CUTE_SERVE_API_KEY, else none)")
+    p.add_argument("--served-model-name", default=None, help="the model id clients send (default: the file's name)")
+    p.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE,
+                   help=f"sequences that may wait beyond a full batch (--max-num-seqs); more get HTTP 429 "
+                        f"(default: {DEFAULT_MAX_QUEUE})")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    add_engine_args(p)
+    args = p.parse_args(argv)
+    if args.max_queue < 0:
+        p.error("--max-queue must be >= 0")
+    if not 0 <= args.port <= 65535:
+        p.error("--port must be in [0, 65535]")
+    return args
+
+
+def model_name(path: str) -> str:
+    """'.../SmolLM2-135M-Instruct.Q4_1.gguf' -> 'SmolLM2-135M-Instruct.Q4_1'; a folder -> its name."""
+    base = os.path.basename(os.path.normpath(path))
+    return base[:-5] if base.endswith(".gguf") else base
+
+
+def build_engine(args: argparse.Namespace) -> tuple["AsyncEngine", str]:
+    """Load with a progress bar (one step per stage), warm up, then reset the counters.
+
+    (Heavy imports live here and in main, so --help and a taken port answer at once.)
+    """
+    from runtime.async_engine import AsyncEngine
+    from runtime.engine import LLMEngine
+    from runtime.engine_stats import EngineStats
+    from runtime.kv.block_pool import PrefixCacheStats
+    from runtime.load import load_model
+    from runtime.sampling_params import SamplingParams
+
+    config = config_from_args(args)
+    config.log_ledger = False  # printed below, after the bar
+    with tqdm(total=3, desc="loading", unit="stage", file=sys.stderr) as bar:
+        bar.set_postfix_str("weights and tokenizer")
+        model_config, tensors, tokenizer, path = load_model(args.model)
+        bar.update()
+        bar.set_postfix_str("engine and KV cache")
+        engine = LLMEngine(config, model_config, tensors, tokenizer)
+        bar.update()
+        bar.set_postfix_str("warm-up")
+        engine.add_request("warm-up", [tokenizer.bos_token_id or 0], SamplingParams(max_tokens=2, ignore_eos=True))
+        while engine.has_unfinished_requests():
+            engine.step()
+        engine.stats = EngineStats()  # /metrics counts what clients asked for, not the warm-up
+        engine.pool.stats = PrefixCacheStats()
+        bar.update()
+    return AsyncEngine(engine, max_queue=args.max_queue), path
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """Bind before loading the model, so a taken port fails in a second, not after the load.
+
+    The socket is made with proto=IPPROTO_TCP: asyncio sets TCP_NODELAY only on such sockets, and
+    without it each streamed chunk can wait ~40 ms for a delayed ACK (Nagle).
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise UserError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    setup_logging(getattr(logging, args.log_level.upper()))
+    import uvicorn
+
+    from app.ui import mount_chat_ui
+    from runtime.api.app import create_app
+
+    sock = bind(args.host, args.port)
+    async_engine, path = build_engine(args)
+    name = args.served_model_name or model_name(path)
+    app = create_app(async_engine, name, api_key=args.api_key, mount_ui=mount_chat_ui)
+    engine = async_engine.engine
+    host = "127.0.0.1" if args.host in ("0.0.0.0", "") else f"[{args.host}]" if ":" in args.host else args.host
+    base = f"http://{host}:{sock.getsockname()[1]}"
+    print(f"model: {name} ({path}), context {engine.max_model_len} tokens, {engine.device} {engine.dtype}",
+          file=sys.stderr)
+    print(engine.ledger.describe(), file=sys.stderr)
+    print(f"chat page: {base}/   API: {base}/v1   docs: {base}/docs   metrics: {base}/metrics", file=sys.stderr,
+          flush=True)
+    server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=5))
+    with async_engine:
+        server.run(sockets=[sock])
+    return 0
+
+
+if __name__ == "__main__":
+    run_main(main, "runtime.serve")
