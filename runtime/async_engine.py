@@ -69,6 +69,11 @@ class EngineSnapshot:
     preemptions: int = 0
     finished: dict[str, int] = field(default_factory=dict)  # sequences by finish reason
     steps: int = 0
+    spec_proposed: int = 0
+    spec_accepted: int = 0
+    spec_mean_accepted_len: float = 0.0  # accepted drafts per verification step
+    prefix_cached_blocks: int = 0  # blocks findable by hash (in use or free)
+    prefix_cache_evictions: int = 0
 
     @property
     def kv_usage(self) -> float:
@@ -85,7 +90,8 @@ class EngineSnapshot:
         return cls(len(running), len(engine.requests.keys() - running), pool.num_blocks, pool.num_used,
                    engine.ledger.bytes_per_token * engine.ledger.block_size, pool.stats.queries, pool.stats.hits,
                    stats.spec_acceptance_rate, stats.prompt_tokens, stats.generated_tokens, stats.preemptions,
-                   dict(stats.finished), stats.steps)
+                   dict(stats.finished), stats.steps, stats.spec_proposed, stats.spec_accepted,
+                   stats.spec_mean_accepted_len, pool.num_cached, pool.stats.evictions)
 
 
 class OutputObserver(Protocol):

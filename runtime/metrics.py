@@ -47,6 +47,12 @@ class EngineCollector(Collector):
                      s.prefix_cache_hit_rate)
         yield _gauge("spec_decode_acceptance_rate", "Accepted / proposed speculative tokens (0 without a proposer).",
                      s.spec_acceptance_rate)
+        yield _counter("spec_decode_num_draft_tokens", "Speculative tokens proposed.", s.spec_proposed)
+        yield _counter("spec_decode_num_accepted_tokens", "Speculative tokens accepted.", s.spec_accepted)
+        yield _gauge("spec_decode_mean_accepted_length", "Accepted drafts per verification step.",
+                     s.spec_mean_accepted_len)
+        yield _gauge("prefix_cache_blocks", "KV blocks findable in the prefix cache.", s.prefix_cached_blocks)
+        yield _counter("prefix_cache_evictions", "Cached blocks evicted for fresh allocations.", s.prefix_cache_evictions)
         yield _counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", s.prefix_cache_queries)
         yield _counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.", s.prefix_cache_hits)
         yield _counter("prompt_tokens", "Prompt tokens received by the engine.", s.prompt_tokens)

@@ -76,3 +76,24 @@ def test_gauges_show_a_request_in_flight():
             assert value(s, "kv_cache_usage_perc") == value(s, "kv_cache_used_blocks") / 64
             assert value(s, "kv_cache_used_bytes") > 0
         srv.wait_idle()
+
+
+def test_prefix_cache_and_speculation_series_match_the_engine():
+    from runtime.spec.ngram import NgramProposer
+
+    engine = tiny_engine(num_blocks=64)
+    engine.config.num_speculative_tokens = 3
+    engine.proposer = NgramProposer(1, 3)
+    with live_server(engine) as srv:
+        body = {"prompt": [7, 8, 9, 10] * 12, "max_tokens": 12, "ignore_eos": True, "temperature": 0,
+                "logit_bias": {"8": 100}}  # outputs repeat a prompt token, so the n-gram proposer finds matches
+        for _ in range(2):
+            assert httpx.post(srv.url + "/v1/completions", json=body, timeout=30).status_code == 200
+        srv.wait_idle()
+        s = scrape(srv.url)
+        stats = srv.engine.stats
+        assert value(s, "spec_decode_num_draft_tokens_total") == stats.spec_proposed > 0
+        assert value(s, "spec_decode_num_accepted_tokens_total") == stats.spec_accepted
+        assert value(s, "prefix_cache_blocks") == srv.engine.pool.num_cached > 0
+        assert value(s, "prefix_cache_hits_total") > 0
+        assert value(s, "prefix_cache_evictions_total") == srv.engine.pool.stats.evictions
