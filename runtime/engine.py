@@ -182,6 +182,8 @@ class LLMEngine:
         times = self.stats.times
         t0 = time.perf_counter()
         drafts = self._propose()
+        tp = time.perf_counter()
+        times.propose += tp - t0
         sched = self.scheduler.schedule({seq: len(d.tokens) for seq, d in drafts.items()})
         self.stats.preemptions += len(sched.preempted)
         changed = {self.requests[s.request_id] for s in sched.out_of_memory}
@@ -190,7 +192,7 @@ class LLMEngine:
             seq.finish_reason = "length"
             self._finish(seq)
         t1 = time.perf_counter()
-        times.schedule += t1 - t0
+        times.schedule += t1 - tp
         if sched.chunks:
             changed |= self._run(sched, drafts)
         t2 = time.perf_counter()

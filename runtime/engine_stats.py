@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 class StepTimes:
     """Seconds spent per phase, summed over steps."""
 
+    propose: float = 0.0  # speculative drafting (a draft model's forward passes)
     schedule: float = 0.0
     prepare: float = 0.0  # building the packed input tensors
     forward: float = 0.0
@@ -16,11 +17,11 @@ class StepTimes:
 
     @property
     def total(self) -> float:
-        return self.schedule + self.prepare + self.forward + self.sample + self.output
+        return self.propose + self.schedule + self.prepare + self.forward + self.sample + self.output
 
     def shares(self) -> dict[str, float]:
         t = self.total or 1.0
-        return {k: getattr(self, k) / t for k in ("schedule", "prepare", "forward", "sample", "output")}
+        return {k: getattr(self, k) / t for k in ("propose", "schedule", "prepare", "forward", "sample", "output")}
 
 
 @dataclass
