@@ -81,18 +81,27 @@ def run_transformers(model_path, workload, batch: int) -> dict:
 
 VLLM_SCRIPT = r"""
 import json, sys, time
-from vllm import LLM, SamplingParams
-from vllm.inputs import TokensPrompt
-spec = json.load(open(sys.argv[1]))
-llm = LLM(model=spec["model"], dtype="float32", max_model_len=2048, seed=0)
-prompts = [TokensPrompt(prompt_token_ids=r[0]) for r in spec["requests"]]
-params = [SamplingParams(temperature=0, max_tokens=r[1], ignore_eos=True) for r in spec["requests"]]
-llm.generate(prompts[:1], params[:1])
-t0 = time.perf_counter()
-outs = llm.generate(prompts, params)
-wall = time.perf_counter() - t0
-useful = sum(len(o.outputs[0].token_ids) for o in outs)
-json.dump({"engine": "vllm-cpu", "wall_s": wall, "useful_tok_s": useful / wall, "useful_tokens": useful}, open(sys.argv[2], "w"))
+
+
+def main():  # vLLM starts its engine core with spawn: everything runs under the main guard
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    spec = json.load(open(sys.argv[1]))
+    llm = LLM(model=spec["model"], dtype="float32", max_model_len=2048, seed=0)
+    prompts = [TokensPrompt(prompt_token_ids=r[0]) for r in spec["requests"]]
+    params = [SamplingParams(temperature=0, max_tokens=r[1], ignore_eos=True) for r in spec["requests"]]
+    llm.generate(prompts[:1], params[:1])
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, params)
+    wall = time.perf_counter() - t0
+    useful = sum(len(o.outputs[0].token_ids) for o in outs)
+    json.dump({"engine": "vllm-cpu", "wall_s": wall, "useful_tok_s": useful / wall, "useful_tokens": useful},
+              open(sys.argv[2], "w"))
+
+
+if __name__ == "__main__":
+    main()
 """
 
 
