@@ -79,7 +79,7 @@ def prefill_attention_ref(
     return out
 
 
-DecodePlan = list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+DecodePlan = list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]
 
 
 def plan_decode(block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int,
@@ -89,7 +89,7 @@ def plan_decode(block_tables: torch.Tensor, context_lens: torch.Tensor, block_si
     Gathering paged KV into a padded batch costs memory traffic proportional to the padding, so
     sequences are sorted by length and split into buckets small enough that a bucket's K/V stay in
     cache between the ops that use them. The plan depends only on the block tables, so one plan
-    serves every layer of a step. Returns (seq indices, flat slots [b * L], valid [b, 1, L]).
+    serves every layer of a step. Returns (seq indices, flat slots [b * L], valid [b, 1, L] or None).
     """
     order = torch.argsort(context_lens, descending=True)
     plan = []
@@ -97,7 +97,9 @@ def plan_decode(block_tables: torch.Tensor, context_lens: torch.Tensor, block_si
         lens = context_lens[idx].long()
         pos = torch.arange(int(lens.max()), device=block_tables.device)
         slots = block_tables[idx][:, pos // block_size].long() * block_size + pos % block_size
-        plan.append((idx, slots.view(-1), (pos.unsqueeze(0) < lens.unsqueeze(1)).unsqueeze(1)))
+        padded = bool(lens.min() < lens.max())  # only a bucket of unequal lengths has padding to mask
+        valid = (pos.unsqueeze(0) < lens.unsqueeze(1)).unsqueeze(1) if padded else None
+        plan.append((idx, slots.view(-1), valid))
     return plan
 
 
@@ -125,13 +127,15 @@ def decode_attention_ref(
     keys, values = k_cache.view(-1, hkv * d), v_cache.view(-1, hkv * d)
     out = torch.empty_like(q)
     for idx, slots, valid in plan:
-        b, length = len(idx), valid.shape[-1]
+        b, length = len(idx), slots.numel() // len(idx)
         k = keys.index_select(0, slots).view(b, length, hkv * d).float()
         v = values.index_select(0, slots).view(b, length, hkv * d).float()
         blockdiag = torch.zeros(b, heads, hkv, d, device=q.device)
         blockdiag[:, head_of, kv_head_of] = q[idx].float()
         scores = torch.bmm(blockdiag.view(b, heads, hkv * d), k.transpose(1, 2))  # [b, H, L]
-        scores.mul_(scale).masked_fill_(~valid, float("-inf"))
+        scores.mul_(scale)
+        if valid is not None:
+            scores.masked_fill_(~valid, float("-inf"))
         full = torch.bmm(scores.softmax(-1), v).view(b, heads, hkv, d)
         out[idx] = full[:, head_of, kv_head_of].to(q.dtype)
     return out

@@ -38,14 +38,16 @@ class DecoderLayer(nn.Module):
         residual = x if residual is None else x + residual
         h = F.rms_norm(residual, (cfg.hidden_size,), self.input_norm, eps)
         qkv = F.linear(h, self.qkv, self.qkv_bias)
-        q, k, v = qkv.split([cfg.q_size, cfg.kv_size, cfg.kv_size], dim=-1)
-        q = q.view(-1, cfg.num_heads, cfg.head_dim)
-        k = k.view(-1, cfg.num_kv_heads, cfg.head_dim)
+        heads = cfg.num_heads + cfg.num_kv_heads
+        qk, v = qkv.split([cfg.q_size + cfg.kv_size, cfg.kv_size], dim=-1)
+        qk = qk.view(-1, heads, cfg.head_dim)
         v = v.reshape(-1, cfg.num_kv_heads, cfg.head_dim)
         if self.q_norm is not None:
-            q = F.rms_norm(q, (cfg.head_dim,), self.q_norm, eps)
-            k = F.rms_norm(k, (cfg.head_dim,), self.k_norm, eps)
-        q, k = RotaryEmbedding.apply(q, cos_sin), RotaryEmbedding.apply(k, cos_sin)
+            q, k = qk.split([cfg.num_heads, cfg.num_kv_heads], dim=1)
+            qk = torch.cat([F.rms_norm(q, (cfg.head_dim,), self.q_norm, eps),
+                            F.rms_norm(k, (cfg.head_dim,), self.k_norm, eps)], dim=1)
+        # q and k rotate together: one set of ops per layer instead of two
+        q, k = RotaryEmbedding.apply(qk, cos_sin).split([cfg.num_heads, cfg.num_kv_heads], dim=1)
         attn = ops.attention(q, k, v, kv_cache[0], kv_cache[1], batch, cfg.head_dim**-0.5)
         x = F.linear(attn.view(-1, cfg.q_size), self.o_proj)
         residual = x + residual
