@@ -18,7 +18,7 @@ from runtime.errors import RequestError, UserError
 from runtime.kv.block_manager import BlockManager
 from runtime.kv.block_pool import BlockPool
 from runtime.model.config import ModelConfig
-from runtime.model.factory import make_runner
+from runtime.model.factory import default_dtype, make_runner
 from runtime.model_runner import SeqChunk
 from runtime.output_processor import append_token, take_delta
 from runtime.outputs import CompletionOutput, RequestOutput
@@ -58,7 +58,7 @@ def resolve_device(name: str) -> torch.device:
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        return default_dtype(device)
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
