@@ -16,6 +16,7 @@ from typing import Callable, Iterator
 import httpx
 import uvicorn
 
+from profiling.bench_serving import stop_server
 from runtime.api.app import create_app
 from runtime.async_engine import AsyncEngine
 from runtime.engine import LLMEngine
@@ -127,12 +128,7 @@ def serve_subprocess(*args: str, timeout: float = 300.0) -> Iterator[tuple[str, 
 
         yield url, output
     finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_server(proc)
         log.close()
 
 
