@@ -54,12 +54,65 @@ def _prepare(engine: AsyncEngine, convo: list[dict], s: ChatSettings) -> EngineR
     return EngineRequest(f"chat-{next(_ids)}", prompt_ids, params)
 
 
-async def reply(engine: AsyncEngine, message: str, display: list[dict], convo: list[dict],
-                settings: ChatSettings) -> AsyncIterator[tuple[list[dict], list[dict], str]]:
-    """Yields (display, convo, textbox value) as the reply streams. Errors become a chat message."""
+@dataclass
+class Turn:
+    """The reply a browser session is generating; Stop or Clear mark it and abort its request."""
+
+    request_id: str | None = None
+    ended_by: str | None = None  # "stop" or "clear"
+
+
+class ChatSessions:
+    """The turn in flight per browser session, so Stop and Clear abort it inside the engine.
+
+    The reply generator stays the only writer of the chat while its turn runs: the abort comes back
+    as the stream's last output, and the generator renders the stopped (or cleared) turn itself.
+    Cancelling the generator instead races with its updates still in flight to the page.
+    Everything here runs on the server's event loop, so no locks.
+    """
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+        self._turns: dict[str, Turn] = {}
+
+    def begin(self, session: str) -> Turn:
+        self._turns[session] = turn = Turn()
+        return turn
+
+    def end(self, session: str, turn: Turn) -> None:
+        if self._turns.get(session) is turn:
+            del self._turns[session]
+
+    def interrupt(self, session: str, how: str) -> bool:
+        """Stop ("stop") or discard ("clear") the session's turn; False when none is running."""
+        turn = self._turns.get(session)
+        if turn is None:
+            return False
+        turn.ended_by = how
+        if turn.request_id is not None:
+            self.engine.abort(turn.request_id)
+        return True
+
+
+async def reply(sessions: ChatSessions, session: str, message: str, display: list[dict], convo: list[dict],
+                settings: ChatSettings) -> AsyncIterator[tuple[list[dict], list[dict], str | None]]:
+    """Yields (display, convo, textbox value) as the reply streams. Errors become a chat message.
+
+    The textbox is cleared once, when the message is taken; later updates carry None (leave it as it
+    is), so they never erase what the user has started typing next."""
     if not message or not message.strip():
         yield display, convo, message
         return
+    turn = sessions.begin(session)
+    try:
+        async for update in _stream_turn(sessions.engine, turn, message, display, convo, settings):
+            yield update
+    finally:
+        sessions.end(session, turn)
+
+
+async def _stream_turn(engine: AsyncEngine, turn: Turn, message: str, display: list[dict], convo: list[dict],
+                       settings: ChatSettings) -> AsyncIterator[tuple[list[dict], list[dict], str | None]]:
     convo = convo + [{"role": "user", "content": message}]
     display = display + [{"role": "user", "content": message}, {"role": "assistant", "content": ""}]
     try:
@@ -69,36 +122,28 @@ async def reply(engine: AsyncEngine, message: str, display: list[dict], convo: l
         display[-1] = {"role": "assistant", "content": f"⚠️ {exc}"}
         yield display, convo[:-1], ""
         return
+    turn.request_id = request.request_id
+    if turn.ended_by:  # Stop came while the request was being prepared
+        engine.abort(request.request_id)
     out: RequestOutput | None = None
     try:
+        yield display, convo, ""
         async for out in stream:
             display[-1] = {"role": "assistant", "content": out.outputs[0].text}
-            yield display, convo, ""
+            yield display, convo, None
     except Exception as exc:  # an engine failure: say so in the chat, keep the page alive
         display[-1] = {"role": "assistant", "content": f"⚠️ engine error: {exc}"}
-        yield display, convo[:-1], ""
+        yield display, convo[:-1], None
         return
     finally:
-        stream.close()  # a cancelled (stopped) turn lands here too: the request is aborted
+        stream.close()  # a cancelled generator (page closed) lands here too: the request is aborted
+    if turn.ended_by == "clear":
+        yield [], [], None
+        return
     text = out.outputs[0].text if out else ""
-    convo = convo + [{"role": "assistant", "content": text}]
-    display[-1] = {"role": "assistant", "content": f"{text}\n\n*{metrics_line(out)}*" if out else text}
-    yield display, convo, ""
-
-
-def content_text(content) -> str:
-    """Gradio hands chat messages back as text or as a list of parts ({"type": "text", "text": ...})."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(p.get("text", "") if isinstance(p, dict) else str(p) for p in content)
-    return str(content or "")
-
-
-def keep_stopped_reply(display: list[dict], convo: list[dict]) -> tuple[list[dict], list[dict]]:
-    """After Stop: the partial reply joins the conversation, so the next turn alternates roles."""
-    if convo and convo[-1]["role"] == "user" and display and display[-1]["role"] == "assistant":
-        partial = content_text(display[-1]["content"])
-        convo = convo + [{"role": "assistant", "content": partial}]
-        display = display[:-1] + [{"role": "assistant", "content": f"{partial}\n\n*(stopped)*"}]
-    return display, convo
+    convo = convo + [{"role": "assistant", "content": text}]  # a stopped reply too: roles keep alternating
+    footer = [metrics_line(out)] if out else []
+    if out is None or out.outputs[0].finish_reason == "abort":
+        footer.insert(0, "(stopped)")
+    display[-1] = {"role": "assistant", "content": f"{text}\n\n*{' · '.join(footer)}*"}
+    yield display, convo, None

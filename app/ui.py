@@ -7,7 +7,7 @@ import gradio as gr
 import pandas as pd
 
 from app.block_map import STATE_COLORS, STATE_NAMES
-from app.chat import ChatSettings, keep_stopped_reply, reply
+from app.chat import ChatSessions, ChatSettings, reply
 from app.panel import LivePanel
 from runtime.async_engine import AsyncEngine
 from runtime.metrics import ServerMetrics
@@ -68,15 +68,27 @@ def build_ui(engine: AsyncEngine, metrics: ServerMetrics) -> gr.Blocks:
 
         settings = [system, temperature, top_p, max_tokens, seed, speculative]
 
-        async def respond(message, display, history, system_prompt, temp, nucleus, max_new, seed_value, spec):
-            settings = ChatSettings(system_prompt, temp, nucleus, max_new, seed_value, spec)
-            async for update in reply(engine, message, display, history, settings):
-                yield update
+        sessions = ChatSessions(engine)
 
-        events = [trigger(respond, [msg, chat, convo, *settings], [chat, convo, msg])
-                  for trigger in (msg.submit, send.click)]
-        stop.click(keep_stopped_reply, [chat, convo], [chat, convo], cancels=events)
-        clear.click(lambda: ([], [], ""), None, [chat, convo, msg], cancels=events)
+        async def respond(message, display, history, system_prompt, temp, nucleus, max_new, seed_value, spec,
+                          request: gr.Request):
+            settings = ChatSettings(system_prompt, temp, nucleus, max_new, seed_value, spec)
+            async for shown, convo_now, box in reply(sessions, request.session_hash, message, display, history,
+                                                     settings):
+                yield shown, convo_now, gr.skip() if box is None else box
+
+        async def stop_turn(request: gr.Request) -> None:
+            sessions.interrupt(request.session_hash, "stop")
+
+        async def clear_chat(request: gr.Request):
+            sessions.interrupt(request.session_hash, "clear")
+            return [], [], ""
+
+        # the engine batches every session's turns, so Gradio must not queue them one at a time
+        for trigger in (msg.submit, send.click):
+            trigger(respond, [msg, chat, convo, *settings], [chat, convo, msg], concurrency_limit=None)
+        stop.click(stop_turn, None, None, queue=False)
+        clear.click(clear_chat, None, [chat, convo, msg], queue=False)
 
         def refresh():
             kv_html, image, md, rows = panel.refresh()

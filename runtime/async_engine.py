@@ -217,6 +217,12 @@ class AsyncEngine:
         self._wake.set()
         return stream
 
+    def abort(self, request_id: str) -> None:
+        """Abort one request but keep its stream: the stream still ends with a finished output whose
+        finish_reason is "abort" (what Stop in the chat wants). Safe from any thread; unknown ids are ignored."""
+        self._commands.append(("abort", request_id))
+        self._wake.set()
+
     def _release(self, stream: RequestStream, request_id: str) -> None:
         if request_id in stream.unfinished:
             stream.unfinished.discard(request_id)

@@ -30,9 +30,22 @@ def last_bot(page):
 
 
 def send(page, text: str) -> None:
+    """Type and press Enter, as a user would: again if the page was still closing the previous turn
+    (Gradio drops a submit while the last event is pending; the typed text stays in the box)."""
+    from playwright.sync_api import TimeoutError as PageTimeout
+
+    before = page.locator('#chat [data-testid="user"]').count()
     box = page.locator("#msg textarea")
     box.fill(text)
-    box.press("Enter")
+    for _ in range(5):
+        box.press("Enter")
+        try:
+            page.wait_for_function(f"() => document.querySelectorAll('#chat [data-testid=user]').length > {before}",
+                                   timeout=3_000)
+            return
+        except PageTimeout:
+            assert box.input_value() == text  # nothing the user typed is lost
+    raise AssertionError("the message was never taken")
 
 
 def test_chat_streams_shows_metrics_and_stop_frees_blocks():

@@ -1,0 +1,84 @@
+"""The chat turn logic without a browser: Stop and Clear abort the engine request, and the reply
+generator alone renders the end of the turn (so nothing can repaint the chat after it)."""
+import asyncio
+
+from app.chat import ChatSessions, ChatSettings, reply
+from runtime.async_engine import AsyncEngine
+from tests.tiny_engine import tiny_engine
+
+GREEDY = ChatSettings(system="", temperature=0.0, top_p=1.0, max_tokens=400, seed=None, speculative=False)
+
+
+async def run_turn(sessions, message, interrupt=None, after=3):
+    """All updates of one turn; `interrupt` ("stop"/"clear") is sent after `after` streamed updates."""
+    updates = []
+    async for update in reply(sessions, "s1", message, [], [], GREEDY):
+        updates.append(update)
+        if interrupt and len(updates) == after:
+            assert sessions.interrupt("s1", interrupt)
+    return updates
+
+
+def test_full_turn_ends_with_metrics_and_joins_the_conversation():
+    with AsyncEngine(tiny_engine()) as ae:
+        settings = ChatSettings(system="be brief", temperature=0.0, top_p=1.0, max_tokens=5, seed=None,
+                                speculative=False)
+
+        async def main():
+            return [u async for u in reply(ChatSessions(ae), "s1", "hi", [], [], settings)]
+
+        updates = asyncio.run(main())
+    display, convo, _ = updates[-1]
+    assert [u[2] for u in updates] == [""] + [None] * (len(updates) - 1)  # typing ahead is never erased
+    assert [m["role"] for m in convo] == ["user", "assistant"] and convo[0]["content"] == "hi"
+    assert "TTFT" in display[-1]["content"] and "(stopped)" not in display[-1]["content"]
+    assert display[-1]["content"].startswith(convo[-1]["content"])  # metrics only on the page
+
+
+def test_stop_aborts_the_request_and_the_generator_renders_it_stopped():
+    with AsyncEngine(tiny_engine()) as ae:
+        sessions = ChatSessions(ae)
+        updates = asyncio.run(run_turn(sessions, "tell me a long story", interrupt="stop"))
+        assert ae.engine.pool.num_used == 0 and not ae.engine.has_unfinished_requests()
+        assert not sessions.interrupt("s1", "stop")  # the turn is over: nothing left to stop
+    display, convo, _ = updates[-1]
+    partial = convo[-1]["content"]
+    assert [m["role"] for m in convo] == ["user", "assistant"]  # the next turn still alternates roles
+    assert display[-1]["content"].startswith(partial) and "*(stopped) · TTFT" in display[-1]["content"]
+    assert len(updates) < 50  # it stopped long before max_tokens=400
+
+
+def test_clear_ends_the_turn_with_an_empty_chat():
+    with AsyncEngine(tiny_engine()) as ae:
+        updates = asyncio.run(run_turn(ChatSessions(ae), "tell me a long story", interrupt="clear"))
+        assert ae.engine.pool.num_used == 0
+    assert updates[-1] == ([], [], None)
+
+
+def test_stop_before_the_request_reaches_the_engine_still_stops_it():
+    with AsyncEngine(tiny_engine()) as ae:
+        sessions = ChatSessions(ae)
+        begin = sessions.begin
+
+        def begin_then_stop(session):  # Stop lands while the prompt is still being tokenized
+            turn = begin(session)
+            sessions.interrupt(session, "stop")
+            return turn
+
+        sessions.begin = begin_then_stop
+        updates = asyncio.run(run_turn(sessions, "hello"))
+        assert ae.engine.pool.num_used == 0
+    assert "(stopped)" in updates[-1][0][-1]["content"] and len(updates) <= 3
+
+
+def test_empty_message_and_overlong_conversation_do_not_reach_the_engine():
+    with AsyncEngine(tiny_engine()) as ae:
+        sessions = ChatSessions(ae)
+
+        async def main(message):
+            return [u async for u in reply(sessions, "s1", message, [], [], GREEDY)]
+
+        assert asyncio.run(main("   ")) == [([], [], "   ")]
+        display, convo, _ = asyncio.run(main("x" * 5000))[-1]
+        assert convo == [] and "context" in display[-1]["content"]
+        assert ae.snapshot.prompt_tokens == 0
