@@ -18,11 +18,10 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 def about_markdown(engine: AsyncEngine) -> str:
     e = engine.engine
     cfg = e.model_config
-    ops = e.runner.model.ops.name
     spec = e.config.speculative or "off"
     return (f"**Model** {cfg.name} ({cfg.arch}, {cfg.num_layers} layers, {cfg.num_parameters() / 1e6:.1f}M parameters, "
             f"context {e.max_model_len})  \n**dtype** {str(e.dtype).replace('torch.', '')} · **device** {e.device} · "
-            f"**backend** {'CuTe kernels (sm_90a)' if ops == 'cute' else 'torch reference'} · **block size** "
+            f"**backend** {e.runner.model.ops.describe()} · **block size** "
             f"{e.config.block_size} · **scheduler** {e.config.scheduler} · **prefix caching** "
             f"{'on' if e.config.enable_prefix_caching else 'off'} · **speculative** {spec}  \n"
             f"**Memory ledger** {e.ledger.describe()}")

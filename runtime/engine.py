@@ -250,7 +250,8 @@ class LLMEngine:
         plain = [seq for seq, spec in sampled if not spec]
         plain_rows = [i for i, (_, spec) in enumerate(sampled) if not spec]
         offsets = np.cumsum([0] + [len(spec) + 1 for _, spec in sampled])
-        result = sample(logits[offsets[plain_rows]], [self._sampling_row(s) for s in plain]) if plain else None
+        result = (sample(self._rows_of(logits, offsets[plain_rows]), [self._sampling_row(s) for s in plain])
+                  if plain else None)
         verified = self._verify(sampled, logits, offsets, drafts)
         t3 = time.perf_counter()
         now = time.perf_counter()
@@ -269,6 +270,13 @@ class LLMEngine:
         times.sample += t3 - t2
         times.output += time.perf_counter() - t3
         return changed
+
+    @staticmethod
+    def _rows_of(logits: torch.Tensor, rows: np.ndarray) -> torch.Tensor:
+        """logits[rows] without a copy when rows are all of them (numpy-array indexing is a slow path)."""
+        if len(rows) == logits.shape[0] and (rows == np.arange(len(rows))).all():
+            return logits
+        return logits.index_select(0, torch.from_numpy(rows).to(logits.device))
 
     def _verify(self, sampled, logits: torch.Tensor, offsets: np.ndarray, drafts: dict[Sequence, Draft]):
         """(seq, tokens to emit, logprob records) for every sequence that verified drafts this step."""

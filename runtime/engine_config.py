@@ -50,7 +50,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="compute dtype (auto: float32 on cpu, bfloat16 on gpu)")
     g.add_argument("--backend", default="auto", choices=["auto", "torch", "cute"],
-                   help="kernel backend (auto: CuTe kernels on an sm_90 GPU, torch reference otherwise)")
+                   help="kernel backend (auto: CuTe kernels on an sm_90 GPU, torch reference otherwise; on the CPU the "
+                        "torch backend runs fp32 decode attention in a C kernel unless CUTE_SERVE_CPU_KERNELS=0)")
     g.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default: 16)")
     g.add_argument("--kv-cache-memory", type=parse_bytes, default=None,
                    help="KV cache budget, e.g. 2GiB (default: sized from free memory)")

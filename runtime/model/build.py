@@ -54,4 +54,6 @@ def build_model(cfg: ModelConfig, tensors: dict[str, torch.Tensor], ops: Ops,
         params[f"layers.{n}.down"] = _take(tensors, m + "down_proj.weight", (h, i))
     state = {k: v.to(device=device, dtype=dtype).contiguous() for k, v in params.items()}
     model.load_state_dict(state, strict=True, assign=True)
-    return model.eval().requires_grad_(False)
+    model.eval().requires_grad_(False)
+    model.pack_linears()
+    return model

@@ -11,6 +11,7 @@ from torch import nn
 
 from runtime.model.attention_batch import AttentionBatch
 from runtime.model.config import ModelConfig
+from runtime.model.cpu_linear import linear, pack_linear_weight
 from runtime.model.ops import Ops
 from runtime.model.rope import RotaryEmbedding
 
@@ -29,6 +30,15 @@ class DecoderLayer(nn.Module):
         self.post_norm = nn.Parameter(torch.ones(h))
         self.gate_up = nn.Parameter(torch.empty(2 * cfg.intermediate_size, h))
         self.down = nn.Parameter(torch.empty(h, cfg.intermediate_size))
+        self.packed: dict[str, torch.Tensor] = {}  # oneDNN-packed fp32 CPU weights (cpu_linear.py)
+
+    LINEARS = ("qkv", "o_proj", "gate_up", "down")
+
+    def pack_linears(self) -> None:
+        for name in self.LINEARS:
+            packed = pack_linear_weight(getattr(self, name))
+            if packed is not None:
+                self.packed[name] = packed
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None,
                 cos_sin: tuple[torch.Tensor, torch.Tensor], kv_cache: tuple[torch.Tensor, torch.Tensor],
@@ -37,7 +47,8 @@ class DecoderLayer(nn.Module):
         eps = cfg.rms_norm_eps
         residual = x if residual is None else x + residual
         h = F.rms_norm(residual, (cfg.hidden_size,), self.input_norm, eps)
-        qkv = F.linear(h, self.qkv, self.qkv_bias)
+        packed = self.packed
+        qkv = linear(h, self.qkv, self.qkv_bias, packed.get("qkv"))
         heads = cfg.num_heads + cfg.num_kv_heads
         qk, v = qkv.split([cfg.q_size + cfg.kv_size, cfg.kv_size], dim=-1)
         qk = qk.view(-1, heads, cfg.head_dim)
@@ -49,11 +60,11 @@ class DecoderLayer(nn.Module):
         # q and k rotate together: one set of ops per layer instead of two
         q, k = RotaryEmbedding.apply(qk, cos_sin).split([cfg.num_heads, cfg.num_kv_heads], dim=1)
         attn = ops.attention(q, k, v, kv_cache[0], kv_cache[1], batch, cfg.head_dim**-0.5)
-        x = F.linear(attn.view(-1, cfg.q_size), self.o_proj)
+        x = linear(attn.view(-1, cfg.q_size), self.o_proj, None, packed.get("o_proj"))
         residual = x + residual
         h = F.rms_norm(residual, (cfg.hidden_size,), self.post_norm, eps)
-        gate, up = F.linear(h, self.gate_up).chunk(2, dim=-1)
-        return F.linear(F.silu(gate) * up, self.down), residual
+        gate, up = linear(h, self.gate_up, None, packed.get("gate_up")).chunk(2, dim=-1)
+        return linear(F.silu(gate) * up, self.down, None, packed.get("down")), residual
 
 
 class LlamaModel(nn.Module):
@@ -66,6 +77,13 @@ class LlamaModel(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = nn.Parameter(torch.ones(cfg.hidden_size))
         self.lm_head = None if cfg.tie_word_embeddings else nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size))
+        self.packed_head: torch.Tensor | None = None
+
+    def pack_linears(self) -> None:
+        """Pack every linear weight once for oneDNN (fp32 CPU only; elsewhere a no-op)."""
+        for layer in self.layers:
+            layer.pack_linears()
+        self.packed_head = pack_linear_weight(self.embed if self.lm_head is None else self.lm_head)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch,
@@ -82,4 +100,4 @@ class LlamaModel(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Vocabulary logits in float32 for the rows that will be sampled."""
         head = self.embed if self.lm_head is None else self.lm_head
-        return F.linear(hidden, head).float()
+        return linear(hidden, head, None, self.packed_head).float()

@@ -1,7 +1,8 @@
 """The backend seam: attention (and later linear) ops the model calls, chosen once at start.
 
-`torch` runs the references in cute_kernels/attention_ref.py anywhere; `cute` swaps in the Hopper
-kernels for the same contracts when running on an sm_90 GPU.
+`torch` runs the references in cute_kernels/attention_ref.py anywhere, except that fp32 decode
+attention on the CPU takes the C kernel (cute_kernels/cpu_decode_attention.py) when it builds;
+`cute` swaps in the Hopper kernels for the same contracts when running on an sm_90 GPU.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Callable
 
 import torch
 
+from cute_kernels import cpu_decode_attention as cpu_decode
 from cute_kernels.attention_ref import decode_attention_ref, plan_decode, prefill_attention_ref, write_kv
 from runtime.errors import UserError
 from runtime.model.attention_batch import AttentionBatch
@@ -21,6 +23,12 @@ class Ops:
     prefill_attention: Callable[..., torch.Tensor]
     decode_attention: Callable[..., torch.Tensor]
     write_kv: Callable[..., None] = write_kv
+    cpu_decode_kernel: bool = False  # fp32 CPU decodes go to the C kernel instead of decode_attention
+
+    def describe(self) -> str:
+        if self.name == "cute":
+            return "CuTe kernels (sm_90a)"
+        return "torch reference" + (" + C paged decode attention (CPU)" if self.cpu_decode_kernel else "")
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                   v_cache: torch.Tensor, batch: AttentionBatch, scale: float) -> torch.Tensor:
@@ -39,9 +47,11 @@ class Ops:
         )
         return out
 
-
     def _decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: AttentionBatch,
                 scale: float) -> torch.Tensor:
+        if self.cpu_decode_kernel and cpu_decode.supports(q, k_cache):
+            return cpu_decode.decode_attention_cpu(q, k_cache, v_cache, batch.decode_block_tables,
+                                                   batch.decode_context_lens, scale)
         if self.decode_attention is decode_attention_ref:
             if batch.decode_plan is None:  # built once per step, shared by every layer
                 batch.decode_plan = plan_decode(batch.decode_block_tables, batch.decode_context_lens, k_cache.shape[1])
@@ -50,8 +60,10 @@ class Ops:
         return self.decode_attention(q, k_cache, v_cache, batch.decode_block_tables, batch.decode_context_lens, scale)
 
 
-def torch_ops() -> Ops:
-    return Ops("torch", prefill_attention_ref, decode_attention_ref)
+def torch_ops(cpu_kernels: bool = True) -> Ops:
+    """The references; with cpu_kernels, the C decode kernel where it built (else the reference)."""
+    use_c = cpu_kernels and cpu_decode.unavailable_reason() is None
+    return Ops("torch", prefill_attention_ref, decode_attention_ref, cpu_decode_kernel=use_c)
 
 
 def select_ops(name: str, device: torch.device) -> Ops:

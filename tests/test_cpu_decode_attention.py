@@ -1,0 +1,84 @@
+"""The C paged decode attention against its torch reference, and in the engine.
+
+Tolerance: both sides are fp32 with an fp32 softmax; only the summation order differs (the C
+kernel sums head_dim products in SIMD lanes and the context in token order, BLAS in tiles), so
+results agree to a few fp32 ulps of the O(1) outputs: 2e-5 absolute is tight and still safe.
+"""
+import pytest
+import torch
+
+from cute_kernels.attention_ref import decode_attention_ref
+from cute_kernels.cpu_decode_attention import decode_attention_cpu, supports, unavailable_reason
+from runtime.llm import LLM
+from runtime.sampling_params import SamplingParams
+from tests.tiny_engine import tiny_engine
+
+
+def paged_case(lens, heads, kv_heads, d, bs=16, seed=0):
+    """A cache with more blocks than needed, each sequence's blocks scattered at random."""
+    g = torch.Generator().manual_seed(seed)
+    max_blocks = max((n + bs - 1) // bs for n in lens)
+    num_blocks = len(lens) * max_blocks + 7
+    k_cache = torch.randn(num_blocks, bs, kv_heads, d, generator=g)
+    v_cache = torch.randn(num_blocks, bs, kv_heads, d, generator=g)
+    tables = torch.randperm(num_blocks, generator=g)[: len(lens) * max_blocks].view(len(lens), max_blocks)
+    q = torch.randn(len(lens), heads, d, generator=g) * 2  # sharper softmax than unit scale
+    return q, k_cache, v_cache, tables.int(), torch.tensor(lens, dtype=torch.int32)
+
+
+def test_the_kernel_builds_here():
+    assert unavailable_reason() is None  # CI machines have a C compiler: the fast path must not silently vanish
+
+
+@pytest.mark.parametrize("heads,kv_heads,d", [(9, 3, 64), (4, 4, 64), (8, 1, 128), (16, 2, 32)])
+@pytest.mark.parametrize("bs", [16, 8])
+def test_matches_reference(heads, kv_heads, d, bs):
+    lens = [1, bs - 1, bs, bs + 1, 3 * bs, 200, 517]
+    q, k_cache, v_cache, tables, ctx = paged_case(lens, heads, kv_heads, d, bs)
+    scale = d ** -0.5
+    want = decode_attention_ref(q, k_cache, v_cache, tables, ctx, scale)
+    got = decode_attention_cpu(q, k_cache, v_cache, tables, ctx, scale)
+    torch.testing.assert_close(got, want, rtol=0, atol=2e-5)
+
+
+def test_reads_only_its_own_blocks_and_length():
+    q, k_cache, v_cache, tables, ctx = paged_case([20, 33], 6, 2, 64)
+    before = decode_attention_cpu(q, k_cache, v_cache, tables, ctx, 0.125)
+    used = set(tables[0, :2].tolist()) | set(tables[1, :3].tolist())
+    for blk in set(range(k_cache.shape[0])) - used:  # blocks nobody owns
+        k_cache[blk] = float("nan")
+        v_cache[blk] = float("nan")
+    k_cache[tables[0, 1], 4:] = float("nan")  # past sequence 0's 20 tokens in its last block
+    torch.testing.assert_close(decode_attention_cpu(q, k_cache, v_cache, tables, ctx, 0.125), before)
+
+
+def test_bad_inputs_raise_instead_of_reading_stray_memory():
+    q, k_cache, v_cache, tables, ctx = paged_case([20, 33], 6, 2, 64)
+    with pytest.raises(ValueError, match="out of range"):
+        decode_attention_cpu(q, k_cache, v_cache, tables, torch.tensor([20, 33 + 16], dtype=torch.int32), 0.1)
+    with pytest.raises(ValueError, match="out of range"):
+        decode_attention_cpu(q, k_cache, v_cache, tables + k_cache.shape[0], ctx, 0.1)
+    with pytest.raises(ValueError, match="out of range"):
+        decode_attention_cpu(q, k_cache, v_cache, tables, torch.tensor([0, 5], dtype=torch.int32), 0.1)
+    assert not supports(q.bfloat16(), k_cache.bfloat16())  # bf16 stays on the reference
+    with pytest.raises(ValueError, match="unsupported"):
+        decode_attention_cpu(q.bfloat16(), k_cache.bfloat16(), v_cache.bfloat16(), tables, ctx, 0.1)
+
+
+def test_engine_output_is_the_same_with_the_reference_decode():
+    prompts = [list(range(3, 3 + n)) for n in (5, 17, 40, 90)]
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    outputs = []
+    for c_kernel in (True, False):
+        engine = tiny_engine()
+        assert engine.runner.model.ops.cpu_decode_kernel  # on by default here
+        engine.runner.model.ops.cpu_decode_kernel = c_kernel
+        outputs.append([o.outputs[0].token_ids for o in LLM.from_engine(engine).generate(prompts, params,
+                                                                                           use_tqdm=False)])
+    assert outputs[0] == outputs[1]
+
+
+def test_loading_the_kernel_keeps_denormals_for_everyone_else():
+    assert unavailable_reason() is None
+    tiny = torch.tensor([1e-38]) * 1e-3  # a denormal: flush-to-zero mode (crtfastmath) would make it 0
+    assert tiny.item() != 0.0
