@@ -24,7 +24,7 @@ SOURCE = Path(__file__).parent / "csrc" / "cpu_decode_attention.c"
 # only: linked with it, GCC adds crtfastmath.o, which would flush denormals for the whole process.
 COMPILE_FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math", "-fPIC", "-std=c11"]
 LINK_FLAGS = ["-shared", "-fopenmp", "-lm"]
-MAX_GROUP, MAX_DIM = 16, 256  # as in the C file
+MAX_DIM = 256  # as in the C file
 
 
 def cache_dir() -> Path:
@@ -81,10 +81,10 @@ def unavailable_reason() -> str | None:
 
 
 def supports(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
-    """The kernel takes fp32 CPU tensors with a GQA group and head size within its fixed buffers."""
+    """The kernel takes fp32 CPU tensors, whole GQA groups and head sizes up to MAX_DIM."""
     heads, hkv, d = q.shape[1], k_cache.shape[2], k_cache.shape[3]
     return (q.device.type == "cpu" and q.dtype == k_cache.dtype == torch.float32 and heads % hkv == 0
-            and heads // hkv <= MAX_GROUP and d <= MAX_DIM and unavailable_reason() is None)
+            and d <= MAX_DIM and unavailable_reason() is None)
 
 
 def decode_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,

@@ -14,6 +14,7 @@ import torch
 
 from runtime.engine_config import EngineConfig, available_host_memory
 from runtime.engine_stats import EngineStats
+from runtime.host_allocator import tune_host_allocator
 from runtime.errors import RequestError, UserError
 from runtime.kv.block_manager import BlockManager
 from runtime.kv.block_pool import BlockPool
@@ -80,6 +81,8 @@ class LLMEngine:
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.max_model_len = min(model_config.max_position_embeddings, config.max_model_len or 1 << 62)
+        if self.device.type == "cpu":
+            tune_host_allocator()
         self.runner, self.ledger = self._build_runner(tensors)
         self.pool = BlockPool(self.ledger.num_blocks, config.enable_prefix_caching)
         self.blocks = BlockManager(self.pool, config.block_size)

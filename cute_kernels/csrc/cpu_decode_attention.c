@@ -10,12 +10,12 @@
  * Threads: OpenMP over B * HKV tasks; it shares the one libgomp torch has loaded.
  */
 #include <float.h>
+#include <omp.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_GROUP 16
 #define MAX_DIM 256
 
 static inline float dot(const float *restrict a, const float *restrict b, int64_t d) {
@@ -80,27 +80,33 @@ static void weigh_rows_avx2(float *acc, const float *p, const float *v, int64_t 
 }
 #endif
 
-/* scores[g * len + t] = scale * q_g . k_t over the task's whole context. */
+/* scores[h * len + t] = scale * q_h . k_t for the task's query heads h (those of KV heads kv0..kv1)
+ * over its whole context. Blocks are the outer loop, so each block's K rows are streamed from
+ * memory once, contiguously, and reused from cache by every head of the task. */
 static void score_rows(const float *q, const float *k_cache, const int32_t *table, int64_t len, int64_t g_n,
-                       int64_t kvh, int64_t hkv, int64_t d, int64_t bs, float scale, float *scores) {
+                       int64_t kv0, int64_t kv1, int64_t hkv, int64_t d, int64_t bs, float scale, float *scores) {
     const int64_t row = hkv * d;
     for (int64_t t0 = 0, blk = 0; t0 < len; t0 += bs, blk++) {
-        const float *k = k_cache + (int64_t)table[blk] * bs * row + kvh * d;
+        const float *base = k_cache + (int64_t)table[blk] * bs * row;
         const int64_t n = len - t0 < bs ? len - t0 : bs;
+        for (int64_t kvh = kv0; kvh < kv1; kvh++)
+            for (int64_t g = 0; g < g_n; g++) {
+                const int64_t h = (kvh - kv0) * g_n + g;
+                const float *k = base + kvh * d;
 #ifdef __AVX2__
-        if (d % 8 == 0) {
-            for (int64_t g = 0; g < g_n; g++) dot_rows_avx2(q + g * d, k, row, n, d, scale, scores + g * len + t0);
-            continue;
-        }
+                if (d % 8 == 0) {
+                    dot_rows_avx2(q + h * d, k, row, n, d, scale, scores + h * len + t0);
+                    continue;
+                }
 #endif
-        for (int64_t j = 0; j < n; j++, k += row)
-            for (int64_t g = 0; g < g_n; g++) scores[g * len + t0 + j] = scale * dot(q + g * d, k, d);
+                for (int64_t j = 0; j < n; j++) scores[h * len + t0 + j] = scale * dot(q + h * d, k + j * row, d);
+            }
     }
 }
 
-/* In place: each of the g_n rows of scores becomes its softmax; returns the row sums' inverses. */
-static void softmax_rows(float *scores, int64_t len, int64_t g_n, float *inv_sum) {
-    for (int64_t g = 0; g < g_n; g++) {
+/* In place: each of the n rows of scores becomes exp(s - max); inv_sum gets the rows' 1 / sum. */
+static void softmax_rows(float *scores, int64_t len, int64_t n, float *inv_sum) {
+    for (int64_t g = 0; g < n; g++) {
         float *s = scores + g * len, m = -FLT_MAX, sum = 0.f;
 #pragma omp simd reduction(max : m)
         for (int64_t t = 0; t < len; t++) m = s[t] > m ? s[t] : m;
@@ -113,61 +119,73 @@ static void softmax_rows(float *scores, int64_t len, int64_t g_n, float *inv_sum
     }
 }
 
+/* acc[h] = sum_t probs[h, t] * v_t for the task's heads, blocks outermost as in score_rows. */
 static void weigh_values(const float *v_cache, const int32_t *table, const float *probs, int64_t len,
-                         int64_t g_n, int64_t kvh, int64_t hkv, int64_t d, int64_t bs, float *acc) {
+                         int64_t g_n, int64_t kv0, int64_t kv1, int64_t hkv, int64_t d, int64_t bs, float *acc) {
     const int64_t row = hkv * d;
-    memset(acc, 0, sizeof(float) * g_n * d);
+    memset(acc, 0, sizeof(float) * (kv1 - kv0) * g_n * d);
     for (int64_t t0 = 0, blk = 0; t0 < len; t0 += bs, blk++) {
-        const float *v = v_cache + (int64_t)table[blk] * bs * row + kvh * d;
+        const float *base = v_cache + (int64_t)table[blk] * bs * row;
         const int64_t n = len - t0 < bs ? len - t0 : bs;
+        for (int64_t kvh = kv0; kvh < kv1; kvh++)
+            for (int64_t g = 0; g < g_n; g++) {
+                const int64_t h = (kvh - kv0) * g_n + g;
+                const float *v = base + kvh * d;
 #ifdef __AVX2__
-        if (d % 8 == 0) {
-            for (int64_t g = 0; g < g_n; g++) weigh_rows_avx2(acc + g * d, probs + g * len + t0, v, row, n, d);
-            continue;
-        }
+                if (d % 8 == 0) {
+                    weigh_rows_avx2(acc + h * d, probs + h * len + t0, v, row, n, d);
+                    continue;
+                }
 #endif
-        for (int64_t j = 0; j < n; j++, v += row)
-            for (int64_t g = 0; g < g_n; g++) axpy(acc + g * d, probs[g * len + t0 + j], v, d);
+                for (int64_t j = 0; j < n; j++) axpy(acc + h * d, probs[h * len + t0 + j], v + j * row, d);
+            }
     }
 }
 
-/* Returns 0 on success, 1 on bad sizes, 2 when a work buffer could not be allocated. */
+/* Returns 0 on success, 1 on bad sizes, 2 when a work buffer could not be allocated.
+ * A task is one sequence (all its KV heads: whole blocks stream contiguously), or, for batches too
+ * small to keep every thread busy, one (sequence, KV head) pair. */
 int paged_decode_attention_f32(const float *q, const float *k_cache, const float *v_cache,
                                const int32_t *block_tables, const int32_t *context_lens, float *out,
                                int64_t batch, int64_t heads, int64_t hkv, int64_t d, int64_t bs,
                                int64_t max_blocks, float scale) {
-    if (hkv <= 0 || heads % hkv || heads / hkv > MAX_GROUP || d > MAX_DIM || bs <= 0) return 1;
+    if (hkv <= 0 || heads % hkv || d > MAX_DIM || bs <= 0) return 1;
     const int64_t g_n = heads / hkv;
+    const int64_t kv_per_task = batch >= 4 * omp_get_max_threads() ? hkv : 1;
+    const int64_t tasks_per_seq = hkv / kv_per_task, task_heads = kv_per_task * g_n;
     int status = 0;
 #pragma omp parallel
     {
-        float *scores = NULL;
+        float *scores = NULL, *acc = malloc(sizeof(float) * task_heads * d);
+        float *inv_sum = malloc(sizeof(float) * task_heads);
         int64_t capacity = 0;
-        float acc[MAX_GROUP * MAX_DIM], inv_sum[MAX_GROUP];
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t task = 0; task < batch * hkv; task++) {
-            const int64_t b = task / hkv, kvh = task % hkv, len = context_lens[b];
+        for (int64_t task = 0; task < batch * tasks_per_seq; task++) {
+            const int64_t b = task / tasks_per_seq, kv0 = task % tasks_per_seq * kv_per_task;
+            const int64_t kv1 = kv0 + kv_per_task, len = context_lens[b];
             if (len > capacity) {
                 free(scores);
                 capacity = len + 1024;
-                scores = malloc(sizeof(float) * g_n * capacity);
+                scores = malloc(sizeof(float) * task_heads * capacity);
             }
-            if (scores == NULL) {
+            if (scores == NULL || acc == NULL || inv_sum == NULL) {
                 capacity = 0;
 #pragma omp atomic write
                 status = 2;
                 continue;
             }
             const int32_t *table = block_tables + b * max_blocks;
-            const float *qb = q + (b * heads + kvh * g_n) * d;
-            score_rows(qb, k_cache, table, len, g_n, kvh, hkv, d, bs, scale, scores);
-            softmax_rows(scores, len, g_n, inv_sum);
-            weigh_values(v_cache, table, scores, len, g_n, kvh, hkv, d, bs, acc);
-            float *ob = out + (b * heads + kvh * g_n) * d;
-            for (int64_t g = 0; g < g_n; g++)
-                for (int64_t i = 0; i < d; i++) ob[g * d + i] = acc[g * d + i] * inv_sum[g];
+            const float *qb = q + (b * heads + kv0 * g_n) * d;
+            score_rows(qb, k_cache, table, len, g_n, kv0, kv1, hkv, d, bs, scale, scores);
+            softmax_rows(scores, len, task_heads, inv_sum);
+            weigh_values(v_cache, table, scores, len, g_n, kv0, kv1, hkv, d, bs, acc);
+            float *ob = out + (b * heads + kv0 * g_n) * d;
+            for (int64_t h = 0; h < task_heads; h++)
+                for (int64_t i = 0; i < d; i++) ob[h * d + i] = acc[h * d + i] * inv_sum[h];
         }
         free(scores);
+        free(acc);
+        free(inv_sum);
     }
     return status;
 }

@@ -1,0 +1,49 @@
+"""oneDNN-packed linears: same results as F.linear at every row count, and in the model.
+
+Tolerance: both are fp32 GEMMs with different blocking, so sums over K=576..1536 products differ
+in order only: about 1e-6 relative to the output scale; 1e-4 absolute on outputs of size ~10-40.
+"""
+import torch
+import torch.nn.functional as F
+
+from runtime.llm import LLM
+from runtime.model.cpu_linear import PACKED_MAX_ROWS, linear, pack_linear_weight
+from runtime.sampling_params import SamplingParams
+from tests.tiny_engine import tiny_engine
+
+
+def test_packed_linear_matches_f_linear_on_both_sides_of_the_switch():
+    g = torch.Generator().manual_seed(0)
+    w, b = torch.randn(300, 576, generator=g), torch.randn(300, generator=g)
+    packed = pack_linear_weight(w)
+    assert packed is not None  # CI's torch has oneDNN: the fast path must not silently vanish
+    for rows in (1, 7, 63, PACKED_MAX_ROWS - 1, PACKED_MAX_ROWS, 700):
+        x = torch.randn(rows, 576, generator=g)
+        torch.testing.assert_close(linear(x, w, b, packed), F.linear(x, w, b), rtol=0, atol=1e-4)
+        torch.testing.assert_close(linear(x, w, None, packed), F.linear(x, w), rtol=0, atol=1e-4)
+
+
+def test_only_fp32_cpu_weights_are_packed():
+    assert pack_linear_weight(torch.randn(8, 8, dtype=torch.bfloat16)) is None
+    assert pack_linear_weight(torch.randn(8)) is None
+
+
+def test_the_model_packs_every_linear_and_output_is_unchanged():
+    prompts = [list(range(3, 3 + n)) for n in (4, 30, 70)]
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    packed_engine, plain_engine = tiny_engine(), tiny_engine()
+    model = packed_engine.runner.model
+    assert all(set(layer.packed) == set(layer.LINEARS) for layer in model.layers) and model.packed_head is not None
+    plain = plain_engine.runner.model
+    for layer in plain.layers:
+        layer.packed.clear()
+    plain.packed_head = None
+    outs = [[o.outputs[0].token_ids for o in LLM.from_engine(e).generate(prompts, params, use_tqdm=False)]
+            for e in (packed_engine, plain_engine)]
+    assert outs[0] == outs[1]
+
+
+def test_host_allocator_tuning_applies_on_glibc():
+    from runtime.host_allocator import tune_host_allocator
+
+    assert tune_host_allocator() and tune_host_allocator()  # Debian's glibc accepts it; idempotent
