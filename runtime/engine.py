@@ -14,8 +14,8 @@ import torch
 
 from runtime.engine_config import EngineConfig, available_host_memory
 from runtime.engine_stats import EngineStats
-from runtime.host_allocator import tune_host_allocator
 from runtime.errors import RequestError, UserError
+from runtime.host_allocator import tune_host_allocator
 from runtime.kv.block_manager import BlockManager
 from runtime.kv.block_pool import BlockPool
 from runtime.model.config import ModelConfig
