@@ -1,8 +1,8 @@
 """fp32 linear layers on the CPU through oneDNN, with each weight reordered (packed) once at load.
 
 F.linear hands the weight to MKL's sgemm, which repacks it on every call. At decode batch sizes that
-repacking is a large part of the product: oneDNN with a weight packed once is about 20-30% faster at
-63 rows and about 2x at 8 rows (LM head included; profiling/bench_cpu_ops.py measures it). From a few
+repacking is a large part of the product: oneDNN with a weight packed once is about 2x faster at 8
+rows, 5-30% at 64 rows and 1.5x for the LM head at 64 rows (profiling/bench_cpu_ops.py). From a few
 hundred rows on (prefill chunks) plain F.linear is as fast or faster, so the model keeps both and
 picks by row count; the packed copies cost one more copy of the linear weights in host memory.
 """
