@@ -340,6 +340,7 @@ class LLMEngine:
         if logprobs is not None:
             seq.logprobs.append(logprobs)
         append_token(seq, token, self.eos_ids, self.max_model_len)
+        m.longest_choice = max(m.longest_choice, seq.num_output_tokens)
         if seq.finish_reason:
             self._finish(seq)
 

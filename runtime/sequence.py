@@ -25,7 +25,8 @@ class RequestMetrics:
     first_token: float | None = None
     last_token: float | None = None
     finished: float | None = None
-    num_output_tokens: int = 0
+    num_output_tokens: int = 0  # over all n choices (usage)
+    longest_choice: int = 0  # output tokens of the longest choice: the choices decode side by side
     num_cached_prompt_tokens: int = 0
     num_preemptions: int = 0
     spec_proposed: int = 0
@@ -45,9 +46,9 @@ class RequestMetrics:
 
     @property
     def tpot(self) -> float | None:
-        if self.first_token is None or self.last_token is None or self.num_output_tokens < 2:
+        if self.first_token is None or self.last_token is None or self.longest_choice < 2:
             return None
-        return (self.last_token - self.first_token) / (self.num_output_tokens - 1)
+        return (self.last_token - self.first_token) / (self.longest_choice - 1)
 
     def as_dict(self) -> dict[str, Any]:
         keys = ("queue_time", "ttft", "tpot", "e2e", "num_output_tokens", "num_cached_prompt_tokens",

@@ -142,6 +142,10 @@ def test_n_choices_and_logprobs():
         assert len(c.logprobs) == 8
         chosen, top = c.logprobs[0]
         assert len(top) == 3 and chosen <= 0 and top[0][1] >= top[-1][1]
+    m = out.metrics
+    assert m["num_output_tokens"] == 24  # usage counts every choice
+    span = m["e2e"] - m["ttft"]  # first token to the end: 7 more steps for each choice, side by side
+    assert 0.7 * span <= m["tpot"] * 7 <= 1.05 * span  # not divided by all 23 other tokens
     assert_idle(engine)
 
 
