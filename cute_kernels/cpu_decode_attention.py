@@ -15,6 +15,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -87,29 +88,51 @@ def supports(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
             and d <= MAX_DIM and unavailable_reason() is None)
 
 
+@dataclass(frozen=True)
+class DecodeTables:
+    """Block tables and context lengths as the C kernel reads them (int32, contiguous), checked
+    against the cache once: they are the same for every layer of a step."""
+
+    block_tables: torch.Tensor
+    context_lens: torch.Tensor
+    block_size: int
+    num_blocks: int
+
+
+def prepare_tables(block_tables: torch.Tensor, context_lens: torch.Tensor, k_cache: torch.Tensor) -> DecodeTables:
+    """Raises ValueError for lengths or block ids outside the tables / cache (the C code reads raw memory)."""
+    tables = block_tables.to(torch.int32).contiguous()
+    lens = context_lens.to(torch.int32).contiguous()
+    bs, num_blocks = k_cache.shape[1], k_cache.shape[0]
+    if lens.numel() and (int(lens.min()) < 1 or int(lens.max()) > tables.shape[1] * bs
+                         or int(tables.min()) < 0 or int(tables.max()) >= num_blocks):
+        raise ValueError("context lengths or block ids out of range of the block tables / cache")
+    return DecodeTables(tables, lens, bs, num_blocks)
+
+
 def decode_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-                         context_lens: torch.Tensor, scale: float) -> torch.Tensor:
-    """q [B, H, d] over each sequence's first context_lens[b] cached tokens -> [B, H, d] (fp32)."""
+                         context_lens: torch.Tensor, scale: float, tables: DecodeTables | None = None) -> torch.Tensor:
+    """q [B, H, d] over each sequence's first context_lens[b] cached tokens -> [B, H, d] (fp32).
+
+    `tables`: prepare_tables(block_tables, context_lens, k_cache), when the caller already made it."""
     lib, reason = _library()
     if lib is None:
         raise RuntimeError(reason)
     if not supports(q, k_cache) or v_cache.dtype != torch.float32:
         raise ValueError(f"unsupported decode attention inputs: {q.dtype} q {tuple(q.shape)}, "
                          f"{k_cache.dtype} cache {tuple(k_cache.shape)}")
-    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
-        raise ValueError("the KV caches must be contiguous")
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous() and v_cache.shape == k_cache.shape):
+        raise ValueError("the KV caches must be contiguous and of one shape")
+    tables = tables or prepare_tables(block_tables, context_lens, k_cache)
+    if (tables.block_size, tables.num_blocks) != (k_cache.shape[1], k_cache.shape[0]):
+        raise ValueError("the prepared tables were checked against another cache")
     q = q.contiguous()
-    tables = block_tables.to(torch.int32).contiguous()
-    lens = context_lens.to(torch.int32).contiguous()
-    bs, num_blocks = k_cache.shape[1], k_cache.shape[0]
-    if lens.numel() and (int(lens.min()) < 1 or int(lens.max()) > tables.shape[1] * bs
-                         or int(tables.min()) < 0 or int(tables.max()) >= num_blocks):
-        raise ValueError("context lengths or block ids out of range of the block tables / cache")  # C reads raw memory
     out = torch.empty_like(q)
     batch, heads, d = q.shape
     status = lib.paged_decode_attention_f32(
-        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.data_ptr(), lens.data_ptr(), out.data_ptr(),
-        batch, heads, k_cache.shape[2], d, bs, tables.shape[1], scale)
+        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.block_tables.data_ptr(),
+        tables.context_lens.data_ptr(), out.data_ptr(), batch, heads, k_cache.shape[2], d, tables.block_size,
+        tables.block_tables.shape[1], scale)
     if status:
         raise RuntimeError("CPU decode attention: " + ("bad sizes" if status == 1 else "out of memory"))
     return out

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from cute_kernels.attention_ref import decode_attention_ref
-from cute_kernels.cpu_decode_attention import decode_attention_cpu, supports, unavailable_reason
+from cute_kernels.cpu_decode_attention import decode_attention_cpu, prepare_tables, supports, unavailable_reason
 from runtime.llm import LLM
 from runtime.sampling_params import SamplingParams
 from tests.tiny_engine import tiny_engine
@@ -39,6 +39,8 @@ def test_matches_reference(heads, kv_heads, d, bs):
     want = decode_attention_ref(q, k_cache, v_cache, tables, ctx, scale)
     got = decode_attention_cpu(q, k_cache, v_cache, tables, ctx, scale)
     torch.testing.assert_close(got, want, rtol=0, atol=2e-5)
+    prepared = prepare_tables(tables, ctx, k_cache)  # what the engine does once per step
+    torch.testing.assert_close(decode_attention_cpu(q, k_cache, v_cache, tables, ctx, scale, prepared), got)
 
 
 def test_reads_only_its_own_blocks_and_length():

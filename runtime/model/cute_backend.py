@@ -8,6 +8,8 @@ the DSL nor usable AOT kernels); callers pick the torch backend in that case.
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 
@@ -37,22 +39,16 @@ def kernel_path() -> str:
     return path()
 
 
-def prefill_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    cu_seqlens_k: torch.Tensor,
-    scale: float,
-    causal: bool = True,
-    k_cache: torch.Tensor | None = None,
-    v_cache: torch.Tensor | None = None,
-    block_tables: torch.Tensor | None = None,
-    prefix_lens: torch.Tensor | None = None,
-) -> torch.Tensor:
-    reason = unavailable_reason(q.device)
-    if reason is not None:
-        raise CuteBackendUnavailable(f"cute prefill attention unavailable: {reason}")
+_ready_devices: set[torch.device] = set()  # checked once each: the check is not free, the call is per layer
+
+
+def prefill_attention(q: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    """attention_ref.prefill_attention_ref's arguments, run by the sm_90a kernel."""
+    if q.device not in _ready_devices:
+        reason = unavailable_reason(q.device)
+        if reason is not None:
+            raise CuteBackendUnavailable(f"cute prefill attention unavailable: {reason}")
+        _ready_devices.add(q.device)
     from cute_kernels.prefill_launch import prefill_attention as kernel
 
-    return kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, causal, k_cache, v_cache, block_tables, prefix_lens)
+    return kernel(q, *args, **kwargs)

@@ -50,8 +50,11 @@ class Ops:
     def _decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: AttentionBatch,
                 scale: float) -> torch.Tensor:
         if self.cpu_decode_kernel and cpu_decode.supports(q, k_cache):
+            if batch.decode_plan is None:  # converted and bounds-checked once, shared by every layer
+                batch.decode_plan = cpu_decode.prepare_tables(batch.decode_block_tables, batch.decode_context_lens,
+                                                              k_cache)
             return cpu_decode.decode_attention_cpu(q, k_cache, v_cache, batch.decode_block_tables,
-                                                   batch.decode_context_lens, scale)
+                                                   batch.decode_context_lens, scale, batch.decode_plan)
         if self.decode_attention is decode_attention_ref:
             if batch.decode_plan is None:  # built once per step, shared by every layer
                 batch.decode_plan = plan_decode(batch.decode_block_tables, batch.decode_context_lens, k_cache.shape[1])
