@@ -82,7 +82,7 @@ def prefill_attention_ref(
 DecodePlan = list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]
 
 
-def plan_decode(block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int,
+def plan_decode(block_tables: torch.Tensor, context_lens: torch.Tensor, k_cache: torch.Tensor,
                 seqs_per_bucket: int = 8) -> DecodePlan:
     """Group sequences of similar length and precompute their flat cache slots.
 
@@ -91,6 +91,7 @@ def plan_decode(block_tables: torch.Tensor, context_lens: torch.Tensor, block_si
     cache between the ops that use them. The plan depends only on the block tables, so one plan
     serves every layer of a step. Returns (seq indices, flat slots [b * L], valid [b, 1, L] or None).
     """
+    block_size = k_cache.shape[1]
     order = torch.argsort(context_lens, descending=True)
     plan = []
     for idx in torch.split(order, seqs_per_bucket):
@@ -119,7 +120,7 @@ def decode_attention_ref(
     [Hkv * d, L] scores every head against its own KV head (zeros elsewhere). That orientation is
     several times faster on CPU BLAS than [L, .] x [., H], and the softmax runs on contiguous rows.
     """
-    plan = plan if plan is not None else plan_decode(block_tables, context_lens, k_cache.shape[1])
+    plan = plan if plan is not None else plan_decode(block_tables, context_lens, k_cache)
     hkv, d = k_cache.shape[2], k_cache.shape[3]
     heads = q.shape[1]
     head_of = torch.arange(heads, device=q.device)

@@ -25,7 +25,6 @@ SOURCE = Path(__file__).parent / "csrc" / "cpu_decode_attention.c"
 # only: linked with it, GCC adds crtfastmath.o, which would flush denormals for the whole process.
 COMPILE_FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math", "-fPIC", "-std=c11"]
 LINK_FLAGS = ["-shared", "-fopenmp", "-lm"]
-MAX_DIM = 256  # as in the C file
 
 
 def cache_dir() -> Path:
@@ -82,10 +81,9 @@ def unavailable_reason() -> str | None:
 
 
 def supports(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
-    """The kernel takes fp32 CPU tensors, whole GQA groups and head sizes up to MAX_DIM."""
-    heads, hkv, d = q.shape[1], k_cache.shape[2], k_cache.shape[3]
-    return (q.device.type == "cpu" and q.dtype == k_cache.dtype == torch.float32 and heads % hkv == 0
-            and d <= MAX_DIM and unavailable_reason() is None)
+    """The kernel takes fp32 CPU tensors and whole GQA groups."""
+    return (q.device.type == "cpu" and q.dtype == k_cache.dtype == torch.float32
+            and q.shape[1] % k_cache.shape[2] == 0 and unavailable_reason() is None)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ import torch
 from cute_kernels.attention_ref import decode_attention_ref
 from cute_kernels.cpu_decode_attention import decode_attention_cpu, prepare_tables, supports, unavailable_reason
 from runtime.llm import LLM
+from runtime.model.ops import torch_ops
 from runtime.sampling_params import SamplingParams
 from tests.tiny_engine import tiny_engine
 
@@ -73,11 +74,12 @@ def test_engine_output_is_the_same_with_the_reference_decode():
     outputs = []
     for c_kernel in (True, False):
         engine = tiny_engine()
-        assert engine.runner.model.ops.cpu_decode_kernel  # on by default here
-        engine.runner.model.ops.cpu_decode_kernel = c_kernel
+        assert engine.runner.model.ops.decode_attention is decode_attention_cpu  # on by default here
+        engine.runner.model.ops = torch_ops(cpu_kernels=c_kernel)
         outputs.append([o.outputs[0].token_ids for o in LLM.from_engine(engine).generate(prompts, params,
                                                                                            use_tqdm=False)])
     assert outputs[0] == outputs[1]
+    assert torch_ops(dtype=torch.bfloat16).decode_attention is decode_attention_ref  # the kernel is fp32-only
 
 
 def test_loading_the_kernel_keeps_denormals_for_everyone_else():

@@ -16,7 +16,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_DIM 256
 
 static inline float dot(const float *restrict a, const float *restrict b, int64_t d) {
     float s = 0.f;
@@ -149,7 +148,7 @@ int paged_decode_attention_f32(const float *q, const float *k_cache, const float
                                const int32_t *block_tables, const int32_t *context_lens, float *out,
                                int64_t batch, int64_t heads, int64_t hkv, int64_t d, int64_t bs,
                                int64_t max_blocks, float scale) {
-    if (hkv <= 0 || heads % hkv || d > MAX_DIM || bs <= 0) return 1;
+    if (hkv <= 0 || heads % hkv || d <= 0 || bs <= 0) return 1;
     const int64_t g_n = heads / hkv;
     const int64_t kv_per_task = batch >= 4 * omp_get_max_threads() ? hkv : 1;
     const int64_t tasks_per_seq = hkv / kv_per_task, task_heads = kv_per_task * g_n;

@@ -20,7 +20,7 @@ def make_runner(cfg: ModelConfig, tensors: dict[str, torch.Tensor], kv_budget_by
                 backend: str = "auto") -> tuple[ModelRunner, KVLedger]:
     device = torch.device(device)
     dtype = dtype or default_dtype(device)
-    ops = select_ops(backend, device)
+    ops = select_ops(backend, device, dtype)
     model = build_model(cfg, tensors, ops, device, dtype)
     ledger = plan_kv_cache(cfg, kv_budget_bytes, block_size, dtype)
     caches = allocate_kv_cache(cfg, ledger, device, dtype)

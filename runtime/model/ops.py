@@ -7,7 +7,7 @@ attention on the CPU takes the C kernel (cute_kernels/cpu_decode_attention.py) w
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -21,14 +21,17 @@ from runtime.model.attention_batch import AttentionBatch
 class Ops:
     name: str
     prefill_attention: Callable[..., torch.Tensor]
+    # decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, plan), where
+    # plan = plan_decode(block_tables, context_lens, k_cache) is made once per step for every layer
     decode_attention: Callable[..., torch.Tensor]
+    plan_decode: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Any]
     write_kv: Callable[..., None] = write_kv
-    cpu_decode_kernel: bool = False  # fp32 CPU decodes go to the C kernel instead of decode_attention
 
     def describe(self) -> str:
         if self.name == "cute":
             return "CuTe kernels (sm_90a)"
-        return "torch reference" + (" + C paged decode attention (CPU)" if self.cpu_decode_kernel else "")
+        c_decode = self.decode_attention is cpu_decode.decode_attention_cpu
+        return "torch reference" + (" + C paged decode attention (CPU)" if c_decode else "")
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                   v_cache: torch.Tensor, batch: AttentionBatch, scale: float) -> torch.Tensor:
@@ -49,30 +52,24 @@ class Ops:
 
     def _decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: AttentionBatch,
                 scale: float) -> torch.Tensor:
-        if self.cpu_decode_kernel and cpu_decode.supports(q, k_cache):
-            if batch.decode_plan is None:  # converted and bounds-checked once, shared by every layer
-                batch.decode_plan = cpu_decode.prepare_tables(batch.decode_block_tables, batch.decode_context_lens,
-                                                              k_cache)
-            return cpu_decode.decode_attention_cpu(q, k_cache, v_cache, batch.decode_block_tables,
-                                                   batch.decode_context_lens, scale, batch.decode_plan)
-        if self.decode_attention is decode_attention_ref:
-            if batch.decode_plan is None:  # built once per step, shared by every layer
-                batch.decode_plan = plan_decode(batch.decode_block_tables, batch.decode_context_lens, k_cache.shape[1])
-            return decode_attention_ref(q, k_cache, v_cache, batch.decode_block_tables, batch.decode_context_lens,
-                                        scale, batch.decode_plan)
-        return self.decode_attention(q, k_cache, v_cache, batch.decode_block_tables, batch.decode_context_lens, scale)
+        if batch.decode_plan is None:  # the same for every layer of the step
+            batch.decode_plan = self.plan_decode(batch.decode_block_tables, batch.decode_context_lens, k_cache)
+        return self.decode_attention(q, k_cache, v_cache, batch.decode_block_tables, batch.decode_context_lens,
+                                     scale, batch.decode_plan)
 
 
-def torch_ops(cpu_kernels: bool = True) -> Ops:
-    """The references; with cpu_kernels, the C decode kernel where it built (else the reference)."""
-    use_c = cpu_kernels and cpu_decode.unavailable_reason() is None
-    return Ops("torch", prefill_attention_ref, decode_attention_ref, cpu_decode_kernel=use_c)
+def torch_ops(device: torch.device = torch.device("cpu"), dtype: torch.dtype = torch.float32,
+              cpu_kernels: bool = True) -> Ops:
+    """The references; for fp32 on the CPU (and cpu_kernels) the C decode kernel, where it builds."""
+    if cpu_kernels and device.type == "cpu" and dtype == torch.float32 and cpu_decode.unavailable_reason() is None:
+        return Ops("torch", prefill_attention_ref, cpu_decode.decode_attention_cpu, cpu_decode.prepare_tables)
+    return Ops("torch", prefill_attention_ref, decode_attention_ref, plan_decode)
 
 
-def select_ops(name: str, device: torch.device) -> Ops:
+def select_ops(name: str, device: torch.device, dtype: torch.dtype = torch.float32) -> Ops:
     """'torch', 'cute', or 'auto' (cute when its kernels can run on this device, torch otherwise)."""
     if name == "torch":
-        return torch_ops()
+        return torch_ops(device, dtype)
     if name not in ("cute", "auto"):
         raise UserError(f"unknown backend {name!r} (choose torch, cute or auto)")
     reason = "not a CUDA device" if device.type != "cuda" else None
@@ -83,5 +80,5 @@ def select_ops(name: str, device: torch.device) -> Ops:
     if reason is not None:
         if name == "cute":
             raise UserError(f"the cute backend cannot run here: {reason}")
-        return torch_ops()
-    return Ops("cute", cute_backend.prefill_attention, decode_attention_ref)
+        return torch_ops(device, dtype)
+    return Ops("cute", cute_backend.prefill_attention, decode_attention_ref, plan_decode)
