@@ -1,78 +1,23 @@
-"""The CPU backend's paged decode attention: csrc/cpu_decode_attention.c, built with the system C
-compiler on first use and called through ctypes (no torch headers, so it builds in about a second).
+"""The CPU backend's paged decode attention: csrc/cpu_decode_attention.c (built by cpu_build.py).
 
-Same contract as attention_ref.decode_attention_ref, which is its oracle in the tests. Where no C
-compiler is found the reason is in `unavailable_reason()` and callers keep the torch reference.
-The built library is cached per source, compiler and CPU (it is built with -march=native).
+Same contract as attention_ref.decode_attention_ref, which is its oracle in the tests. Where the C
+kernel cannot be built the reason is in `unavailable_reason()` and callers keep the torch reference.
 """
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).parent / "csrc" / "cpu_decode_attention.c"
-# -ffast-math lets the softmax use glibc's vector expf (libmvec). It is given to the compile step
-# only: linked with it, GCC adds crtfastmath.o, which would flush denormals for the whole process.
-COMPILE_FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math", "-fPIC", "-std=c11"]
-LINK_FLAGS = ["-shared", "-fopenmp", "-lm"]
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("CUTE_SERVE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "cute-serve")
-    return Path(root) / "cpu"
-
-
-def _cpu_signature() -> str:
-    try:
-        flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags"))
-    except (OSError, StopIteration):
-        flags = platform.processor()
-    return platform.machine() + flags
-
-
-def _build(compiler: str) -> Path:
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), compiler, version, *COMPILE_FLAGS, *LINK_FLAGS,
-                                    _cpu_signature()]).encode())
-    target = cache_dir() / f"cpu_decode_attention-{key.hexdigest()[:16]}.so"
-    if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:  # build aside, then move: no torn file
-            obj, built = Path(tmp) / "kernel.o", Path(tmp) / target.name
-            for cmd in ([compiler, *COMPILE_FLAGS, "-c", str(SOURCE), "-o", str(obj)],
-                        [compiler, str(obj), *LINK_FLAGS, "-o", str(built)]):
-                subprocess.run(cmd, check=True, capture_output=True, text=True)
-            os.replace(built, target)
-    return target
+from cute_kernels import cpu_build
 
 
 @functools.lru_cache(maxsize=1)
 def _library() -> tuple[ctypes.CDLL | None, str | None]:
-    if os.environ.get("CUTE_SERVE_CPU_KERNELS", "1") == "0":
-        return None, "disabled by CUTE_SERVE_CPU_KERNELS=0"
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        return None, "no C compiler found (set CC)"
-    try:
-        lib = ctypes.CDLL(str(_build(compiler)))
-    except subprocess.CalledProcessError as exc:
-        return None, f"building {SOURCE.name} failed: {exc.stderr.strip()[-500:]}"
-    except OSError as exc:
-        return None, f"loading the CPU attention library failed: {exc}"
-    fn = lib.paged_decode_attention_f32
-    fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6 + [ctypes.c_float]
-    return lib, None
+    args = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6 + [ctypes.c_float]
+    return cpu_build.load_with_signatures("cpu_decode_attention", {"paged_decode_attention_f32": (args, ctypes.c_int)})
 
 
 def unavailable_reason() -> str | None:

@@ -4,6 +4,9 @@
 
 - decode attention: the C paged kernel (cute_kernels/cpu_decode_attention.py) vs the torch
   reference decode_attention_ref, SmolLM2-135M shapes (9 query / 3 KV heads, d 64), batch x context.
+- prefill attention: the C varlen kernel (cute_kernels/cpu_prefill_attention.py) vs
+  prefill_attention_ref (torch SDPA per sequence), whole prompts and a chunk after a cached prefix.
+- fused elementwise ops (cute_kernels/cpu_fused_ops.py) vs their torch references, by rows.
 - linear: oneDNN with the weight packed once (runtime/model/cpu_linear.py) vs F.linear, the model's
   four layer shapes and its LM head, by rows (decode batch sizes up to prefill chunks).
 Prints median milliseconds and the speed-up (torch / ours).
@@ -22,8 +25,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from cute_kernels.attention_ref import decode_attention_ref, plan_decode  # noqa: E402
-from cute_kernels.cpu_decode_attention import decode_attention_cpu, prepare_tables, unavailable_reason  # noqa: E402
+from cute_kernels import cpu_fused_ops as fused  # noqa: E402
+from cute_kernels.attention_ref import (  # noqa: E402
+    decode_attention_ref,
+    plan_decode,
+    prefill_attention_ref,
+)
+from cute_kernels.cpu_build import load  # noqa: E402
+from cute_kernels.cpu_decode_attention import decode_attention_cpu, prepare_tables  # noqa: E402
+from cute_kernels.cpu_prefill_attention import prefill_attention_cpu  # noqa: E402
+from runtime.host_allocator import tune_host_allocator  # noqa: E402
 from runtime.model.cpu_linear import pack_linear_weight, packed_linear  # noqa: E402
 
 
@@ -57,6 +68,46 @@ def attention_cases(repeats: int) -> list[dict]:
     return rows
 
 
+def prefill_cases(repeats: int) -> list[dict]:
+    rows = []
+    heads, kv_heads, d, bs = 9, 3, 64, 16
+    g = torch.Generator().manual_seed(0)
+    mixed = torch.randint(32, 513, (14,), generator=g).tolist()  # the offline benchmark's prompt range
+    for name, q_lens, prefix in [("8 prompts x 512", [512] * 8, 0), (f"{len(mixed)} prompts of 32-512", mixed, 0),
+                                 ("4 chunks of 512 after 1536 cached", [512] * 4, 1536)]:
+        total, blocks = sum(q_lens), (prefix + bs - 1) // bs
+        q = torch.randn(total, heads, d, generator=g)
+        k, v = torch.randn(total, kv_heads, d, generator=g), torch.randn(total, kv_heads, d, generator=g)
+        cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+        k_cache = torch.randn(len(q_lens) * blocks + 1, bs, kv_heads, d, generator=g)
+        v_cache = torch.randn_like(k_cache)
+        tables = torch.arange(len(q_lens) * blocks).view(len(q_lens), blocks).int()
+        prefixes = torch.full((len(q_lens),), prefix, dtype=torch.int32) if prefix else None
+        args = (q, k, v, cu, cu, 0.125, True, k_cache, v_cache, tables, prefixes)
+        ref = median_ms(lambda: prefill_attention_ref(*args), repeats)
+        ours = median_ms(lambda: prefill_attention_cpu(*args), repeats)
+        rows.append({"op": "prefill attention", "case": name, "torch_ms": ref, "ours_ms": ours, "speedup": ref / ours})
+    return rows
+
+
+def fused_cases(repeats: int) -> list[dict]:
+    rows = []
+    hidden, inter, heads, d = 576, 1536, 12, 64  # q and k heads rotate together
+    for m in (64, 4096):
+        x, res, w = torch.randn(m, hidden), torch.randn(m, hidden), torch.randn(hidden)
+        gate_up = torch.randn(m, 2 * inter)
+        qk = torch.randn(m, heads * d + 3 * d)[:, : heads * d].view(m, heads, d)  # a view into the qkv rows
+        cos, sin = torch.randn(m, 1, d // 2), torch.randn(m, 1, d // 2)
+        for name, ref_fn, fn in [
+            ("add + rms_norm", lambda: fused.add_rms_norm_ref(x, res, w, 1e-5), lambda: fused.add_rms_norm(x, res, w, 1e-5)),
+            ("silu_and_mul", lambda: fused.silu_and_mul_ref(gate_up), lambda: fused.silu_and_mul(gate_up)),
+            ("rope (q and k)", lambda: fused.rope_ref(qk, cos, sin), lambda: fused.rope_(qk, cos, sin)),
+        ]:
+            ref, ours = median_ms(ref_fn, repeats), median_ms(fn, repeats)
+            rows.append({"op": name, "case": f"{m} rows", "torch_ms": ref, "ours_ms": ours, "speedup": ref / ours})
+    return rows
+
+
 def linear_cases(repeats: int) -> list[dict]:
     rows = []
     shapes = {"qkv": (960, 576), "o_proj": (576, 576), "gate_up": (3072, 576), "down": (576, 1536),
@@ -82,11 +133,14 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    if unavailable_reason() is not None:
-        print(f"the C decode attention is unavailable: {unavailable_reason()}", file=sys.stderr)
-        return 1
+    for name in ("cpu_decode_attention", "cpu_prefill_attention", "cpu_fused_ops"):
+        if load(name)[1] is not None:
+            print(f"{name} is unavailable: {load(name)[1]}", file=sys.stderr)
+            return 1
+    tune_host_allocator()  # as the engine does: large temporaries stay mapped between calls
     print(f"{torch.get_num_threads()} threads, torch {torch.__version__}")
-    rows = attention_cases(args.repeats) + linear_cases(args.repeats)
+    rows = (attention_cases(args.repeats) + prefill_cases(args.repeats) + fused_cases(args.repeats)
+            + linear_cases(args.repeats))
     print(f"{'op':<20} {'case':<28} {'torch ms':>9} {'ours ms':>9} {'speed-up':>9}")
     for r in rows:
         print(f"{r['op']:<20} {r['case']:<28} {r['torch_ms']:>9.3f} {r['ours_ms']:>9.3f} {r['speedup']:>8.2f}x")

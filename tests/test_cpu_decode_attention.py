@@ -8,7 +8,12 @@ import pytest
 import torch
 
 from cute_kernels.attention_ref import decode_attention_ref
-from cute_kernels.cpu_decode_attention import decode_attention_cpu, prepare_tables, supports, unavailable_reason
+from cute_kernels.cpu_decode_attention import (
+    decode_attention_cpu,
+    prepare_tables,
+    supports,
+    unavailable_reason,
+)
 from runtime.llm import LLM
 from runtime.model.ops import torch_ops
 from runtime.sampling_params import SamplingParams

@@ -1,8 +1,8 @@
 """The backend seam: attention (and later linear) ops the model calls, chosen once at start.
 
-`torch` runs the references in cute_kernels/attention_ref.py anywhere, except that fp32 decode
-attention on the CPU takes the C kernel (cute_kernels/cpu_decode_attention.py) when it builds;
-`cute` swaps in the Hopper kernels for the same contracts when running on an sm_90 GPU.
+`torch` runs the references in cute_kernels/attention_ref.py anywhere, except that fp32 attention
+on the CPU takes the C kernels (cute_kernels/cpu_prefill_attention.py, cpu_decode_attention.py)
+when they build; `cute` swaps in the Hopper kernels for the same contracts on an sm_90 GPU.
 """
 from __future__ import annotations
 
@@ -12,7 +12,13 @@ from typing import Any, Callable
 import torch
 
 from cute_kernels import cpu_decode_attention as cpu_decode
-from cute_kernels.attention_ref import decode_attention_ref, plan_decode, prefill_attention_ref, write_kv
+from cute_kernels import cpu_prefill_attention as cpu_prefill
+from cute_kernels.attention_ref import (
+    decode_attention_ref,
+    plan_decode,
+    prefill_attention_ref,
+    write_kv,
+)
 from runtime.errors import UserError
 from runtime.model.attention_batch import AttentionBatch
 
@@ -26,12 +32,10 @@ class Ops:
     decode_attention: Callable[..., torch.Tensor]
     plan_decode: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Any]
     write_kv: Callable[..., None] = write_kv
+    label: str = ""  # what runs, for logs and the UI
 
     def describe(self) -> str:
-        if self.name == "cute":
-            return "CuTe kernels (sm_90a)"
-        c_decode = self.decode_attention is cpu_decode.decode_attention_cpu
-        return "torch reference" + (" + C paged decode attention (CPU)" if c_decode else "")
+        return self.label or self.name
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                   v_cache: torch.Tensor, batch: AttentionBatch, scale: float) -> torch.Tensor:
@@ -58,12 +62,24 @@ class Ops:
                                      scale, batch.decode_plan)
 
 
+def _prefill_cpu_or_ref(q: torch.Tensor, k: torch.Tensor, *args: Any) -> torch.Tensor:
+    """The C prefill kernel where it takes the shapes (head_dim a multiple of 16), else the reference."""
+    fn = cpu_prefill.prefill_attention_cpu if cpu_prefill.supports(q, k) else prefill_attention_ref
+    return fn(q, k, *args)
+
+
 def torch_ops(device: torch.device = torch.device("cpu"), dtype: torch.dtype = torch.float32,
               cpu_kernels: bool = True) -> Ops:
-    """The references; for fp32 on the CPU (and cpu_kernels) the C decode kernel, where it builds."""
-    if cpu_kernels and device.type == "cpu" and dtype == torch.float32 and cpu_decode.unavailable_reason() is None:
-        return Ops("torch", prefill_attention_ref, cpu_decode.decode_attention_cpu, cpu_decode.prepare_tables)
-    return Ops("torch", prefill_attention_ref, decode_attention_ref, plan_decode)
+    """The references; for fp32 on the CPU (and cpu_kernels) the C attention kernels, where they build."""
+    if cpu_kernels and device.type == "cpu" and dtype == torch.float32:
+        prefill, decode = cpu_prefill.unavailable_reason() is None, cpu_decode.unavailable_reason() is None
+        kernels = [name for name, ok in (("prefill", prefill), ("paged decode", decode)) if ok]
+        if kernels:
+            return Ops("torch", _prefill_cpu_or_ref if prefill else prefill_attention_ref,
+                       cpu_decode.decode_attention_cpu if decode else decode_attention_ref,
+                       cpu_decode.prepare_tables if decode else plan_decode,
+                       label=f"torch reference + C {' and '.join(kernels)} attention (CPU)")
+    return Ops("torch", prefill_attention_ref, decode_attention_ref, plan_decode, label="torch reference")
 
 
 def select_ops(name: str, device: torch.device, dtype: torch.dtype = torch.float32) -> Ops:
@@ -81,4 +97,4 @@ def select_ops(name: str, device: torch.device, dtype: torch.dtype = torch.float
         if name == "cute":
             raise UserError(f"the cute backend cannot run here: {reason}")
         return torch_ops(device, dtype)
-    return Ops("cute", cute_backend.prefill_attention, decode_attention_ref, plan_decode)
+    return Ops("cute", cute_backend.prefill_attention, decode_attention_ref, plan_decode, label="CuTe kernels (sm_90a)")

@@ -48,10 +48,3 @@ class RotaryEmbedding:
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin rows [tokens, 1, d/2] for a step's positions: gathered once, used by every layer."""
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
-
-    @staticmethod
-    def apply(x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        """x [tokens, heads, d] rotated by each token's position (rotate-half convention)."""
-        cos, sin = cos_sin
-        x1, x2 = x.chunk(2, dim=-1)
-        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)

@@ -1,0 +1,95 @@
+"""Fused elementwise ops of a decoder layer: csrc/cpu_fused_ops.c (built by cpu_build.py) for fp32
+CPU tensors, and the torch references they are tested against, which run everywhere else.
+
+Each public op takes the C path when the library is built and the tensors are fp32, on the CPU and
+laid out as the kernel reads them; otherwise it runs its reference, so callers need no checks.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+import torch.nn.functional as F
+
+from cute_kernels import cpu_build
+
+_P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+
+
+@functools.lru_cache(maxsize=1)
+def _library() -> tuple[ctypes.CDLL | None, str | None]:
+    return cpu_build.load_with_signatures("cpu_fused_ops", {
+        "add_rms_norm_f32": ([_P] * 5 + [_I, _I, _F], None),
+        "silu_and_mul_f32": ([_P, _P, _I, _I], None),
+        "rope_f32": ([_P] * 3 + [_I] * 4, None),
+    })
+
+
+def unavailable_reason() -> str | None:
+    """None when the C library is built and loaded; otherwise why not."""
+    return _library()[1]
+
+
+def _c_ready(*tensors: torch.Tensor) -> bool:
+    return (all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
+            and unavailable_reason() is None)
+
+
+# -- references --------------------------------------------------------------------------------
+
+def add_rms_norm_ref(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x + residual) * weight, x + residual); residual None means zeros."""
+    residual = x if residual is None else x + residual
+    return F.rms_norm(residual, (x.shape[-1],), weight, eps), residual
+
+
+def silu_and_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(first half of the last dim) * second half."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def rope_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [tokens, heads, d] rotated by cos/sin [tokens, 1, d/2] (rotate-half convention)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+
+
+# -- dispatch ----------------------------------------------------------------------------------
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(normed, new residual) for x [rows, dim]; see add_rms_norm_ref."""
+    operands = (x, weight) if residual is None else (x, residual, weight)
+    if not (_c_ready(*operands) and x.dim() == 2 and all(t.is_contiguous() for t in operands)
+            and (residual is None or residual.shape == x.shape) and weight.shape == (x.shape[1],)):
+        return add_rms_norm_ref(x, residual, weight, eps)
+    h = torch.empty_like(x)
+    new_residual = x if residual is None else torch.empty_like(x)
+    _library()[0].add_rms_norm_f32(x.data_ptr(), None if residual is None else residual.data_ptr(),
+                                   weight.data_ptr(), new_residual.data_ptr(), h.data_ptr(), x.shape[0],
+                                   x.shape[1], eps)
+    return h, new_residual
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """[rows, 2 * inter] -> [rows, inter]; see silu_and_mul_ref."""
+    if not (_c_ready(gate_up) and gate_up.dim() == 2 and gate_up.is_contiguous() and gate_up.shape[1] % 2 == 0):
+        return silu_and_mul_ref(gate_up)
+    rows, inter = gate_up.shape[0], gate_up.shape[1] // 2
+    out = gate_up.new_empty(rows, inter)
+    _library()[0].silu_and_mul_f32(gate_up.data_ptr(), out.data_ptr(), rows, inter)
+    return out
+
+
+def rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [tokens, heads, d] rotated in place where the C path takes it (heads contiguous, any token
+    stride), else rope_ref's new tensor; use the returned tensor either way."""
+    tokens, heads, d = x.shape
+    if not (_c_ready(x, cos, sin) and d % 2 == 0 and x.stride(2) == 1 and x.stride(1) == d
+            and cos.shape == sin.shape == (tokens, 1, d // 2) and cos.is_contiguous() and sin.is_contiguous()):
+        return rope_ref(x, cos, sin)
+    _library()[0].rope_f32(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), tokens, heads, d, x.stride(0))
+    return x

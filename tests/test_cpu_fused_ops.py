@@ -1,0 +1,77 @@
+"""The C fused elementwise ops against their torch references, and in the model.
+
+Tolerance: fp32 on both sides; the C code sums squares in SIMD lanes and computes silu as
+x / (1 + exp(-x)) with libmvec's expf, so results agree to a few ulps: 1e-5 relative plus 1e-5
+absolute (outputs here are O(1) to O(100)).
+"""
+import pytest
+import torch
+
+from cute_kernels import cpu_fused_ops as fused
+from tests.tiny_engine import tiny_engine
+
+TOL = dict(rtol=1e-5, atol=1e-5)
+
+
+def test_the_library_builds_here():
+    assert fused.unavailable_reason() is None  # CI machines have a C compiler: the fast path must not vanish
+
+
+@pytest.mark.parametrize("rows,dim", [(1, 576), (7, 64), (300, 33), (4096, 576)])
+def test_add_rms_norm(rows, dim):
+    g = torch.Generator().manual_seed(rows)
+    x, residual, weight = (torch.randn(rows, dim, generator=g) * 3, torch.randn(rows, dim, generator=g),
+                           torch.randn(dim, generator=g))
+    for res in (residual, None):  # None: the first layer, whose residual is x itself
+        got, want = fused.add_rms_norm(x, res, weight, 1e-5), fused.add_rms_norm_ref(x, res, weight, 1e-5)
+        torch.testing.assert_close(got, want, **TOL)
+    assert fused.add_rms_norm(x, None, weight, 1e-5)[1] is x
+
+
+@pytest.mark.parametrize("rows,inter", [(1, 1536), (9, 40), (2048, 1536)])
+def test_silu_and_mul(rows, inter):
+    gate_up = torch.randn(rows, 2 * inter, generator=torch.Generator().manual_seed(rows)) * 30
+    gate_up[0, :4] = torch.tensor([-200.0, -88.0, 88.0, 200.0])  # where a plain exp over- or underflows
+    got = fused.silu_and_mul(gate_up)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, fused.silu_and_mul_ref(gate_up), **TOL)
+
+
+@pytest.mark.parametrize("tokens", [1, 5, 1000])
+def test_rope_in_place_on_the_fused_qkv_rows(tokens):
+    g = torch.Generator().manual_seed(tokens)
+    heads, kv, d = 9, 3, 64
+    qkv = torch.randn(tokens, (heads + 2 * kv) * d, generator=g)
+    v_before = qkv[:, (heads + kv) * d:].clone()
+    qk = qkv[:, : (heads + kv) * d].view(tokens, heads + kv, d)  # rows strided by the whole qkv row
+    cos, sin = torch.randn(tokens, 1, d // 2, generator=g), torch.randn(tokens, 1, d // 2, generator=g)
+    want = fused.rope_ref(qk.clone(), cos, sin)
+    got = fused.rope_(qk, cos, sin)
+    assert got.data_ptr() == qkv.data_ptr()  # rotated where it lies
+    torch.testing.assert_close(got, want, **TOL)
+    assert torch.equal(qkv[:, (heads + kv) * d:], v_before)  # v untouched
+
+
+def test_inputs_the_kernels_do_not_take_run_the_references():
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    w = torch.randn(64, dtype=torch.bfloat16)
+    torch.testing.assert_close(fused.add_rms_norm(x, x, w, 1e-6), fused.add_rms_norm_ref(x, x, w, 1e-6))
+    strided = torch.randn(64, 4).t()
+    torch.testing.assert_close(fused.silu_and_mul(strided), fused.silu_and_mul_ref(strided))
+    qk = torch.randn(3, 2, 8).transpose(0, 1)  # heads not contiguous
+    cos, sin = torch.randn(2, 1, 4), torch.randn(2, 1, 4)
+    torch.testing.assert_close(fused.rope_(qk, cos, sin), fused.rope_ref(qk, cos, sin))
+
+
+def test_model_logits_are_the_same_with_the_references(monkeypatch):
+    engine = tiny_engine()
+    prompts = [list(range(3, 3 + n)) for n in (5, 17, 40)]
+    from runtime.model_runner import SeqChunk
+
+    def logits():
+        chunks = [SeqChunk(p, 0, list(range(i * 4, i * 4 + 4)), num_logits=len(p)) for i, p in enumerate(prompts)]
+        return engine.runner.run(chunks)
+
+    fast = logits()
+    monkeypatch.setattr(fused, "_library", lambda: (None, "off for this test"))
+    torch.testing.assert_close(fast, logits(), **TOL)

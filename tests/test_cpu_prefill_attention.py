@@ -1,0 +1,97 @@
+"""The C varlen prefill attention against its torch reference, and in the engine.
+
+Tolerance: both sides are fp32 with an fp32 softmax; only the summation order differs (the C
+kernel sums in key tiles with an online softmax, SDPA in its own blocks), so results agree to a
+few fp32 ulps of the O(1) outputs: 2e-5 absolute is tight and still safe.
+"""
+import pytest
+import torch
+
+from cute_kernels.attention_ref import prefill_attention_ref
+from cute_kernels.cpu_prefill_attention import (
+    prefill_attention_cpu,
+    supports,
+    unavailable_reason,
+)
+from runtime.model.ops import _prefill_cpu_or_ref, torch_ops
+
+
+def varlen_case(q_lens, prefixes, heads, kv_heads, d, bs=16, seed=0):
+    """New rows of several sequences, each after a prefix held in scattered blocks of a paged cache."""
+    g = torch.Generator().manual_seed(seed)
+    max_blocks = max(1, max((p + bs - 1) // bs for p in prefixes))
+    num_blocks = len(q_lens) * max_blocks + 5
+    k_cache = torch.randn(num_blocks, bs, kv_heads, d, generator=g)
+    v_cache = torch.randn(num_blocks, bs, kv_heads, d, generator=g)
+    tables = torch.randperm(num_blocks, generator=g)[: len(q_lens) * max_blocks].view(len(q_lens), max_blocks).int()
+    total = sum(q_lens)
+    q = torch.randn(total, heads, d, generator=g) * 2  # sharper softmax than unit scale
+    k = torch.randn(total, kv_heads, d, generator=g)
+    v = torch.randn(total, kv_heads, d, generator=g)
+    cu = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+    return q, k, v, cu, k_cache, v_cache, tables, torch.tensor(prefixes, dtype=torch.int32)
+
+
+def test_the_kernel_builds_here():
+    assert unavailable_reason() is None  # CI machines have a C compiler: the fast path must not silently vanish
+
+
+# lengths cross the kernel's row tiles (64 // group rows), key tiles (48) and cache blocks
+Q_LENS = [1, 5, 22, 48, 49, 130, 300]
+PREFIXES = [0, 17, 0, 16, 100, 0, 333]
+
+
+@pytest.mark.parametrize("heads,kv_heads,d", [(9, 3, 64), (4, 4, 64), (8, 1, 128), (16, 2, 32), (64, 1, 16)])
+@pytest.mark.parametrize("bs", [16, 8])
+def test_matches_reference(heads, kv_heads, d, bs):
+    q, k, v, cu, k_cache, v_cache, tables, prefix = varlen_case(Q_LENS, PREFIXES, heads, kv_heads, d, bs)
+    args = (q, k, v, cu, cu, d ** -0.5, True, k_cache, v_cache, tables, prefix)
+    torch.testing.assert_close(prefill_attention_cpu(*args), prefill_attention_ref(*args), rtol=0, atol=2e-5)
+
+
+def test_without_a_prefix_and_without_causality():
+    q, k, v, cu, *_ = varlen_case([3, 70, 129], [0, 0, 0], 6, 2, 64)
+    for causal in (True, False):
+        args = (q, k, v, cu, cu, 0.125, causal)
+        torch.testing.assert_close(prefill_attention_cpu(*args), prefill_attention_ref(*args), rtol=0, atol=2e-5)
+
+
+def test_reads_only_its_own_blocks_and_prefix():
+    q, k, v, cu, k_cache, v_cache, tables, prefix = varlen_case([7, 40], [20, 33], 6, 2, 64)
+    args = (q, k, v, cu, cu, 0.125, True, k_cache, v_cache, tables, prefix)
+    before = prefill_attention_cpu(*args)
+    used = set(tables[0, :2].tolist()) | set(tables[1, :3].tolist())
+    for blk in set(range(k_cache.shape[0])) - used:  # blocks nobody owns
+        k_cache[blk] = float("nan")
+        v_cache[blk] = float("nan")
+    k_cache[tables[0, 1], 4:] = float("nan")  # past sequence 0's 20-token prefix: its new rows come from k/v
+    v_cache[tables[1, 2], 1:] = float("nan")
+    torch.testing.assert_close(prefill_attention_cpu(*args), before)
+
+
+def test_bad_inputs_raise_instead_of_reading_stray_memory():
+    q, k, v, cu, k_cache, v_cache, tables, prefix = varlen_case([7, 40], [20, 33], 6, 2, 64)
+    zeros = torch.zeros(2, dtype=torch.int32)
+    cases = {  # (cu_seqlens_k, prefix_lens, block_tables, rows of k and v)
+        "prefix past its table": (cu, torch.tensor([20, 33 + 16], dtype=torch.int32), tables, 47),
+        "block id past the cache": (cu, prefix, tables + k_cache.shape[0], 47),
+        "offsets that miss rows": (cu, prefix, tables, 46),
+        "more queries than keys": (torch.tensor([0, 5, 47], dtype=torch.int32), zeros, tables, 47),
+    }
+    for what, (cu_k, pre, tab, rows) in cases.items():
+        kv = torch.randn(rows, *k.shape[1:])
+        with pytest.raises(ValueError):
+            prefill_attention_cpu(q, kv, kv, cu, cu_k, 0.1, True, k_cache, v_cache, tab, pre)
+            pytest.fail(what)
+    with pytest.raises(ValueError, match="unsupported"):
+        prefill_attention_cpu(q.bfloat16(), k.bfloat16(), v.bfloat16(), cu, cu, 0.1)
+
+
+def test_shapes_the_kernel_does_not_take_run_the_reference():
+    q, k, v, cu, *_ = varlen_case([5, 30], [0, 0], 6, 3, 12)  # head_dim 12: not a multiple of 16
+    assert not supports(q, k) and not supports(q.bfloat16(), k.bfloat16())
+    torch.testing.assert_close(_prefill_cpu_or_ref(q, k, v, cu, cu, 0.3, True),
+                               prefill_attention_ref(q, k, v, cu, cu, 0.3, True), rtol=0, atol=0)
+    assert torch_ops().prefill_attention is _prefill_cpu_or_ref
+    assert "C prefill and paged decode attention" in torch_ops().describe()
+    assert torch_ops(dtype=torch.bfloat16).prefill_attention is prefill_attention_ref
