@@ -6,18 +6,21 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
-from runtime.api.errors import ERROR_RESPONSES
-from runtime.api.generation import Generation, json_response, start_generation
-from runtime.api.openapi import sse_content
+from runtime.api.generation import Generation
+from runtime.api.openapi import generation_responses
 from runtime.api.prepare import PreparedPrompt
-from runtime.api.protocol import ChatCompletionChunk, ChatCompletionRequest, ChatCompletionResponse
-from runtime.api.sse import ChunkRenderer, sse_response
+from runtime.api.protocol import (
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+)
+from runtime.api.sse import ChunkRenderer, answer
 from runtime.api.state import ServerState, server_state
 from runtime.outputs import CompletionOutput, RequestOutput
 
 router = APIRouter()
-STREAM_DOC = sse_content(ChatCompletionChunk,
-                         'data: {"object":"chat.completion.chunk","choices":[...]}\n\ndata: [DONE]\n\n')
+RESPONSES = generation_responses(ChatCompletionChunk,
+                                 'data: {"object":"chat.completion.chunk","choices":[...]}\n\ndata: [DONE]\n\n')
 
 
 def _logprobs(gen: Generation, c: CompletionOutput, token_ids: list[int]) -> dict[str, Any] | None:
@@ -58,12 +61,7 @@ class ChatChunks(ChunkRenderer):
         return self._chunk(index, {}, None, c.finish_reason, c.stop_reason)
 
 
-@router.post("/v1/chat/completions", response_model=ChatCompletionResponse,
-             responses={200: {"content": STREAM_DOC, "description": "JSON, or SSE events when stream is true"},
-                        **ERROR_RESPONSES})
+@router.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=RESPONSES)
 async def create_chat_completion(body: ChatCompletionRequest, request: Request,
                                  state: ServerState = Depends(server_state)) -> Response:
-    gen, stream = await start_generation(state, body, "chatcmpl")
-    if body.stream:
-        return sse_response(stream, ChatChunks(gen))
-    return await json_response(request, stream, lambda finals: chat_body(gen, finals))
+    return await answer(state, body, request, "chatcmpl", ChatChunks, chat_body)

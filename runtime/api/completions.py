@@ -6,17 +6,16 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
-from runtime.api.errors import ERROR_RESPONSES
-from runtime.api.generation import Generation, json_response, start_generation
-from runtime.api.openapi import sse_content
+from runtime.api.generation import Generation
+from runtime.api.openapi import generation_responses
 from runtime.api.prepare import PreparedPrompt
 from runtime.api.protocol import CompletionChunk, CompletionRequest, CompletionResponse
-from runtime.api.sse import ChunkRenderer, sse_response
+from runtime.api.sse import ChunkRenderer, answer
 from runtime.api.state import ServerState, server_state
 from runtime.outputs import CompletionOutput, RequestOutput
 
 router = APIRouter()
-STREAM_DOC = sse_content(CompletionChunk, 'data: {"object":"text_completion","choices":[...]}\n\ndata: [DONE]\n\n')
+RESPONSES = generation_responses(CompletionChunk, 'data: {"object":"text_completion","choices":[...]}\n\ndata: [DONE]\n\n')
 
 
 def _logprobs(gen: Generation, c: CompletionOutput, token_ids: list[int], offset: int) -> dict[str, Any] | None:
@@ -69,12 +68,7 @@ class CompletionChunks(ChunkRenderer):
         return self._chunk(index, "", None, c.finish_reason, c.stop_reason)
 
 
-@router.post("/v1/completions", response_model=CompletionResponse,
-             responses={200: {"content": STREAM_DOC, "description": "JSON, or SSE events when stream is true"},
-                        **ERROR_RESPONSES})
+@router.post("/v1/completions", response_model=CompletionResponse, responses=RESPONSES)
 async def create_completion(body: CompletionRequest, request: Request,
                             state: ServerState = Depends(server_state)) -> Response:
-    gen, stream = await start_generation(state, body, "cmpl")
-    if body.stream:
-        return sse_response(stream, CompletionChunks(gen))
-    return await json_response(request, stream, lambda finals: completion_body(gen, finals))
+    return await answer(state, body, request, "cmpl", CompletionChunks, completion_body)

@@ -11,6 +11,7 @@ from fastapi import FastAPI
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
+from runtime.api.errors import ERROR_RESPONSES
 from runtime.api.protocol import ChatCompletionChunk, CompletionChunk, ErrorResponse
 
 REF = "#/components/schemas/{model}"
@@ -25,6 +26,12 @@ def sse_content(chunk: type[BaseModel], example: str) -> dict[str, Any]:
                                                {"type": "string", "contentMediaType": "application/json",
                                                 "contentSchema": payload}]}}}
     return {"text/event-stream": {"schema": event, "example": example}}
+
+
+def generation_responses(chunk: type[BaseModel], example: str) -> dict[int | str, dict[str, Any]]:
+    """The documented responses of a generation route: JSON or `chunk` events, and the errors."""
+    return {200: {"content": sse_content(chunk, example), "description": "JSON, or SSE events when stream is true"},
+            **ERROR_RESPONSES}
 
 
 def document_streams(app: FastAPI) -> None:

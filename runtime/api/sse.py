@@ -1,15 +1,19 @@
-"""Server-sent events for streaming responses: chunk rendering, the event stream, and its cleanup."""
+"""Server-sent events for streaming responses: chunk rendering, the event stream, and its cleanup;
+and `answer`, which both generation routes end with (SSE events or one JSON body)."""
 from __future__ import annotations
 
 import json
-from typing import Any, AsyncIterator, Iterable
+from typing import Any, AsyncIterator, Callable, Iterable
 
-from fastapi.responses import StreamingResponse
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
 from starlette.background import BackgroundTask
 
 from runtime.api.errors import as_api_error, error_body
-from runtime.api.generation import Generation
+from runtime.api.generation import Generation, json_response, start_generation
 from runtime.api.prepare import PreparedPrompt
+from runtime.api.protocol import SamplingFields
+from runtime.api.state import ServerState
 from runtime.async_engine import RequestStream
 from runtime.outputs import CompletionOutput, RequestOutput
 
@@ -96,3 +100,13 @@ def sse_response(stream: RequestStream, renderer: ChunkRenderer) -> StreamingRes
     return StreamingResponse(sse_events(stream, renderer), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
                              background=BackgroundTask(stream.close))
+
+
+async def answer(state: ServerState, body: SamplingFields, request: Request, id_prefix: str,
+                 renderer: Callable[[Generation], ChunkRenderer],
+                 json_body: Callable[[Generation, dict[str, RequestOutput]], dict[str, Any]]) -> Response:
+    """Start the request's generation; stream renderer(gen)'s events, or answer json_body(gen, finals)."""
+    gen, stream = await start_generation(state, body, id_prefix)
+    if body.stream:
+        return sse_response(stream, renderer(gen))
+    return await json_response(request, stream, lambda finals: json_body(gen, finals))
