@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from dataclasses import dataclass
 
 import torch
 
@@ -39,58 +40,80 @@ def _int32(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.int32).contiguous()
 
 
-def _check(cu_q: torch.Tensor, cu_k: torch.Tensor, prefix: torch.Tensor, tables: torch.Tensor, q: torch.Tensor,
-           k: torch.Tensor, cache: torch.Tensor | None) -> None:
+@dataclass(frozen=True)
+class PrefillTables:
+    """Offsets, prefix lengths and block tables as the C kernel reads them (int32, contiguous),
+    checked once: they are the same for every layer of a step."""
+
+    cu_q: torch.Tensor
+    cu_k: torch.Tensor
+    prefix_lens: torch.Tensor
+    block_tables: torch.Tensor
+    q_rows: int
+    k_rows: int
+    cache_shape: tuple[int, int] | None  # (num_blocks, block_size) checked against; None: no prefix read
+
+
+def prepare_tables(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, prefix_lens: torch.Tensor | None,
+                   block_tables: torch.Tensor | None, k_cache: torch.Tensor | None) -> PrefillTables:
     """Raises ValueError for offsets, lengths or block ids the C code would read out of bounds."""
-    batch = prefix.numel()
-    if cu_q.numel() != batch + 1 or cu_k.numel() != batch + 1:
+    cu_q, cu_k = _int32(cu_seqlens_q), _int32(cu_seqlens_k)
+    batch = cu_q.numel() - 1
+    prefix = _int32(prefix_lens) if prefix_lens is not None else torch.zeros(batch, dtype=torch.int32)
+    tables = _int32(block_tables) if block_tables is not None else torch.zeros(batch, 1, dtype=torch.int32)
+    if batch < 0 or cu_k.numel() != batch + 1 or prefix.numel() != batch:
         raise ValueError("cu_seqlens must have one entry more than there are sequences")
     q_lens, k_lens = cu_q.diff(), cu_k.diff()
-    bad = (int(cu_q[0]) != 0 or int(cu_k[0]) != 0 or int(cu_q[-1]) != q.shape[0] or int(cu_k[-1]) != k.shape[0]
-           or bool((q_lens < 0).any()) or bool((k_lens < 0).any()) or bool((prefix < 0).any())
-           or bool((q_lens > prefix + k_lens).any()))
-    if bad:
+    if (int(cu_q[0]) != 0 or int(cu_k[0]) != 0 or bool((q_lens < 0).any()) or bool((k_lens < 0).any())
+            or bool((prefix < 0).any()) or bool((q_lens > prefix + k_lens).any())):
         raise ValueError("cu_seqlens / prefix lengths do not describe the q and k rows")
+    cache_shape = None
     if batch and int(prefix.max()) > 0:
-        if cache is None or tables.dim() != 2 or tables.shape[0] != batch:
+        if k_cache is None or tables.dim() != 2 or tables.shape[0] != batch:
             raise ValueError("a cached prefix needs the KV caches and one block table per sequence")
-        bs = cache.shape[1]
-        if (int(prefix.max()) > tables.shape[1] * bs or int(tables.min()) < 0
-                or int(tables.max()) >= cache.shape[0]):
+        cache_shape = (k_cache.shape[0], k_cache.shape[1])
+        if (int(prefix.max()) > tables.shape[1] * k_cache.shape[1] or int(tables.min()) < 0
+                or int(tables.max()) >= k_cache.shape[0]):
             raise ValueError("prefix lengths or block ids out of range of the block tables / cache")
+    return PrefillTables(cu_q, cu_k, prefix, tables, int(cu_q[-1]), int(cu_k[-1]), cache_shape)
 
 
 def prefill_attention_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                           cu_seqlens_k: torch.Tensor, scale: float, causal: bool = True,
                           k_cache: torch.Tensor | None = None, v_cache: torch.Tensor | None = None,
-                          block_tables: torch.Tensor | None = None,
-                          prefix_lens: torch.Tensor | None = None) -> torch.Tensor:
-    """q [Tq, H, d], k/v [Tk, Hkv, d] (fp32) -> [Tq, H, d]; see attention_ref.prefill_attention_ref."""
+                          block_tables: torch.Tensor | None = None, prefix_lens: torch.Tensor | None = None,
+                          tables: PrefillTables | None = None) -> torch.Tensor:
+    """q [Tq, H, d], k/v [Tk, Hkv, d] (fp32) -> [Tq, H, d]; see attention_ref.prefill_attention_ref.
+
+    `tables`: prepare_tables(cu_seqlens_q, cu_seqlens_k, prefix_lens, block_tables, k_cache), when the
+    caller already made it."""
     lib, reason = _library()
     if lib is None:
         raise RuntimeError(reason)
     if not supports(q, k) or v.dtype != torch.float32 or v.shape != k.shape:
         raise ValueError(f"unsupported prefill attention inputs: {q.dtype} q {tuple(q.shape)}, "
                          f"{k.dtype} k {tuple(k.shape)}, {v.dtype} v {tuple(v.shape)}")
-    batch = cu_seqlens_q.numel() - 1
-    prefix = _int32(prefix_lens) if prefix_lens is not None else torch.zeros(batch, dtype=torch.int32)
-    tables = _int32(block_tables) if block_tables is not None else torch.zeros(batch, 1, dtype=torch.int32)
-    cu_q, cu_k = _int32(cu_seqlens_q), _int32(cu_seqlens_k)
     has_cache = k_cache is not None and v_cache is not None
     if has_cache and not (k_cache.is_contiguous() and v_cache.is_contiguous() and v_cache.shape == k_cache.shape
                           and k_cache.dtype == v_cache.dtype == torch.float32
                           and tuple(k_cache.shape[2:]) == tuple(k.shape[1:])):
         raise ValueError("the KV caches must be contiguous fp32 [blocks, block_size, kv_heads, head_dim]")
-    _check(cu_q, cu_k, prefix, tables, q, k, k_cache if has_cache else None)
+    tables = tables or prepare_tables(cu_seqlens_q, cu_seqlens_k, prefix_lens, block_tables,
+                                      k_cache if has_cache else None)
+    if (tables.q_rows, tables.k_rows) != (q.shape[0], k.shape[0]):
+        raise ValueError("cu_seqlens / prefix lengths do not describe the q and k rows")
+    if tables.cache_shape is not None and (not has_cache or tables.cache_shape != tuple(k_cache.shape[:2])):
+        raise ValueError("the prepared tables were checked against another cache")
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     out = torch.empty_like(q)
     k_cache_ptr = k_cache.data_ptr() if has_cache else k.data_ptr()  # unread when no prefix
     v_cache_ptr = v_cache.data_ptr() if has_cache else v.data_ptr()
     block_size = k_cache.shape[1] if has_cache else 1
     status = lib.paged_prefill_attention_f32(
-        q.data_ptr(), k.data_ptr(), v.data_ptr(), k_cache_ptr, v_cache_ptr, tables.data_ptr(), cu_q.data_ptr(),
-        cu_k.data_ptr(), prefix.data_ptr(), out.data_ptr(), batch, q.shape[1], k.shape[1], q.shape[2], block_size,
-        tables.shape[1], scale, int(causal))
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), k_cache_ptr, v_cache_ptr, tables.block_tables.data_ptr(),
+        tables.cu_q.data_ptr(), tables.cu_k.data_ptr(), tables.prefix_lens.data_ptr(), out.data_ptr(),
+        tables.prefix_lens.numel(), q.shape[1], k.shape[1], q.shape[2], block_size, tables.block_tables.shape[1],
+        scale, int(causal))
     if status:
         raise RuntimeError("CPU prefill attention: " + ("bad sizes" if status == 1 else "out of memory"))
     return out

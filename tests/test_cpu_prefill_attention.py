@@ -10,6 +10,7 @@ import torch
 from cute_kernels.attention_ref import prefill_attention_ref
 from cute_kernels.cpu_prefill_attention import (
     prefill_attention_cpu,
+    prepare_tables,
     supports,
     unavailable_reason,
 )
@@ -46,7 +47,10 @@ PREFIXES = [0, 17, 0, 16, 100, 0, 333]
 def test_matches_reference(heads, kv_heads, d, bs):
     q, k, v, cu, k_cache, v_cache, tables, prefix = varlen_case(Q_LENS, PREFIXES, heads, kv_heads, d, bs)
     args = (q, k, v, cu, cu, d ** -0.5, True, k_cache, v_cache, tables, prefix)
-    torch.testing.assert_close(prefill_attention_cpu(*args), prefill_attention_ref(*args), rtol=0, atol=2e-5)
+    got = prefill_attention_cpu(*args)
+    torch.testing.assert_close(got, prefill_attention_ref(*args), rtol=0, atol=2e-5)
+    prepared = prepare_tables(cu, cu, prefix, tables, k_cache)  # what the engine does once per step
+    torch.testing.assert_close(prefill_attention_cpu(*args, tables=prepared), got)
 
 
 def test_without_a_prefix_and_without_causality():
@@ -85,6 +89,12 @@ def test_bad_inputs_raise_instead_of_reading_stray_memory():
             pytest.fail(what)
     with pytest.raises(ValueError, match="unsupported"):
         prefill_attention_cpu(q.bfloat16(), k.bfloat16(), v.bfloat16(), cu, cu, 0.1)
+    prepared = prepare_tables(cu, cu, prefix, tables, k_cache)
+    with pytest.raises(ValueError, match="another cache"):  # a plan only holds for the cache it was checked on
+        prefill_attention_cpu(q, k, v, cu, cu, 0.1, True, k_cache[:-1], v_cache[:-1], tables, prefix, tables=prepared)
+    with pytest.raises(ValueError, match="do not describe"):  # nor for other rows
+        prefill_attention_cpu(q[:-1], k[:-1], v[:-1], cu, cu, 0.1, True, k_cache, v_cache, tables, prefix,
+                              tables=prepared)
 
 
 def test_shapes_the_kernel_does_not_take_run_the_reference():
@@ -95,3 +105,18 @@ def test_shapes_the_kernel_does_not_take_run_the_reference():
     assert torch_ops().prefill_attention is _prefill_cpu_or_ref
     assert "C prefill and paged decode attention" in torch_ops().describe()
     assert torch_ops(dtype=torch.bfloat16).prefill_attention is prefill_attention_ref
+
+
+def test_the_engine_plans_a_step_once_for_all_layers():
+    from runtime.sampling_params import SamplingParams
+    from tests.tiny_engine import tiny_engine
+
+    engine = tiny_engine()
+    ops = engine.runner.model.ops
+    assert ops.plan_prefill is prepare_tables
+    calls = []
+    ops.plan_prefill = lambda *args: calls.append(1) or prepare_tables(*args)
+    engine.add_request("a", list(range(3, 40)), SamplingParams(temperature=0, max_tokens=2))
+    engine.add_request("b", list(range(5, 25)), SamplingParams(temperature=0, max_tokens=2))
+    engine.step()  # both prompts in one prefill step through every layer
+    assert len(engine.runner.model.layers) > 1 and len(calls) == 1

@@ -26,4 +26,6 @@ class AttentionBatch:
     prefill_prefix_lens: torch.Tensor | None = None
     prefill_block_tables: torch.Tensor | None = None
     max_prefix_len: int = 0
-    decode_plan: Any = None  # backend-specific precomputation shared by all layers of the step
+    # backend-specific precomputations shared by all layers of the step, made by the first
+    decode_plan: Any = None
+    prefill_plan: Any = None

@@ -31,6 +31,9 @@ class Ops:
     # plan = plan_decode(block_tables, context_lens, k_cache) is made once per step for every layer
     decode_attention: Callable[..., torch.Tensor]
     plan_decode: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Any]
+    # when set: plan = plan_prefill(cu_seqlens_q, cu_seqlens_k, prefix_lens, block_tables, k_cache),
+    # made once per step, and prefill_attention(..., tables=plan)
+    plan_prefill: Callable[..., Any] | None = None
     write_kv: Callable[..., None] = write_kv
     label: str = ""  # what runs, for logs and the UI
 
@@ -47,12 +50,19 @@ class Ops:
         out = torch.empty_like(q)
         if nd:
             out[:nd] = self._decode(q[:nd], k_cache, v_cache, batch, scale)
-        prefix = batch.prefill_prefix_lens if batch.max_prefix_len else None
-        out[nd:] = self.prefill_attention(
-            q[nd:], k[nd:], v[nd:], batch.cu_seqlens_q, batch.cu_seqlens_q, scale, True,
-            k_cache, v_cache, batch.prefill_block_tables, prefix,
-        )
+        out[nd:] = self._prefill(q[nd:], k[nd:], v[nd:], k_cache, v_cache, batch, scale)
         return out
+
+    def _prefill(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                 v_cache: torch.Tensor, batch: AttentionBatch, scale: float) -> torch.Tensor:
+        prefix = batch.prefill_prefix_lens if batch.max_prefix_len else None
+        cu, tables = batch.cu_seqlens_q, batch.prefill_block_tables
+        args = (q, k, v, cu, cu, scale, True, k_cache, v_cache, tables, prefix)
+        if self.plan_prefill is None:
+            return self.prefill_attention(*args)
+        if batch.prefill_plan is None:  # the same for every layer of the step
+            batch.prefill_plan = self.plan_prefill(cu, cu, prefix, tables, k_cache)
+        return self.prefill_attention(*args, tables=batch.prefill_plan)
 
     def _decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: AttentionBatch,
                 scale: float) -> torch.Tensor:
@@ -62,10 +72,12 @@ class Ops:
                                      scale, batch.decode_plan)
 
 
-def _prefill_cpu_or_ref(q: torch.Tensor, k: torch.Tensor, *args: Any) -> torch.Tensor:
+def _prefill_cpu_or_ref(q: torch.Tensor, k: torch.Tensor, *args: Any,
+                        tables: cpu_prefill.PrefillTables | None = None) -> torch.Tensor:
     """The C prefill kernel where it takes the shapes (head_dim a multiple of 16), else the reference."""
-    fn = cpu_prefill.prefill_attention_cpu if cpu_prefill.supports(q, k) else prefill_attention_ref
-    return fn(q, k, *args)
+    if cpu_prefill.supports(q, k):
+        return cpu_prefill.prefill_attention_cpu(q, k, *args, tables=tables)
+    return prefill_attention_ref(q, k, *args)
 
 
 def torch_ops(device: torch.device = torch.device("cpu"), dtype: torch.dtype = torch.float32,
@@ -78,6 +90,7 @@ def torch_ops(device: torch.device = torch.device("cpu"), dtype: torch.dtype = t
             return Ops("torch", _prefill_cpu_or_ref if prefill else prefill_attention_ref,
                        cpu_decode.decode_attention_cpu if decode else decode_attention_ref,
                        cpu_decode.prepare_tables if decode else plan_decode,
+                       plan_prefill=cpu_prefill.prepare_tables if prefill else None,
                        label=f"torch reference + C {' and '.join(kernels)} attention (CPU)")
     return Ops("torch", prefill_attention_ref, decode_attention_ref, plan_decode, label="torch reference")
 
