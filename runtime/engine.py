@@ -346,7 +346,7 @@ class LLMEngine:
 
     def _finish(self, seq: Sequence) -> None:
         if self.config.scheduler == "static" and seq.finish_reason != "abort" and seq in self.scheduler.running:
-            seq.ghost = True  # a static batch keeps computing finished members until its longest is done
+            seq.padding_from = len(seq.token_ids)  # a static batch computes finished members until its longest is done
             self.scheduler.release_drained_batch()
             return
         self.scheduler.finish(seq)

@@ -40,6 +40,6 @@ def take_delta(seq: Sequence) -> tuple[str, list[int]]:
     end = len(seq.text) if seq.finish_reason else max(seq.num_emitted_chars, len(seq.text) - stop_hold_back(seq))
     text = seq.text[seq.num_emitted_chars:end]
     seq.num_emitted_chars = end
-    ids = seq.token_ids[seq.num_prompt_tokens + seq.num_emitted_tokens:]  # no full-output copy per step
+    ids = seq.token_ids[seq.num_prompt_tokens + seq.num_emitted_tokens:seq.output_end]  # no full-output copy
     seq.num_emitted_tokens = seq.num_output_tokens
     return text, ids

@@ -78,16 +78,26 @@ class Sequence:
     num_emitted_tokens: int = 0
     logprobs: list = field(default_factory=list)
     detokenizer: Any = None
-    # static batching: finished, reported, but still decoding as padding until its batch drains
-    ghost: bool = False
+    # static batching: finished and reported, but still decoding as padding until its batch drains;
+    # token_ids from this index on are that padding, never reported
+    padding_from: int | None = None
+
+    @property
+    def ghost(self) -> bool:
+        return self.padding_from is not None
+
+    @property
+    def output_end(self) -> int:
+        """End of the reported tokens in token_ids."""
+        return len(self.token_ids) if self.padding_from is None else self.padding_from
 
     @property
     def output_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens:]
+        return self.token_ids[self.num_prompt_tokens:self.output_end]
 
     @property
     def num_output_tokens(self) -> int:
-        return len(self.token_ids) - self.num_prompt_tokens
+        return self.output_end - self.num_prompt_tokens
 
     @property
     def num_remaining(self) -> int:

@@ -63,6 +63,24 @@ def test_static_scheduler_matches_continuous():
     assert_idle(static)
 
 
+def test_static_padding_of_a_finished_choice_is_never_reported():
+    # n=3 seeded choices stop at different steps; the early ones decode on as static padding
+    params = SamplingParams(temperature=1.0, seed=7, n=3, max_tokens=40, stop_token_ids=list(range(0, 256, 5)))
+    outs = {}
+    for name, engine in (("static", tiny_engine(scheduler="static")), ("continuous", tiny_engine())):
+        engine.add_request("r", [10, 20, 30], params)
+        streamed = {}
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                for c in out.outputs:
+                    streamed.setdefault(c.index, []).extend(c.delta_token_ids)
+                    final = {c.index: (c.token_ids, c.finish_reason) for c in out.outputs}
+        assert {i: ids for i, (ids, _) in final.items()} == streamed
+        outs[name] = final
+    assert outs["static"] == outs["continuous"]
+    assert len({len(ids) for ids, _ in outs["static"].values()}) > 1  # the choices did end apart
+
+
 def test_no_leak_after_aborts_mid_prefill_and_mid_decode():
     engine = tiny_engine(max_num_batched_tokens=16)
     long = prompts(1, seed=4, lo=100, hi=100)[0]
