@@ -83,9 +83,11 @@ def build_ui(engine: AsyncEngine, metrics: ServerMetrics) -> gr.Blocks:
             sessions.interrupt(request.session_hash, "clear")
             return [], [], ""
 
-        # the engine batches every session's turns, so Gradio must not queue them one at a time
-        for trigger in (msg.submit, send.click):
-            trigger(respond, [msg, chat, convo, *settings], [chat, convo, msg], concurrency_limit=None)
+        # one listener for Enter and Send, so its default trigger_mode "once" also keeps a tab from
+        # starting a second turn through the other trigger while one streams; the engine batches
+        # every session's turns, so Gradio must not queue them one at a time
+        gr.on([msg.submit, send.click], respond, [msg, chat, convo, *settings], [chat, convo, msg],
+              concurrency_limit=None, trigger_mode="once")
         stop.click(stop_turn, None, None, queue=False)
         clear.click(clear_chat, None, [chat, convo, msg], queue=False)
 
