@@ -83,7 +83,7 @@ def build_ui(engine: AsyncEngine, metrics: ServerMetrics) -> gr.Blocks:
             sessions.interrupt(request.session_hash, "clear")
             return [], [], ""
 
-        # one listener for Enter and Send, so its default trigger_mode "once" also keeps a tab from
+        # one listener for Enter and Send, so trigger_mode "once" also keeps a tab from
         # starting a second turn through the other trigger while one streams; the engine batches
         # every session's turns, so Gradio must not queue them one at a time
         gr.on([msg.submit, send.click], respond, [msg, chat, convo, *settings], [chat, convo, msg],

@@ -51,7 +51,8 @@ class SamplingParams:
         _check_int(self.max_tokens, "max_tokens", 1)
         _check_int(self.min_tokens, "min_tokens", 0)
         _check_int(self.top_k, "top_k", 0)
-        self.top_k = min(self.top_k, vocab_size)  # larger means "all tokens"; huge values must not overflow
+        if self.top_k >= vocab_size:  # every token is in the top k: no cut (and no overflow for huge k)
+            self.top_k = 0
         if self.min_tokens > self.max_tokens:
             raise bad("min_tokens", f"{self.min_tokens} exceeds max_tokens {self.max_tokens}")
         if not 0.0 <= _num(self.temperature, "temperature") <= 100.0:

@@ -52,7 +52,7 @@ def prepare(engine: AsyncEngine, req: SamplingFields, request_id: str, arrival: 
         prompts = completion_prompts(req, tok)
     out = []
     for i, (ids, text) in enumerate(prompts):
-        params = sampling_params(req, len(ids), core.max_model_len, core.vocab_size, logprobs)
+        params = sampling_params(req, len(ids), core.max_model_len, logprobs)
         try:
             engine.check(ids, params)
         except RequestError as exc:

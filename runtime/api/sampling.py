@@ -32,8 +32,7 @@ def default_max_tokens(prompt_len: int, max_model_len: int) -> int:
     return max(1, max_model_len - prompt_len)
 
 
-def sampling_params(req: SamplingFields, prompt_len: int, max_model_len: int, vocab_size: int,
-                    logprobs: int | None) -> SamplingParams:
+def sampling_params(req: SamplingFields, prompt_len: int, max_model_len: int, logprobs: int | None) -> SamplingParams:
     if isinstance(req, ChatCompletionRequest):
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     else:
@@ -41,7 +40,7 @@ def sampling_params(req: SamplingFields, prompt_len: int, max_model_len: int, vo
     return SamplingParams(
         n=req.n, max_tokens=max_tokens if max_tokens is not None else default_max_tokens(prompt_len, max_model_len),
         min_tokens=req.min_tokens, temperature=req.temperature, top_p=req.top_p,
-        top_k=0 if req.top_k >= vocab_size else req.top_k,  # every token is in the top k: no cut
+        top_k=req.top_k,
         min_p=req.min_p, repetition_penalty=req.repetition_penalty, presence_penalty=req.presence_penalty,
         frequency_penalty=req.frequency_penalty, seed=req.seed, stop=_stop(req.stop),
         stop_token_ids=list(req.stop_token_ids or []), ignore_eos=req.ignore_eos, logprobs=logprobs,
