@@ -290,8 +290,9 @@ class AsyncEngine:
             try:
                 loop.call_soon_threadsafe(self._hand_over, items, now)
             except RuntimeError:  # that event loop is closed: nobody will read these, stop them
-                for _, out in items:
+                for stream, out in items:
                     self._streams.pop(out.request_id, None)
+                    self._release(stream, out.request_id)  # nobody will close the stream to free its seats
                     self.engine.abort_request(out.request_id)
 
     def _hand_over(self, items: list[tuple[RequestStream, RequestOutput]], now: float) -> None:

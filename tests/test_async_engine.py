@@ -160,3 +160,13 @@ def test_idle_engine_sleeps_and_shutdown_fails_open_streams():
     with pytest.raises(EngineUnavailableError):
         asyncio.run(run_stream(ae, [request("late", [1])]))
     assert engine.pool.num_used == 0
+
+
+def test_requests_of_a_closed_event_loop_are_aborted_and_give_back_their_seats():
+    async def submit_and_leave(ae):
+        ae.submit([request("orphan", [1, 2, 3], LONG)])  # never read, never closed
+
+    with AsyncEngine(tiny_engine()) as ae:
+        asyncio.run(submit_and_leave(ae))  # asyncio.run closes the loop behind the stream
+        wait_until(lambda: "orphan" not in ae.engine.requests and ae.num_seqs_in_flight == 0)
+        wait_until(lambda: ae.snapshot.kv_blocks_used == 0)
