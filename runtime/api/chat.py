@@ -8,7 +8,6 @@ from fastapi.responses import Response
 
 from runtime.api.generation import Generation
 from runtime.api.openapi import generation_responses
-from runtime.api.prepare import PreparedPrompt
 from runtime.api.protocol import (
     ChatCompletionChunk,
     ChatCompletionRequest,
@@ -40,18 +39,18 @@ def chat_body(gen: Generation, finals: dict[str, RequestOutput]) -> dict[str, An
 
 
 class ChatChunks(ChunkRenderer):
-    usage_object = "chat.completion.chunk"
+    chunk_object = "chat.completion.chunk"
 
     def _chunk(self, index: int, delta: dict[str, Any], logprobs=None, finish_reason=None,
                stop_reason=None) -> dict[str, Any]:
         return self.chunk([{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason,
-                            "stop_reason": stop_reason}], "chat.completion.chunk")
+                            "stop_reason": stop_reason}])
 
     def start(self):
         # the role first, at once: the client sees the response begin before the first token
         return [self._chunk(k, {"role": "assistant", "content": ""}) for k in range(self.gen.n)]
 
-    def delta(self, index: int, prompt: PreparedPrompt, c: CompletionOutput):
+    def delta(self, index: int, c: CompletionOutput):
         lp = _logprobs(self.gen, c, c.delta_token_ids)
         if not c.delta_text and not (lp and lp["content"]):
             return None

@@ -8,7 +8,6 @@ from fastapi.responses import Response
 
 from runtime.api.generation import Generation
 from runtime.api.openapi import generation_responses
-from runtime.api.prepare import PreparedPrompt
 from runtime.api.protocol import CompletionChunk, CompletionRequest, CompletionResponse
 from runtime.api.sse import ChunkRenderer, answer
 from runtime.api.state import ServerState, server_state
@@ -40,7 +39,7 @@ def completion_body(gen: Generation, finals: dict[str, RequestOutput]) -> dict[s
 
 
 class CompletionChunks(ChunkRenderer):
-    usage_object = "text_completion"
+    chunk_object = "text_completion"
 
     def __init__(self, gen: Generation) -> None:
         super().__init__(gen)
@@ -48,7 +47,7 @@ class CompletionChunks(ChunkRenderer):
 
     def _chunk(self, index: int, text: str, logprobs=None, finish_reason=None, stop_reason=None) -> dict[str, Any]:
         return self.chunk([{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason,
-                            "stop_reason": stop_reason}], "text_completion")
+                            "stop_reason": stop_reason}])
 
     def start(self):
         for i, p in enumerate(self.gen.prompts):
@@ -56,7 +55,7 @@ class CompletionChunks(ChunkRenderer):
             if p.echo:
                 yield from (self._chunk(i * self.gen.n + k, p.echo) for k in range(self.gen.n))
 
-    def delta(self, index: int, prompt: PreparedPrompt, c: CompletionOutput):
+    def delta(self, index: int, c: CompletionOutput):
         lp = _logprobs(self.gen, c, c.delta_token_ids, self.offsets[index])
         if lp:
             self.offsets[index] += sum(len(t) for t in lp["tokens"])

@@ -36,7 +36,7 @@ class Generation:
     logprobs: bool
     include_usage: bool
     formatter: LogprobFormatter
-    prompt_index: dict[str, int] = field(default_factory=dict)
+    prompt_index: dict[str, int] = field(init=False)  # engine request id -> prompt number
 
     def __post_init__(self) -> None:
         self.prompt_index = {p.request.request_id: i for i, p in enumerate(self.prompts)}

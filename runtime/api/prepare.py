@@ -5,7 +5,6 @@ enqueued: a bad request is an immediate 400 and never reaches the engine thread.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 from runtime.api.errors import APIError
@@ -36,10 +35,8 @@ def chat_prompt(req: ChatCompletionRequest, tokenizer: Tokenizer) -> list[int]:
     return tokenizer.encode_chat([m.template_dict() for m in req.messages], add_generation_prompt=True)
 
 
-def prepare(engine: AsyncEngine, req: SamplingFields, request_id: str, arrival: float | None = None
-            ) -> list[PreparedPrompt]:
+def prepare(engine: AsyncEngine, req: SamplingFields, request_id: str, arrival: float) -> list[PreparedPrompt]:
     """One EngineRequest per prompt (ids request_id-0, -1, ...); raises APIError / RequestError."""
-    arrival = arrival if arrival is not None else time.perf_counter()
     core = engine.engine
     tok = core.tokenizer
     logprobs = requested_logprobs(req)

@@ -11,7 +11,6 @@ from starlette.background import BackgroundTask
 
 from runtime.api.errors import as_api_error, error_body
 from runtime.api.generation import Generation, json_response, start_generation
-from runtime.api.prepare import PreparedPrompt
 from runtime.api.protocol import SamplingFields
 from runtime.api.state import ServerState
 from runtime.async_engine import RequestStream
@@ -31,7 +30,7 @@ class ChunkRenderer:
     delta; with include_usage, a last chunk with no choices carries the usage.
     """
 
-    usage_object = ""  # the "object" of the usage chunk
+    chunk_object = ""  # the "object" of every chunk
 
     def __init__(self, gen: Generation) -> None:
         self.gen = gen
@@ -41,26 +40,26 @@ class ChunkRenderer:
     def start(self) -> Iterable[dict[str, Any]]:
         return ()
 
-    def delta(self, index: int, prompt: PreparedPrompt, c: CompletionOutput) -> dict[str, Any] | None:
+    def delta(self, index: int, c: CompletionOutput) -> dict[str, Any] | None:
         raise NotImplementedError
 
     def final(self, index: int, c: CompletionOutput) -> dict[str, Any]:
         raise NotImplementedError
 
-    def chunk(self, choices: list[dict[str, Any]], obj: str) -> dict[str, Any]:
+    def chunk(self, choices: list[dict[str, Any]], usage: dict[str, Any] | None = None) -> dict[str, Any]:
         g = self.gen
-        out = {"id": g.response_id, "object": obj, "created": g.created, "model": g.model, "choices": choices}
+        out = {"id": g.response_id, "object": self.chunk_object, "created": g.created, "model": g.model,
+               "choices": choices}
         if g.include_usage:
-            out["usage"] = None
+            out["usage"] = usage
         return out
 
     def output(self, out: RequestOutput) -> Iterable[dict[str, Any]]:
-        prompt = self.gen.prompts[self.gen.prompt_index[out.request_id]]
         for c in out.outputs:
             index = self.gen.choice_index(out.request_id, c.index)
             if index in self.finished:
                 continue
-            body = self.delta(index, prompt, c)
+            body = self.delta(index, c)
             if body is not None:
                 yield body
             if c.finish_reason is not None:
@@ -69,10 +68,8 @@ class ChunkRenderer:
                 yield self.final(index, c)
 
     def end(self) -> Iterable[dict[str, Any]]:
-        g = self.gen
-        if g.include_usage:
-            yield {"id": g.response_id, "object": self.usage_object, "created": g.created, "model": g.model,
-                   "choices": [], "usage": g.usage(self.completion_tokens)}
+        if self.gen.include_usage:
+            yield self.chunk([], self.gen.usage(self.completion_tokens))
 
 
 async def sse_events(stream: RequestStream, renderer: ChunkRenderer) -> AsyncIterator[str]:
