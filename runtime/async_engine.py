@@ -63,12 +63,10 @@ class EngineSnapshot:
     kv_bytes_per_block: int = 0
     prefix_cache_queries: int = 0
     prefix_cache_hits: int = 0
-    spec_acceptance_rate: float = 0.0
     prompt_tokens: int = 0
     generated_tokens: int = 0
     preemptions: int = 0
     finished: dict[str, int] = field(default_factory=dict)  # sequences by finish reason
-    steps: int = 0
     spec_proposed: int = 0
     spec_accepted: int = 0
     spec_mean_accepted_len: float = 0.0  # accepted drafts per verification step
@@ -83,15 +81,22 @@ class EngineSnapshot:
     def prefix_cache_hit_rate(self) -> float:
         return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
 
+    @property
+    def spec_acceptance_rate(self) -> float:
+        return self.spec_accepted / self.spec_proposed if self.spec_proposed else 0.0
+
     @classmethod
     def of(cls, engine: LLMEngine) -> "EngineSnapshot":
         running = {s.request_id for s in engine.scheduler.running}
         pool, stats = engine.pool, engine.stats
-        return cls(len(running), len(engine.requests.keys() - running), pool.num_blocks, pool.num_used,
-                   engine.ledger.bytes_per_token * engine.ledger.block_size, pool.stats.queries, pool.stats.hits,
-                   stats.spec_acceptance_rate, stats.prompt_tokens, stats.generated_tokens, stats.preemptions,
-                   dict(stats.finished), stats.steps, stats.spec_proposed, stats.spec_accepted,
-                   stats.spec_mean_accepted_len, pool.num_cached, pool.stats.evictions)
+        return cls(num_requests_running=len(running), num_requests_waiting=len(engine.requests.keys() - running),
+                   kv_blocks_total=pool.num_blocks, kv_blocks_used=pool.num_used,
+                   kv_bytes_per_block=engine.ledger.bytes_per_token * engine.ledger.block_size,
+                   prefix_cache_queries=pool.stats.queries, prefix_cache_hits=pool.stats.hits,
+                   prompt_tokens=stats.prompt_tokens, generated_tokens=stats.generated_tokens,
+                   preemptions=stats.preemptions, finished=dict(stats.finished), spec_proposed=stats.spec_proposed,
+                   spec_accepted=stats.spec_accepted, spec_mean_accepted_len=stats.spec_mean_accepted_len,
+                   prefix_cached_blocks=pool.num_cached, prefix_cache_evictions=pool.stats.evictions)
 
 
 class OutputObserver(Protocol):
