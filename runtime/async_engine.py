@@ -181,6 +181,12 @@ class AsyncEngine:
     def is_running(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and not self._stopping and self.error is None
 
+    def unavailable_error(self) -> EngineUnavailableError | None:
+        """Why this engine takes no requests now, or None while it runs."""
+        if self.is_running:
+            return None
+        return EngineUnavailableError("the engine is not running" + (f": {self.error}" if self.error else ""))
+
     def add_observer(self, observer: OutputObserver) -> None:
         self._observers.append(observer)
 
@@ -205,8 +211,9 @@ class AsyncEngine:
         Raises QueueFullError when admitting them would exceed the capacity, RequestError when
         they could never be admitted, EngineUnavailableError when the engine is not running.
         """
-        if not self.is_running:
-            raise EngineUnavailableError("the engine is not running" + (f": {self.error}" if self.error else ""))
+        unavailable = self.unavailable_error()
+        if unavailable is not None:
+            raise unavailable
         stream = RequestStream(self, requests, asyncio.get_running_loop())
         need = sum(stream.num_seqs.values())
         with self._admission:

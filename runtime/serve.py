@@ -59,6 +59,7 @@ def build_engine(args: argparse.Namespace) -> tuple["AsyncEngine", str]:
     from runtime.engine import LLMEngine
     from runtime.engine_stats import EngineStats
     from runtime.kv.block_pool import PrefixCacheStats
+    from runtime.llm import LLM
     from runtime.load import load_model
     from runtime.sampling_params import SamplingParams
 
@@ -72,9 +73,8 @@ def build_engine(args: argparse.Namespace) -> tuple["AsyncEngine", str]:
         engine = LLMEngine(config, model_config, tensors, tokenizer)
         bar.update()
         bar.set_postfix_str("warm-up")
-        engine.add_request("warm-up", [tokenizer.bos_token_id or 0], SamplingParams(max_tokens=2, ignore_eos=True))
-        while engine.has_unfinished_requests():
-            engine.step()
+        LLM.from_engine(engine).generate([[tokenizer.bos_token_id or 0]], SamplingParams(max_tokens=2, ignore_eos=True),
+                                         use_tqdm=False)
         engine.stats = EngineStats()  # /metrics counts what clients asked for, not the warm-up
         engine.pool.stats = PrefixCacheStats()
         bar.update()

@@ -5,7 +5,7 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from runtime.api.errors import ERROR_RESPONSES, error_body
+from runtime.api.errors import ERROR_RESPONSES, as_api_error, error_response
 from runtime.api.protocol import ErrorResponse, HealthStatus, ModelCard, ModelList
 from runtime.api.state import ServerState, server_state
 
@@ -21,9 +21,9 @@ async def list_models(state: ServerState = Depends(server_state)) -> ModelList:
 @router.get("/health", response_model=HealthStatus,
             responses={503: {"model": ErrorResponse, "description": "The engine thread is not running"}})
 async def health(state: ServerState = Depends(server_state)) -> Response:
-    if not state.engine.is_running:
-        why = f": {state.engine.error}" if state.engine.error else ""
-        return JSONResponse(error_body(503, f"the engine is not running{why}", code="engine_unavailable"), 503)
+    unavailable = state.engine.unavailable_error()
+    if unavailable is not None:
+        return error_response(as_api_error(unavailable))
     return JSONResponse({"status": "ok"})
 
 
