@@ -133,3 +133,20 @@ def test_queue_full_is_429_with_retry_after_and_recovers():
             assert post(srv.url + CMPL, {"prompt": "x", "n": 2}).status_code == 400  # can never fit
         srv.wait_idle()
         assert post(srv.url + CMPL, {"prompt": "x", "max_tokens": 2}).status_code == 200
+
+
+def test_a_stopped_engine_answers_503_on_health_and_requests():
+    from runtime.api.app import create_app
+    from runtime.async_engine import AsyncEngine
+    from tests.server_utils import serve_app
+
+    async_engine = AsyncEngine(tiny_engine())  # never started: the state after the engine thread died
+    app = create_app(async_engine, TINY_MODEL)
+    with serve_app(app) as url:
+        health = httpx.get(url + "/health")
+        sent = httpx.post(url + "/v1/completions", json={"model": TINY_MODEL, "prompt": "hi", "max_tokens": 2})
+    app.state.server.metrics.close()
+    for r in (health, sent):
+        assert r.status_code == 503
+        assert r.json()["error"]["code"] == "engine_unavailable"
+        assert "the engine is not running" in r.json()["error"]["message"]
