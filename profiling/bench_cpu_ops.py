@@ -25,15 +25,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from cute_kernels import cpu_decode_attention, cpu_prefill_attention  # noqa: E402
 from cute_kernels import cpu_fused_ops as fused  # noqa: E402
 from cute_kernels.attention_ref import (  # noqa: E402
     decode_attention_ref,
     plan_decode,
     prefill_attention_ref,
 )
-from cute_kernels.cpu_build import load  # noqa: E402
 from cute_kernels.cpu_decode_attention import decode_attention_cpu, prepare_tables  # noqa: E402
-from cute_kernels.cpu_prefill_attention import prefill_attention_cpu  # noqa: E402
 from runtime.host_allocator import tune_host_allocator  # noqa: E402
 from runtime.model.cpu_linear import pack_linear_weight, packed_linear  # noqa: E402
 
@@ -85,7 +84,7 @@ def prefill_cases(repeats: int) -> list[dict]:
         prefixes = torch.full((len(q_lens),), prefix, dtype=torch.int32) if prefix else None
         args = (q, k, v, cu, cu, 0.125, True, k_cache, v_cache, tables, prefixes)
         ref = median_ms(lambda: prefill_attention_ref(*args), repeats)
-        ours = median_ms(lambda: prefill_attention_cpu(*args), repeats)
+        ours = median_ms(lambda: cpu_prefill_attention.prefill_attention_cpu(*args), repeats)
         rows.append({"op": "prefill attention", "case": name, "torch_ms": ref, "ours_ms": ours, "speedup": ref / ours})
     return rows
 
@@ -133,9 +132,9 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
-    for name in ("cpu_decode_attention", "cpu_prefill_attention", "cpu_fused_ops"):
-        if load(name)[1] is not None:
-            print(f"{name} is unavailable: {load(name)[1]}", file=sys.stderr)
+    for kernels in (cpu_decode_attention, cpu_prefill_attention, fused):
+        if kernels.unavailable_reason() is not None:
+            print(f"{kernels.__name__} is unavailable: {kernels.unavailable_reason()}", file=sys.stderr)
             return 1
     tune_host_allocator()  # as the engine does: large temporaries stay mapped between calls
     print(f"{torch.get_num_threads()} threads, torch {torch.__version__}")

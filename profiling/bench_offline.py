@@ -120,7 +120,7 @@ def run_vllm(python: str, model_path: str, workload) -> dict:
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_CPU_OMP_THREADS_BIND": "0-1"}
         preload = vllm_preload(python)
         if preload:  # vLLM's own CPU recipe: tcmalloc and Intel OpenMP, worth +4-13% (PEERS.md)
-            env["LD_PRELOAD"] = ":".join(preload)
+            env["LD_PRELOAD"] = ":".join([*preload, *filter(None, [os.environ.get("LD_PRELOAD")])])
         print(f"  vLLM LD_PRELOAD: {env.get('LD_PRELOAD', 'none (apt-get install libtcmalloc-minimal4)')}", flush=True)
         subprocess.run([python, script, spec, out], check=True, env=env)
         result = json.load(open(out))

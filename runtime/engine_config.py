@@ -51,7 +51,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                    help="compute dtype (auto: float32 on cpu, bfloat16 on gpu)")
     g.add_argument("--backend", default="auto", choices=["auto", "torch", "cute"],
                    help="kernel backend (auto: CuTe kernels on an sm_90 GPU, torch reference otherwise; on the CPU the "
-                        "torch backend runs fp32 decode attention in a C kernel unless CUTE_SERVE_CPU_KERNELS=0)")
+                        "torch backend runs fp32 attention (prefill and paged decode) and the fused norm/rope/silu ops "
+                        "in C kernels unless CUTE_SERVE_CPU_KERNELS=0)")
     g.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default: 16)")
     g.add_argument("--kv-cache-memory", type=parse_bytes, default=None,
                    help="KV cache budget, e.g. 2GiB (default: sized from free memory)")

@@ -32,12 +32,11 @@ def tune_host_allocator() -> bool:
     if os.environ.get("CUTE_SERVE_MALLOC_TUNING", "1") == "0":
         return False
     name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name) if name else None
-        mallopt = libc.mallopt if libc is not None else None
-    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to tune
+    if not name:
         return False
-    if mallopt is None:
+    try:
+        mallopt = ctypes.CDLL(name).mallopt
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to tune
         return False
     ok = all(mallopt(param, value) == 1 for param, value in
              ((M_MMAP_THRESHOLD, MMAP_THRESHOLD), (M_TRIM_THRESHOLD, TRIM_THRESHOLD), (M_TOP_PAD, TOP_PAD)))
