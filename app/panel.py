@@ -1,6 +1,7 @@
 """The live panel's numbers, all read from the engine snapshot and the server's metrics."""
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -8,29 +9,34 @@ import numpy as np
 
 from app.block_map import block_states, render
 from app.latency_window import LatencyWindow
-from runtime.async_engine import AsyncEngine
+from runtime.async_engine import AsyncEngine, EngineSnapshot
 from runtime.metrics import ServerMetrics
 
 
 @dataclass
 class LivePanel:
+    """Shared by every browser tab; Gradio calls refresh() from worker threads, once a second per tab."""
+
     engine: AsyncEngine
     metrics: ServerMetrics
     latency: LatencyWindow = field(init=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
     _last: tuple[float, int] | None = None
     _rate: float = 0.0
+    _map: tuple[EngineSnapshot, np.ndarray] | None = None  # the block map and the snapshot it shows
 
     def __post_init__(self) -> None:
         self.latency = LatencyWindow({"ttft": self.metrics.ttft, "tpot": self.metrics.tpot})
 
     def tokens_per_second(self, generated: int) -> float:
         now = time.monotonic()
-        if self._last is not None and now - self._last[0] >= 0.5:
-            self._rate = (generated - self._last[1]) / (now - self._last[0])
-            self._last = (now, generated)
-        elif self._last is None:
-            self._last = (now, generated)
-        return self._rate
+        with self._lock:
+            if self._last is None:
+                self._last = (now, generated)
+            elif now - self._last[0] >= 0.5:
+                self._rate = (generated - self._last[1]) / (now - self._last[0])
+                self._last = (now, generated)
+            return self._rate
 
     def kv_usage_html(self) -> str:
         s = self.engine.snapshot
@@ -57,8 +63,13 @@ class LivePanel:
                 f"(last {self.latency.window_s:.0f} s)")
 
     def block_map(self) -> np.ndarray:
-        pool = self.engine.engine.pool
-        return render(block_states(list(pool.ref_counts), list(pool.block_hash)))
+        """Redrawn only when the engine has published a new snapshot (after a step or an abort)."""
+        snapshot = self.engine.snapshot
+        with self._lock:
+            if self._map is None or self._map[0] is not snapshot:
+                pool = self.engine.engine.pool
+                self._map = (snapshot, render(block_states(list(pool.ref_counts), list(pool.block_hash))))
+            return self._map[1]
 
     def latency_rows(self) -> list[dict]:
         """Long-format rows for the time-series plot (seconds ago, metric, milliseconds)."""
