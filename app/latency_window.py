@@ -42,7 +42,7 @@ class LatencyWindow:
     def __init__(self, histograms: dict[str, Histogram], window_s: float = 30.0, history: int = 120) -> None:
         self.histograms = histograms
         self.window_s = window_s
-        self.samples: deque[tuple[float, dict[str, list[tuple[float, float]]]]] = deque(maxlen=600)
+        self.samples: deque[tuple[float, dict[str, list[tuple[float, float]]]]] = deque()  # the last window_s
         self.series: deque[dict] = deque(maxlen=history)  # one point per sample: time and quantiles
         self._lock = threading.Lock()
 
@@ -54,7 +54,9 @@ class LatencyWindow:
                 return
             counts = {name: bucket_counts(h) for name, h in self.histograms.items()}
             self.samples.append((now, counts))
-            base = next((c for t, c in self.samples if now - t <= self.window_s), counts)
+            while now - self.samples[0][0] > self.window_s:
+                self.samples.popleft()
+            base = self.samples[0][1]
             point = {"t": now}
             for name, cur in counts.items():
                 delta = [(le, c - b) for (le, c), (_, b) in zip(cur, base[name])]

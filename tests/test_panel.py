@@ -27,3 +27,24 @@ def test_block_map_is_redrawn_only_for_a_new_snapshot():
         assert np.array_equal(panel.block_map(), busy)
     finally:
         metrics.close()
+
+
+def test_latency_window_keeps_and_reports_only_its_window(monkeypatch):
+    from prometheus_client import CollectorRegistry, Histogram
+
+    import app.latency_window as lw
+
+    clock = [0.0]
+    monkeypatch.setattr(lw.time, "monotonic", lambda: clock[0])
+    hist = Histogram("x_seconds", "x", buckets=(0.1, 0.2, 0.5, 1.0), registry=CollectorRegistry())
+    window = lw.LatencyWindow({"x": hist}, window_s=10)
+    window.sample()
+    for value, at in ((0.15, 5.0), (0.8, 12.0)):
+        for _ in range(10):
+            hist.observe(value)
+        clock[0] = at
+        window.sample()
+        if at == 5.0:
+            assert 0.1 < window.latest()["x_p50"] <= 0.2
+    assert 0.5 < window.latest()["x_p50"] <= 1.0  # the t=5 sample is the window's base: only the 0.8s count
+    assert [t for t, _ in window.samples] == [5.0, 12.0]  # the t=0 sample fell out of the window
