@@ -121,7 +121,7 @@ class LLMEngine:
         n, m = len(prompt_ids), params.max_tokens
         if n + m > self.max_model_len:
             raise RequestError(f"prompt ({n} tokens) + max_tokens ({m}) = {n + m} exceeds the model's context "
-                               f"length of {self.max_model_len} tokens")
+                               f"length of {self.max_model_len} tokens", code="context_length_exceeded")
         if n + 1 > self.ledger.max_tokens:
             raise RequestError(f"prompt ({n} tokens) + 1 can never fit the KV cache of {self.ledger.max_tokens} tokens")
 

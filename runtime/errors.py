@@ -10,4 +10,15 @@ class ModelLoadError(UserError):
 
 
 class RequestError(UserError):
-    """A request that cannot be served as given (too long, invalid sampling parameters)."""
+    """A request that cannot be served as given (too long, invalid sampling parameters).
+
+    param: the request field at fault, when it is one; code: a machine-readable kind, if any."""
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+        self.code = code
+
+    @classmethod
+    def invalid(cls, param: str, why: str) -> "RequestError":
+        return cls(f"invalid {param}: {why}", param=param)

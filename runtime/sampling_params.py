@@ -44,9 +44,6 @@ class SamplingParams:
 
     def validate(self, vocab_size: int) -> None:
         """Raise RequestError naming the first bad field."""
-        def bad(name: str, why: str) -> RequestError:
-            return RequestError(f"invalid {name}: {why}")
-
         _check_int(self.n, "n", 1)
         _check_int(self.max_tokens, "max_tokens", 1)
         _check_int(self.min_tokens, "min_tokens", 0)
@@ -54,45 +51,45 @@ class SamplingParams:
         if self.top_k >= vocab_size:  # every token is in the top k: no cut (and no overflow for huge k)
             self.top_k = 0
         if self.min_tokens > self.max_tokens:
-            raise bad("min_tokens", f"{self.min_tokens} exceeds max_tokens {self.max_tokens}")
+            raise RequestError.invalid("min_tokens", f"{self.min_tokens} exceeds max_tokens {self.max_tokens}")
         if not 0.0 <= _num(self.temperature, "temperature") <= 100.0:
-            raise bad("temperature", f"{self.temperature} (must be in [0, 100])")
+            raise RequestError.invalid("temperature", f"{self.temperature} (must be in [0, 100])")
         if not 0.0 < _num(self.top_p, "top_p") <= 1.0:
-            raise bad("top_p", f"{self.top_p} (must be in (0, 1])")
+            raise RequestError.invalid("top_p", f"{self.top_p} (must be in (0, 1])")
         if not 0.0 <= _num(self.min_p, "min_p") <= 1.0:
-            raise bad("min_p", f"{self.min_p} (must be in [0, 1])")
+            raise RequestError.invalid("min_p", f"{self.min_p} (must be in [0, 1])")
         if not 0.0 < _num(self.repetition_penalty, "repetition_penalty") <= 10.0:
-            raise bad("repetition_penalty", f"{self.repetition_penalty} (must be in (0, 10])")
+            raise RequestError.invalid("repetition_penalty", f"{self.repetition_penalty} (must be in (0, 10])")
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2.0 <= _num(getattr(self, name), name) <= 2.0:
-                raise bad(name, f"{getattr(self, name)} (must be in [-2, 2])")
+                raise RequestError.invalid(name, f"{getattr(self, name)} (must be in [-2, 2])")
         if self.seed is not None:
             _check_int(self.seed, "seed", -(2**63))
         if self.logprobs is not None:
             _check_int(self.logprobs, "logprobs", 0)
             if self.logprobs > MAX_LOGPROBS:
-                raise bad("logprobs", f"{self.logprobs} (at most {MAX_LOGPROBS})")
+                raise RequestError.invalid("logprobs", f"{self.logprobs} (at most {MAX_LOGPROBS})")
         for t in self.stop_token_ids:
             if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab_size:
-                raise bad("stop_token_ids", f"{t!r} is not a token id in [0, {vocab_size})")
+                raise RequestError.invalid("stop_token_ids", f"{t!r} is not a token id in [0, {vocab_size})")
         for s in self.stop:
             if not isinstance(s, str) or not s:
-                raise bad("stop", "stop strings must be non-empty strings")
+                raise RequestError.invalid("stop", "stop strings must be non-empty strings")
         for t, b in self.logit_bias.items():
             if not 0 <= t < vocab_size:
-                raise bad("logit_bias", f"token id {t} is not in [0, {vocab_size})")
+                raise RequestError.invalid("logit_bias", f"token id {t} is not in [0, {vocab_size})")
             if not -100.0 <= b <= 100.0:
-                raise bad("logit_bias", f"bias {b} for token {t} (must be in [-100, 100])")
+                raise RequestError.invalid("logit_bias", f"bias {b} for token {t} (must be in [-100, 100])")
 
 
 def _check_int(value: object, name: str, minimum: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool):
-        raise RequestError(f"invalid {name}: {value!r} is not an integer")
+        raise RequestError.invalid(name, f"{value!r} is not an integer")
     if value < minimum:
-        raise RequestError(f"invalid {name}: {value} (must be >= {minimum})")
+        raise RequestError.invalid(name, f"{value} (must be >= {minimum})")
 
 
 def _num(value: object, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-        raise RequestError(f"invalid {name}: {value!r} is not a number")
+        raise RequestError.invalid(name, f"{value!r} is not a number")
     return float(value)

@@ -6,7 +6,6 @@ errors are 400, as OpenAI (and vLLM) answer them, so clients catch them as BadRe
 from __future__ import annotations
 
 import logging
-import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -45,8 +44,7 @@ def as_api_error(exc: BaseException) -> APIError:
     if isinstance(exc, APIError):
         return exc
     if isinstance(exc, RequestError):
-        m = re.match(r"invalid (\w+):", str(exc))
-        return APIError(400, str(exc), m.group(1) if m else None)
+        return APIError(400, str(exc), exc.param, exc.code)
     if isinstance(exc, QueueFullError):
         return APIError(429, str(exc), code="queue_full", headers={"Retry-After": str(exc.retry_after)})
     if isinstance(exc, EngineUnavailableError):

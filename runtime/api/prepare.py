@@ -53,10 +53,10 @@ def prepare(engine: AsyncEngine, req: SamplingFields, request_id: str, arrival: 
         try:
             engine.check(ids, params)
         except RequestError as exc:
-            if str(exc).startswith("invalid "):  # a sampling parameter: as_api_error names it
+            if exc.param is not None:  # a sampling parameter: as_api_error names it
                 raise
             raise APIError(400, str(exc), "messages" if isinstance(req, ChatCompletionRequest) else "prompt",
-                           "context_length_exceeded" if "exceeds" in str(exc) else "invalid_prompt") from None
+                           exc.code or "invalid_prompt") from None
         echo = (text or tok.decode(ids)) if isinstance(req, CompletionRequest) and req.echo else ""
         out.append(PreparedPrompt(EngineRequest(f"{request_id}-{i}", ids, params, arrival), echo))
     return out
