@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -25,6 +26,7 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from typing import IO
 from urllib.parse import urlparse
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -240,25 +242,32 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch_server(model: str | None, server_args: str, log_path: str, timeout: float) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    cmd = [sys.executable, "-m", "runtime.serve", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
-    cmd += (["--model", model] if model else []) + shlex.split(server_args)
-    log = open(log_path, "w")
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+def start_server(serve_args: list[str], log: IO[str], timeout: float) -> tuple[subprocess.Popen, str]:
+    """`python -m runtime.serve --port <free> SERVE_ARGS`, output to `log`; (process, base URL) once
+    /health answers. Raises BenchError (and stops the process) if it exits or does not come up."""
+    port = free_port()  # the child binds it; a race with another process is possible but unlikely
+    proc = subprocess.Popen([sys.executable, "-m", "runtime.serve", "--port", str(port), *serve_args], cwd=REPO,
+                            stdout=log, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise BenchError(f"the server exited with {proc.returncode}; see {log_path}")
-        try:
+            raise BenchError(f"the server exited with {proc.returncode}")
+        with contextlib.suppress(httpx.HTTPError):
             if httpx.get(url + "/health", timeout=1).status_code == 200:
                 return proc, url
-        except httpx.HTTPError:
-            pass
         time.sleep(0.25)
-    proc.terminate()
-    raise BenchError(f"the server did not come up within {timeout:.0f} s; see {log_path}")
+    stop_server(proc)
+    raise BenchError(f"the server did not come up within {timeout:.0f} s")
+
+
+def launch_server(model: str | None, server_args: str, log_path: str, timeout: float) -> tuple[subprocess.Popen, str]:
+    serve_args = ["--host", "127.0.0.1", "--log-level", "warning"]
+    serve_args += (["--model", model] if model else []) + shlex.split(server_args)
+    try:
+        return start_server(serve_args, open(log_path, "w"), timeout)
+    except BenchError as exc:
+        raise BenchError(f"{exc}; see {log_path}") from None
 
 
 def stop_server(proc: subprocess.Popen) -> None:

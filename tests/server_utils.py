@@ -5,18 +5,15 @@ import contextlib
 import json
 import os
 import socket
-import subprocess
-import sys
 import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
-import httpx
 import uvicorn
 
-from profiling.bench_serving import stop_server
+from profiling.bench_serving import BenchError, start_server, stop_server
 from runtime.api.app import create_app
 from runtime.async_engine import AsyncEngine
 from runtime.engine import LLMEngine
@@ -103,29 +100,19 @@ def write_tiny_model(folder: str) -> str:
 def serve_subprocess(*args: str, timeout: float = 300.0) -> Iterator[tuple[str, Callable[[], str]]]:
     """`python -m runtime.serve --port <free> ARGS`; yields (base URL, read the output so far) once
     /health answers; terminates the server on exit."""
-    sock = bound_socket()
-    port = sock.getsockname()[1]
-    sock.close()  # the child binds it; a race with another process is possible but unlikely
     log = tempfile.TemporaryFile("w+")  # a file, not a pipe: a chatty server never blocks on it
-    proc = subprocess.Popen([sys.executable, "-m", "runtime.serve", "--port", str(port), *args], cwd=REPO,
-                            stdout=log, stderr=subprocess.STDOUT, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            if proc.poll() is not None:
-                log.seek(0)
-                raise RuntimeError(f"server exited with {proc.returncode}:\n{log.read()}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError("server did not come up in time")
-            time.sleep(0.2)
-        def output() -> str:
-            log.seek(0)
-            return log.read()
 
+    def output() -> str:
+        log.seek(0)
+        return log.read()
+
+    try:
+        proc, url = start_server(list(args), log, timeout)
+    except BenchError as exc:
+        text = output()
+        log.close()
+        raise RuntimeError(f"{exc}:\n{text}") from None
+    try:
         yield url, output
     finally:
         stop_server(proc)
