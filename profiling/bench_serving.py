@@ -138,21 +138,17 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, req: Benc
 
 
 async def run_load(url: str, model: str, workload: list[BenchRequest], rate: float | None,
-                   concurrency: int | None, max_duration: float, ignore_eos: bool, api_key: str | None,
+                   concurrency: int | None, max_duration: float, ignore_eos: bool, headers: dict[str, str],
                    seed: int) -> tuple[list[RequestResult], float]:
     rng = random.Random(seed + 1)
     gate = asyncio.Semaphore(concurrency) if concurrency else None
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     limits = httpx.Limits(max_connections=concurrency or len(workload), max_keepalive_connections=64)
     results: list[RequestResult | None] = [None] * len(workload)
 
     async with httpx.AsyncClient(timeout=httpx.Timeout(max_duration, connect=10), limits=limits,
                                  headers=headers) as client:
         async def issue(i: int) -> None:
-            if gate is None:
-                results[i] = await one_request(client, url, model, workload[i], ignore_eos)
-                return
-            async with gate:
+            async with gate or contextlib.nullcontext():
                 results[i] = await one_request(client, url, model, workload[i], ignore_eos)
 
         start = time.perf_counter()
@@ -188,11 +184,16 @@ def report(results: list[RequestResult], duration: float, slo_ttft: float, slo_t
         "request_throughput": len(ok) / duration if duration else 0.0,
         "output_token_throughput": out_tokens / duration if duration else 0.0,
         "goodput": len(good) / duration if duration else 0.0, "slo": {"ttft_s": slo_ttft, "tpot_s": slo_tpot},
-        "ttft_s": summarize([r.ttft for r in ok]), "tpot_s": summarize([r.tpot for r in ok if r.tpot is not None]),
-        "itl_s": summarize([g for r in ok for g in r.itl]), "e2e_s": summarize([r.e2e for r in ok]),
+        **{key: summarize(values) for key, values in latency_samples(ok).items()},
         "output_tokens": out_tokens, "prompt_tokens": sum(r.prompt_tokens for r in ok),
         "errors": dict(sorted(errors.items(), key=lambda kv: -kv[1])[:10]),
     }
+
+
+def latency_samples(ok: list[RequestResult]) -> dict[str, list[float]]:
+    """Seconds, by summary key: per-request TTFT, TPOT and E2E, and every inter-token gap."""
+    return {"ttft_s": [r.ttft for r in ok], "tpot_s": [r.tpot for r in ok if r.tpot is not None],
+            "itl_s": [g for r in ok for g in r.itl], "e2e_s": [r.e2e for r in ok]}
 
 
 def _json_safe(x):
@@ -211,17 +212,14 @@ def plot(results: list[RequestResult], summary: dict, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ok = [r for r in results if r.ok]
-    series = {"TTFT": [r.ttft for r in ok], "TPOT": [r.tpot for r in ok if r.tpot is not None],
-              "ITL": [g for r in ok for g in r.itl], "E2E": [r.e2e for r in ok]}
-    keys = {"TTFT": "ttft_s", "TPOT": "tpot_s", "ITL": "itl_s", "E2E": "e2e_s"}
     fig, axes = plt.subplots(2, 2, figsize=(11, 7))
-    for ax, (name, values) in zip(axes.flat, series.items()):
+    for ax, (key, values) in zip(axes.flat, latency_samples([r for r in results if r.ok]).items()):
+        name = key.removesuffix("_s").upper()
         ms = [v * 1000 for v in values]
         if ms:
             ax.hist(ms, bins=min(40, max(5, len(ms) // 4)), color="#4a78b5")
         for q, style in (("p50", "-"), ("p95", "--"), ("p99", ":")):
-            v = summary[keys[name]][q]
+            v = summary[key][q]
             if math.isfinite(v):
                 ax.axvline(v * 1000, color="#c44", linestyle=style, label=f"{q} {v * 1000:.1f} ms")
         ax.set_title(f"{name} ({len(ms)} samples)")
@@ -338,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
             headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
             model = httpx.get(url + "/v1/models", headers=headers, timeout=10).json()["data"][0]["id"]
             results, duration = asyncio.run(run_load(url, model, workload, args.rate, args.concurrency,
-                                                     args.max_duration, args.ignore_eos, args.api_key, args.seed))
+                                                     args.max_duration, args.ignore_eos, headers, args.seed))
         finally:
             if proc is not None:
                 stop_server(proc)
