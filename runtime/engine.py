@@ -356,9 +356,11 @@ class LLMEngine:
     def _output(self, state: RequestState) -> RequestOutput:
         outs = []
         for seq in state.seqs:
-            delta_text, delta_ids = take_delta(seq)
+            delta_text, delta_ids, delta_records = take_delta(seq)
+            wants_logprobs = seq.params.logprobs is not None
             outs.append(CompletionOutput(seq.index, seq.text, seq.output_ids, seq.finish_reason, seq.stop_reason,
-                                         delta_text, delta_ids, list(seq.logprobs) if seq.params.logprobs is not None else None))
+                                         delta_text, delta_ids, list(seq.logprobs) if wants_logprobs else None,
+                                         delta_records if wants_logprobs else None))
         finished = all(s.finish_reason is not None for s in state.seqs)
         if finished:
             state.metrics.finished = state.metrics.finished or time.perf_counter()

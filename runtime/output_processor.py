@@ -35,11 +35,13 @@ def append_token(seq: Sequence, token: int, eos_ids: set[int], max_model_len: in
         seq.text += seq.detokenizer.flush()
 
 
-def take_delta(seq: Sequence) -> tuple[str, list[int]]:
-    """Text and token ids not yet streamed; while running, hold back a possible stop-string prefix."""
+def take_delta(seq: Sequence) -> tuple[str, list[int], list]:
+    """Text, token ids and logprob records not yet streamed; while running, hold back a possible
+    stop-string prefix of the text."""
     end = len(seq.text) if seq.finish_reason else max(seq.num_emitted_chars, len(seq.text) - stop_hold_back(seq))
     text = seq.text[seq.num_emitted_chars:end]
     seq.num_emitted_chars = end
     ids = seq.token_ids[seq.num_prompt_tokens + seq.num_emitted_tokens:seq.output_end]  # no full-output copy
+    records = seq.logprobs[seq.num_emitted_tokens:]  # one per output token, when logprobs were asked for
     seq.num_emitted_tokens = seq.num_output_tokens
-    return text, ids
+    return text, ids, records

@@ -15,6 +15,7 @@ class CompletionOutput:
     delta_text: str = ""  # text new since the previous output of this choice
     delta_token_ids: list[int] = field(default_factory=list)
     logprobs: list | None = None  # per token: (logprob, [(token, logprob), ...])
+    delta_logprobs: list | None = None  # those of delta_token_ids
 
     @property
     def finished(self) -> bool:

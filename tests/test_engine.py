@@ -63,19 +63,23 @@ def test_static_scheduler_matches_continuous():
     assert_idle(static)
 
 
-def test_static_padding_of_a_finished_choice_is_never_reported():
+def test_static_padding_of_a_finished_choice_is_never_reported_nor_its_logprobs():
     # n=3 seeded choices stop at different steps; the early ones decode on as static padding
-    params = SamplingParams(temperature=1.0, seed=7, n=3, max_tokens=40, stop_token_ids=list(range(0, 256, 5)))
+    params = SamplingParams(temperature=1.0, seed=7, n=3, max_tokens=40, stop_token_ids=list(range(0, 256, 5)),
+                            logprobs=1)
     outs = {}
     for name, engine in (("static", tiny_engine(scheduler="static")), ("continuous", tiny_engine())):
         engine.add_request("r", [10, 20, 30], params)
-        streamed = {}
+        streamed, streamed_logprobs = {}, {}
         while engine.has_unfinished_requests():
             for out in engine.step():
                 for c in out.outputs:
                     streamed.setdefault(c.index, []).extend(c.delta_token_ids)
+                    streamed_logprobs.setdefault(c.index, []).extend(c.delta_logprobs)
                     final = {c.index: (c.token_ids, c.finish_reason) for c in out.outputs}
+                    final_logprobs = {c.index: c.logprobs for c in out.outputs}
         assert {i: ids for i, (ids, _) in final.items()} == streamed
+        assert final_logprobs == streamed_logprobs  # one record per reported token, streamed once
         outs[name] = final
     assert outs["static"] == outs["continuous"]
     assert len({len(ids) for ids, _ in outs["static"].values()}) > 1  # the choices did end apart

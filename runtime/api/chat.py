@@ -22,17 +22,14 @@ RESPONSES = generation_responses(ChatCompletionChunk,
                                  'data: {"object":"chat.completion.chunk","choices":[...]}\n\ndata: [DONE]\n\n')
 
 
-def _logprobs(gen: Generation, c: CompletionOutput, token_ids: list[int]) -> dict[str, Any] | None:
-    if not gen.logprobs or c.logprobs is None:
-        return None
-    records = c.logprobs[len(c.logprobs) - len(token_ids):] if token_ids else []
-    return gen.formatter.chat(token_ids, records)
+def _logprobs(gen: Generation, token_ids: list[int], records: list | None) -> dict[str, Any] | None:
+    return gen.formatter.chat(token_ids, records) if gen.logprobs and records is not None else None
 
 
 def chat_body(gen: Generation, finals: dict[str, RequestOutput]) -> dict[str, Any]:
     out = finals[gen.prompts[0].request.request_id]
     choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
-                "logprobs": _logprobs(gen, c, c.token_ids), "finish_reason": c.finish_reason,
+                "logprobs": _logprobs(gen, c.token_ids, c.logprobs), "finish_reason": c.finish_reason,
                 "stop_reason": c.stop_reason} for c in out.outputs]
     return {"id": gen.response_id, "object": "chat.completion", "created": gen.created, "model": gen.model,
             "choices": choices, "usage": gen.usage(sum(len(c.token_ids) for c in out.outputs))}
@@ -51,7 +48,7 @@ class ChatChunks(ChunkRenderer):
         return [self._chunk(k, {"role": "assistant", "content": ""}) for k in range(self.gen.n)]
 
     def delta(self, index: int, c: CompletionOutput):
-        lp = _logprobs(self.gen, c, c.delta_token_ids)
+        lp = _logprobs(self.gen, c.delta_token_ids, c.delta_logprobs)
         if not c.delta_text and not (lp and lp["content"]):
             return None
         return self._chunk(index, {"content": c.delta_text}, lp)

@@ -17,11 +17,8 @@ router = APIRouter()
 RESPONSES = generation_responses(CompletionChunk, 'data: {"object":"text_completion","choices":[...]}\n\ndata: [DONE]\n\n')
 
 
-def _logprobs(gen: Generation, c: CompletionOutput, token_ids: list[int], offset: int) -> dict[str, Any] | None:
-    if not gen.logprobs or c.logprobs is None:
-        return None
-    records = c.logprobs[len(c.logprobs) - len(token_ids):] if token_ids else []
-    return gen.formatter.completion(token_ids, records, offset)
+def _logprobs(gen: Generation, token_ids: list[int], records: list | None, offset: int) -> dict[str, Any] | None:
+    return gen.formatter.completion(token_ids, records, offset) if gen.logprobs and records is not None else None
 
 
 def completion_body(gen: Generation, finals: dict[str, RequestOutput]) -> dict[str, Any]:
@@ -31,7 +28,7 @@ def completion_body(gen: Generation, finals: dict[str, RequestOutput]) -> dict[s
         for c in out.outputs:
             generated += len(c.token_ids)
             choices.append({"index": gen.choice_index(out.request_id, c.index), "text": p.echo + c.text,
-                            "logprobs": _logprobs(gen, c, c.token_ids, len(p.echo)),
+                            "logprobs": _logprobs(gen, c.token_ids, c.logprobs, len(p.echo)),
                             "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
     choices.sort(key=lambda ch: ch["index"])
     return {"id": gen.response_id, "object": "text_completion", "created": gen.created, "model": gen.model,
@@ -56,7 +53,7 @@ class CompletionChunks(ChunkRenderer):
                 yield from (self._chunk(i * self.gen.n + k, p.echo) for k in range(self.gen.n))
 
     def delta(self, index: int, c: CompletionOutput):
-        lp = _logprobs(self.gen, c, c.delta_token_ids, self.offsets[index])
+        lp = _logprobs(self.gen, c.delta_token_ids, c.delta_logprobs, self.offsets[index])
         if lp:
             self.offsets[index] += sum(len(t) for t in lp["tokens"])
         if not c.delta_text and not (lp and lp["tokens"]):
