@@ -102,7 +102,8 @@ class EngineSnapshot:
 class OutputObserver(Protocol):
     """Sees every output (of every stream, closed or not) on the stream's event loop."""
 
-    def on_output(self, output: RequestOutput, now: float) -> None: ...
+    def on_output(self, output: RequestOutput, now: float, token_gap: float | None) -> None:
+        """token_gap: seconds since this request's previous output with tokens, when both carry tokens."""
 
 
 class RequestStream:
@@ -117,6 +118,7 @@ class RequestStream:
         self.loop = loop
         self.num_seqs = {r.request_id: r.params.n for r in requests}
         self.unfinished = set(self.num_seqs)
+        self.last_tokens_at: dict[str, float] = {}  # request id -> when its previous tokens came out
         self._queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
 
     def put(self, item: RequestOutput | BaseException) -> None:
@@ -311,9 +313,14 @@ class AsyncEngine:
         """On the event loop: queue each output on its stream, then let observers see it."""
         for stream, out in items:
             stream.put(out)
+            gap = None
+            if any(c.delta_token_ids for c in out.outputs):
+                last = stream.last_tokens_at.get(out.request_id)
+                gap = None if last is None else now - last
+                stream.last_tokens_at[out.request_id] = now
             for observer in self._observers:
                 try:
-                    observer.on_output(out, now)
+                    observer.on_output(out, now, gap)
                 except Exception:  # metrics must never break serving
                     log.exception("output observer failed")
 

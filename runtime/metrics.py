@@ -9,7 +9,6 @@ Names follow vLLM's, under the cute_serve: prefix.
 """
 from __future__ import annotations
 
-import threading
 from typing import Iterator
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
@@ -90,20 +89,12 @@ class ServerMetrics:
         self.queue = Histogram(PREFIX + "request_queue_time_seconds", "Arrival to first scheduled.",
                                buckets=REQUEST_BUCKETS, registry=r)
         r.register(EngineCollector(async_engine))
-        self._last_output: dict[str, float] = {}  # request id -> when its previous tokens came out
-        self._lock = threading.Lock()  # streams on different event loops may report at once
         self.async_engine = async_engine
         async_engine.add_observer(self)
 
-    def on_output(self, output: RequestOutput, now: float) -> None:
-        rid = output.request_id
-        has_tokens = any(c.delta_token_ids for c in output.outputs)
-        with self._lock:
-            last = self._last_output.pop(rid, None) if output.finished else self._last_output.get(rid)
-            if has_tokens and not output.finished:
-                self._last_output[rid] = now
-        if has_tokens and last is not None:
-            self.itl.observe(now - last)
+    def on_output(self, output: RequestOutput, now: float, token_gap: float | None) -> None:
+        if token_gap is not None:
+            self.itl.observe(token_gap)
         if output.finished and any(c.finish_reason in ("stop", "length") for c in output.outputs):
             self._observe_request(output.metrics)
 
