@@ -34,10 +34,11 @@ def run_ours(model_path, workload, policy: str, args) -> dict:
     cfg, tensors, tok, _ = load_model(model_path)
     engine = LLMEngine(EngineConfig(device="cpu", backend="torch", kv_cache_memory=args.kv_bytes, scheduler=policy,
                                     max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                                    log_ledger=False, enable_prefix_caching=False), cfg, tensors, tok)
+                                    log_ledger=False, enable_prefix_caching=args.enable_prefix_caching), cfg, tensors, tok)
     llm = LLM.from_engine(engine)
     llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)  # warm-up
     engine.stats.times.__init__()
+    warm_prefill = engine.stats.computed_prefill_tokens
     params = [SamplingParams(temperature=0, max_tokens=r.max_tokens, ignore_eos=True) for r in workload]
     t0 = time.perf_counter()
     outs = llm.generate([r.prompt_ids for r in workload], params, use_tqdm=False)
@@ -48,7 +49,8 @@ def run_ours(model_path, workload, policy: str, args) -> dict:
     return {"engine": policy, "wall_s": wall, "useful_tok_s": useful / wall, "useful_tokens": useful,
             "ttft_p50": percentile(ttft, 50), "ttft_p99": percentile(ttft, 99),
             "tpot_p50": percentile(tpot, 50), "tpot_p99": percentile(tpot, 99),
-            "steps": engine.stats.steps, "time_shares": engine.stats.times.shares(),
+            "steps": engine.stats.steps, "preemptions": engine.stats.preemptions,
+            "computed_prefill_tokens": engine.stats.computed_prefill_tokens - warm_prefill, "time_shares": engine.stats.times.shares(),
             "tokens": [o.outputs[0].token_ids for o in outs]}
 
 
@@ -163,6 +165,9 @@ def main() -> None:
     ap.add_argument("--max-num-batched-tokens", type=int, default=4096,
                     help="step token budget of our engines (default 4096, what vLLM's offline LLM uses)")
     ap.add_argument("--kv-bytes", type=int, default=3 << 30)
+    ap.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=False,
+                    help="the prompts share no prefixes; under KV pressure the cache keeps a preempted "
+                         "sequence's blocks for its recompute")
     ap.add_argument("--vllm-python", default=None, help="a Python interpreter that has vLLM's CPU build")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -178,7 +183,10 @@ def main() -> None:
             results.append(run_ours(path, workload, name, args))
         elif name == "transformers":
             results.append(run_transformers(path, workload, args.hf_batch))
-        print(f"  done: {results[-1]['engine']} {results[-1]['useful_tok_s']:.1f} useful tok/s", flush=True)
+        r = results[-1]
+        extra = (f" ({r['preemptions']} preemptions, {r['computed_prefill_tokens']} prefill tokens computed)"
+                 if "preemptions" in r else "")
+        print(f"  done: {r['engine']} {r['useful_tok_s']:.1f} useful tok/s{extra}", flush=True)
     if args.vllm_python:
         results.append(run_vllm(args.vllm_python, path, workload))
     base = next((r for r in results if r["engine"] == "continuous"), None)

@@ -64,9 +64,11 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def kv_budget(config: EngineConfig, device: torch.device) -> int:
+    """Bytes for the KV cache; read once the weights are resident, so free memory no longer counts them."""
     if config.kv_cache_memory is not None:
         return config.kv_cache_memory
     if device.type == "cuda":
+        torch.cuda.empty_cache()  # load-time temporaries held by the caching allocator are free memory too
         free, _ = torch.cuda.mem_get_info(device)
         return int(free * 0.85)
     return int(available_host_memory() * config.kv_cache_fraction)
@@ -83,6 +85,8 @@ class LLMEngine:
         self.max_model_len = min(model_config.max_position_embeddings, config.max_model_len or 1 << 62)
         if self.device.type == "cpu":
             tune_host_allocator()
+        # The draft comes first and the target's KV budget is read last, so free memory excludes both models.
+        self.proposer: Proposer | None = make_proposer(config, model_config, self.device, self.dtype)
         self.runner, self.ledger = self._build_runner(tensors)
         self.pool = BlockPool(self.ledger.num_blocks, config.enable_prefix_caching)
         self.blocks = BlockManager(self.pool, config.block_size)
@@ -93,17 +97,15 @@ class LLMEngine:
         self.stats = EngineStats()
         self._seq_ids = itertools.count()
         self._aborted: list[RequestState] = []
-        self.proposer: Proposer | None = make_proposer(config, model_config, self.device, self.dtype)
         if config.log_ledger:
             log.info(self.ledger.describe())
 
     def _build_runner(self, tensors: dict[str, torch.Tensor]):
-        budget = kv_budget(self.config, self.device)
-        runner, ledger = make_runner(self.model_config, tensors, budget, self.config.block_size, self.device,
-                                     self.dtype, self.config.backend)
+        runner, ledger = make_runner(self.model_config, tensors, lambda: kv_budget(self.config, self.device),
+                                     self.config.block_size, self.device, self.dtype, self.config.backend)
         if ledger.num_blocks < 1:
-            raise UserError(f"the KV cache budget ({budget} bytes) holds no block of {self.config.block_size} "
-                            f"tokens ({ledger.bytes_per_token * self.config.block_size} bytes needed)")
+            raise UserError(f"the KV cache budget ({ledger.budget_bytes} bytes) holds no block of "
+                            f"{self.config.block_size} tokens ({ledger.bytes_per_token * self.config.block_size} bytes needed)")
         return runner, ledger
 
     @property

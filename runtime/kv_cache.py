@@ -17,6 +17,7 @@ class KVLedger:
     block_size: int
     num_blocks: int
     budget_bytes: int
+    weight_bytes: int = 0  # the model's resident weights (packed copies included), for the ledger line
 
     @property
     def max_tokens(self) -> int:
@@ -27,16 +28,18 @@ class KVLedger:
         return self.num_blocks * self.block_size * self.bytes_per_token
 
     def describe(self) -> str:
-        return (f"KV cache: {self.bytes_per_token_per_layer} B/token/layer, {self.bytes_per_token / 1024:.1f} KiB/token "
+        return (f"weights {self.weight_bytes / 2**20:.1f} MiB; "
+                f"KV cache: {self.bytes_per_token_per_layer} B/token/layer, {self.bytes_per_token / 1024:.1f} KiB/token "
                 f"over all layers; {self.num_blocks} blocks x {self.block_size} tokens = {self.max_tokens} tokens "
                 f"in {self.total_bytes / 2**20:.1f} MiB (budget {self.budget_bytes / 2**20:.1f} MiB)")
 
 
-def plan_kv_cache(cfg: ModelConfig, budget_bytes: int, block_size: int, dtype: torch.dtype) -> KVLedger:
+def plan_kv_cache(cfg: ModelConfig, budget_bytes: int, block_size: int, dtype: torch.dtype,
+                  weight_bytes: int = 0) -> KVLedger:
     per_layer = 2 * cfg.num_kv_heads * cfg.head_dim * torch.tensor([], dtype=dtype).element_size()
     per_token = per_layer * cfg.num_layers
-    num_blocks = budget_bytes // (per_token * block_size)
-    return KVLedger(per_layer, per_token, block_size, int(num_blocks), int(budget_bytes))
+    num_blocks = max(budget_bytes, 0) // (per_token * block_size)
+    return KVLedger(per_layer, per_token, block_size, int(num_blocks), int(budget_bytes), int(weight_bytes))
 
 
 def allocate_kv_cache(cfg: ModelConfig, ledger: KVLedger, device: torch.device | str,

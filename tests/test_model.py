@@ -30,6 +30,24 @@ def runner_for(hf, arch, num_blocks=64, block_size=16):
     return runner
 
 
+def test_kv_budget_is_read_after_the_weights_are_resident_and_the_ledger_counts_them():
+    hf = tiny_hf_model("llama")
+    cfg, tensors = our_config(hf, "llama"), state_dict(hf)
+    seen = []
+
+    def budget():
+        seen.append(len(tensors))  # build_model pops each checkpoint tensor as the model takes it
+        return 1 << 20
+
+    runner, ledger = make_runner(cfg, tensors, budget, backend="torch")
+    assert seen == [0]
+    params = sum(p.numel() * 4 for p in runner.model.parameters())
+    packed = runner.model.packed_head is not None
+    assert ledger.weight_bytes >= params and (ledger.weight_bytes > params) == packed
+    assert ledger.num_blocks == (1 << 20) // (ledger.bytes_per_token * 16)
+    assert f"weights {ledger.weight_bytes / 2**20:.1f} MiB" in ledger.describe()
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_prefill_logits_match_transformers(case):
     arch, kw = CASES[case]

@@ -1,6 +1,8 @@
 """Assemble a ready-to-run model (weights, backend ops, paged KV cache, runner) from tensors."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from runtime.kv_cache import KVLedger, allocate_kv_cache, plan_kv_cache
@@ -15,13 +17,15 @@ def default_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
-def make_runner(cfg: ModelConfig, tensors: dict[str, torch.Tensor], kv_budget_bytes: int,
+def make_runner(cfg: ModelConfig, tensors: dict[str, torch.Tensor], kv_budget_bytes: int | Callable[[], int],
                 block_size: int = 16, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
                 backend: str = "auto") -> tuple[ModelRunner, KVLedger]:
+    """A callable budget is asked only once the weights are in place, so free memory it reads excludes them."""
     device = torch.device(device)
     dtype = dtype or default_dtype(device)
     ops = select_ops(backend, device, dtype)
     model = build_model(cfg, tensors, ops, device, dtype)
-    ledger = plan_kv_cache(cfg, kv_budget_bytes, block_size, dtype)
+    budget = kv_budget_bytes() if callable(kv_budget_bytes) else kv_budget_bytes
+    ledger = plan_kv_cache(cfg, budget, block_size, dtype, model.weight_bytes())
     caches = allocate_kv_cache(cfg, ledger, device, dtype)
     return ModelRunner(model, caches, block_size, device), ledger

@@ -83,6 +83,12 @@ class LlamaModel(nn.Module):
             layer.pack_linears()
         self.packed_head = pack_linear_weight(self.embed if self.lm_head is None else self.lm_head)
 
+    def weight_bytes(self) -> int:
+        """Bytes of resident weights: parameters plus the packed copies."""
+        extra = [t for layer in self.layers for t in layer.packed.values()]
+        extra += [self.packed_head] if self.packed_head is not None else []
+        return sum(t.numel() * t.element_size() for t in [*self.parameters(), *extra])
+
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
