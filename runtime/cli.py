@@ -8,8 +8,24 @@ from typing import Callable
 from runtime.errors import UserError
 
 
+LOG_FORMAT = "%(levelname)s %(message)s"
+
+
 def setup_logging(level: int = logging.INFO) -> None:
-    logging.basicConfig(level=level, format="%(levelname)s %(message)s", stream=sys.stderr)
+    logging.basicConfig(level=level, format=LOG_FORMAT, stream=sys.stderr)
+
+
+def show_engine_logs() -> None:
+    """INFO lines (the memory ledger) on stderr, as vLLM's offline API shows them, unless the
+    application has set up logging itself."""
+    log = logging.getLogger("cute_serve")
+    if log.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False  # our handler prints it; a root handler added later would print it twice
 
 
 def run_main(main: Callable[[], int | None], prog: str) -> None:

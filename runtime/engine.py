@@ -126,6 +126,9 @@ class LLMEngine:
                                f"length of {self.max_model_len} tokens", code="context_length_exceeded")
         if n + 1 > self.ledger.max_tokens:
             raise RequestError(f"prompt ({n} tokens) + 1 can never fit the KV cache of {self.ledger.max_tokens} tokens")
+        if self.config.scheduler == "static" and n + m > self.ledger.max_tokens:
+            raise RequestError(f"prompt ({n} tokens) + max_tokens ({m}) can never fit the KV cache of "
+                               f"{self.ledger.max_tokens} tokens, which static batching reserves up front")
 
     def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
         """Raise RequestError if add_request would; reads only fixed limits, so any thread may call it."""
@@ -157,10 +160,12 @@ class LLMEngine:
 
     def _new_seq(self, request_id: str, index: int, prompt_ids: list[int], params: SamplingParams,
                  metrics: RequestMetrics) -> Sequence:
+        seq_id = next(self._seq_ids)
         gen = None
-        if params.seed is not None and not params.greedy:
-            gen = torch.Generator(device=self.device).manual_seed((params.seed + index) % 2**63)
-        seq = Sequence(next(self._seq_ids), request_id, index, list(prompt_ids), len(prompt_ids), params,
+        if not params.greedy:  # unseeded: from the engine seed and arrival order, so a rerun is reproducible
+            seed = params.seed + index if params.seed is not None else self.config.seed * 1_000_003 + seq_id
+            gen = torch.Generator(device=self.device).manual_seed(seed % 2**63)
+        seq = Sequence(seq_id, request_id, index, list(prompt_ids), len(prompt_ids), params,
                        metrics, generator=gen)
         seq.detokenizer = IncrementalDetokenizer(self.tokenizer, prompt_ids, params.skip_special_tokens)
         return seq
@@ -190,6 +195,7 @@ class LLMEngine:
         tp = time.perf_counter()
         times.propose += tp - t0
         sched = self.scheduler.schedule({seq: len(d.tokens) for seq, d in drafts.items()})
+        self._drop_unverified_drafts(drafts, sched)
         self.stats.preemptions += len(sched.preempted)
         changed = {self.requests[s.request_id] for s in sched.out_of_memory}
         for seq in sched.out_of_memory:
@@ -220,6 +226,13 @@ class LLMEngine:
             d.tokens = d.tokens[:n]
             d.probs = d.probs[:n] if d.probs is not None else None
         return {s: d for s, d in drafts.items() if d.tokens}
+
+    def _drop_unverified_drafts(self, drafts: dict[Sequence, Draft], sched: SchedulerOutput) -> None:
+        """Drafts the scheduler left out (short of budget or blocks, or preempted) are never verified:
+        the proposer forgets its guesses past the tokens that are real."""
+        verifying = {c.seq for c in sched.chunks if c.num_spec_tokens}
+        for seq in drafts.keys() - verifying:
+            self.proposer.on_verified(seq, len(seq.token_ids))
 
     def _sampling_row(self, seq: Sequence, extra: list[int] = ()) -> SamplingRow:
         """Sampling context of seq's next token, with `extra` draft tokens treated as already output."""
@@ -352,6 +365,8 @@ class LLMEngine:
             self.scheduler.release_drained_batch()
             return
         self.scheduler.finish(seq)
+        if self.config.scheduler == "static":  # an abort may leave only padding members: release them too
+            self.scheduler.release_drained_batch()
         if self.proposer is not None:
             self.proposer.release(seq)
 

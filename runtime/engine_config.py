@@ -39,8 +39,22 @@ class EngineConfig:
     draft_model: str | None = None
     ngram_min: int = 1
     ngram_max: int = 4
-    seed: int = 0
+    seed: int = 0  # of sampled requests that set none
     log_ledger: bool = True
+
+    def __post_init__(self) -> None:
+        positive = {"block_size": self.block_size, "max_num_batched_tokens": self.max_num_batched_tokens,
+                    "max_num_seqs": self.max_num_seqs,
+                    "max_model_len": 1 if self.max_model_len is None else self.max_model_len}
+        bad = next((k for k, v in positive.items() if not isinstance(v, int) or v < 1), None)
+        if bad:
+            raise UserError(f"{bad} must be a positive integer, got {positive[bad]!r}")
+        if self.kv_cache_memory is not None and self.kv_cache_memory < 0:
+            raise UserError(f"kv_cache_memory must be >= 0 bytes, got {self.kv_cache_memory}")
+        if not 0.0 < self.kv_cache_fraction <= 1.0:
+            raise UserError(f"kv_cache_fraction must be in (0, 1], got {self.kv_cache_fraction}")
+        if self.scheduler not in ("continuous", "static"):
+            raise UserError(f"unknown scheduler {self.scheduler!r} (continuous or static)")
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:

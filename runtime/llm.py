@@ -7,6 +7,7 @@ from typing import Any, Sequence
 
 from tqdm import tqdm
 
+from runtime.cli import show_engine_logs
 from runtime.engine import LLMEngine
 from runtime.engine_config import EngineConfig
 from runtime.load import load_model
@@ -23,6 +24,8 @@ class LLM:
         if unknown:
             raise TypeError(f"unknown engine options: {sorted(unknown)}")
         config = EngineConfig(model=model, **engine_kwargs)
+        if config.log_ledger:
+            show_engine_logs()
         model_config, tensors, tokenizer, _ = load_model(model)
         self.engine = LLMEngine(config, model_config, tensors, tokenizer)
         self._ids = itertools.count()

@@ -69,7 +69,7 @@ def processed_probs(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tens
     """The distribution each sampled row draws from ([B, V]); greedy rows get a one-hot."""
     logits = logits.float().clone()
     _apply_penalties(logits, rows)
-    temps = torch.tensor([r.params.temperature or 1.0 for r in rows], device=logits.device)
+    temps = torch.tensor([1.0 if r.params.greedy else r.params.temperature for r in rows], device=logits.device)
     probs = torch.softmax(logits / temps.unsqueeze(1), dim=-1)
     trunc = [i for i, r in enumerate(rows) if r.params.top_k or r.params.top_p < 1.0]
     if trunc:
@@ -90,10 +90,12 @@ def processed_probs(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tens
 
 def draw(probs: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
     """One token per row by the exponential race argmax(p / E), E ~ Exp(1), from each row's generator."""
-    noise = torch.empty_like(probs).exponential_()
-    for i, row in enumerate(rows):
-        if row.generator is not None:
-            noise[i].exponential_(generator=row.generator)
+    noise = torch.empty_like(probs)
+    own = [i for i, row in enumerate(rows) if row.generator is not None]
+    if len(own) < len(rows):
+        noise.exponential_()
+    for i in own:
+        noise[i].exponential_(generator=rows[i].generator)
     return (probs / noise).argmax(-1)
 
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from runtime.errors import RequestError
 
 MAX_LOGPROBS = 20
+GREEDY_BELOW_TEMPERATURE = 1e-5
 
 
 @dataclass
@@ -40,7 +41,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        # below this, logits / temperature overflows to inf; the limit is greedy anyway
+        return self.temperature < GREEDY_BELOW_TEMPERATURE
 
     def validate(self, vocab_size: int) -> None:
         """Raise RequestError naming the first bad field."""

@@ -99,6 +99,9 @@ class Scheduler:
             n = min(seq.num_remaining, budget)
             spec = min(spec_tokens.get(seq, 0), budget - n) if n == seq.num_remaining else 0
             while not self.blocks.allocate(seq, n + spec):
+                if spec:  # draft tokens are optional: drop them before preempting anyone
+                    spec = 0
+                    continue
                 victim = next((s for s in reversed(self.running) if s not in scheduled), None)
                 if victim is None or (victim is seq and len(self.running) == 1):
                     # alone and still short of blocks: it can never grow further
@@ -131,11 +134,14 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
             hit = self.blocks.match_prefix(seq)
-            seq.metrics.num_cached_prompt_tokens = max(seq.metrics.num_cached_prompt_tokens, hit)
             n = min(seq.num_remaining, budget)
             if not self.blocks.allocate(seq, n):
                 self.blocks.free(seq)  # do not pin shared blocks while waiting
                 break
+            self.blocks.record_lookup(seq, hit)
+            # a recomputed (preempted) sequence can also hit its own output blocks: count prompt tokens only
+            seq.metrics.num_cached_prompt_tokens = max(seq.metrics.num_cached_prompt_tokens,
+                                                       min(hit, seq.num_prompt_tokens))
             self._admit(seq, n, out)
             budget -= n
         return out

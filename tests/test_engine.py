@@ -36,17 +36,19 @@ def test_batch_invariance_16_mixed_prompts():
     assert_idle(engine)
 
 
-def test_chunked_prefill_matches_unchunked():
+@pytest.mark.parametrize("budget", [3, 32])
+def test_chunked_prefill_matches_unchunked(budget):
     ps = prompts(6, seed=1, lo=40, hi=200)
-    assert run(tiny_engine(max_num_batched_tokens=32), ps) == run(tiny_engine(max_num_batched_tokens=4096), ps)
+    assert run(tiny_engine(max_num_batched_tokens=budget), ps) == run(tiny_engine(max_num_batched_tokens=4096), ps)
 
 
-def test_preemption_storm_outputs_unchanged():
+@pytest.mark.parametrize("prefix_caching", [False, True])
+def test_preemption_storm_outputs_unchanged(prefix_caching):
     ps = prompts(12, seed=2, lo=20, hi=60)
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     want = run(tiny_engine(), ps, params)
     # 12 requests x up to 100 tokens need ~70 blocks; give 8 (about 10x too few)
-    small = tiny_engine(num_blocks=8, enable_prefix_caching=False)
+    small = tiny_engine(num_blocks=8, enable_prefix_caching=prefix_caching)
     got = run(small, ps, params)
     assert got == want
     assert small.stats.preemptions > 0
@@ -61,6 +63,19 @@ def test_static_scheduler_matches_continuous():
     # finished members kept decoding as padding until their batch's longest member finished
     assert static.stats.steps > sum(p.max_tokens for p in mixed[2::3])
     assert_idle(static)
+
+
+def test_static_abort_of_the_last_live_member_releases_its_batch():
+    engine = tiny_engine(scheduler="static")
+    engine.add_request("short", [1, 2, 3], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
+    engine.add_request("long", [4, 5, 6], SamplingParams(temperature=0, max_tokens=200, ignore_eos=True))
+    for _ in range(4):
+        engine.step()  # "short" has finished and decodes on as padding
+    assert engine.abort_request("long")
+    engine.step()
+    assert_idle(engine)  # the padding member went with its batch; the next request starts at once
+    assert len(run(engine, [[7, 8]], SamplingParams(temperature=0, max_tokens=2))[0]) == 2
+    assert engine.stats.steps <= 4 + 1 + 3
 
 
 def test_static_padding_of_a_finished_choice_is_never_reported_nor_its_logprobs():
@@ -219,3 +234,25 @@ def test_requests_that_can_never_fit_are_rejected():
     assert_idle(engine)
     # the engine keeps serving afterwards
     assert len(run(engine, [[1, 2, 3]])[0]) == 24
+
+
+def test_static_rejects_a_reservation_larger_than_the_pool():
+    engine = tiny_engine(num_blocks=4, scheduler="static")  # 64 tokens of KV
+    with pytest.raises(RequestError, match="reserves up front"):
+        engine.add_request("r", list(range(40)), SamplingParams(max_tokens=30))
+    assert len(run(engine, [list(range(40))], SamplingParams(temperature=0, max_tokens=24))[0]) == 24
+
+
+def test_a_tiny_temperature_samples_like_greedy():
+    engine = tiny_engine()
+    greedy = run(engine, [[11, 12, 13]])[0]
+    for t in (1e-40, 1e-6):
+        assert run(engine, [[11, 12, 13]], SamplingParams(temperature=t, max_tokens=24, ignore_eos=True))[0] == greedy
+
+
+def test_engine_seed_makes_unseeded_sampling_reproducible():
+    p = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True)
+    ps = prompts(3, seed=6)
+    first = run(tiny_engine(engine_seed=5), ps, p)
+    assert run(tiny_engine(engine_seed=5), ps, p) == first
+    assert run(tiny_engine(engine_seed=6), ps, p) != first

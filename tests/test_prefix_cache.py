@@ -106,10 +106,20 @@ def test_preempted_request_finds_its_blocks_and_outputs_match():
     prompts = [prefix + [rng.randrange(256) for _ in range(rng.randint(5, 30))] for _ in range(10)]
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     small = tiny_engine(num_blocks=14)
-    got = outputs(small, prompts, params)
+    llm_outs = LLM.from_engine(small).generate(prompts, params, use_tqdm=False)
+    got = [o.outputs[0].token_ids for o in llm_outs]
     assert small.stats.preemptions > 0 and small.pool.stats.hits > 0
+    # a recomputed request also hits its own output blocks; its metric counts prompt tokens only
+    assert all(o.metrics["num_cached_prompt_tokens"] <= len(o.prompt_token_ids) for o in llm_outs)
     assert got == outputs(tiny_engine(enable_prefix_caching=False), prompts, params)
     assert_idle(small)
+
+
+def test_a_request_waiting_for_blocks_is_counted_once_in_the_cache_stats():
+    engine = tiny_engine(num_blocks=8)  # 128 tokens: the second prompt waits until the first is done
+    outputs(engine, [list(range(100)), list(range(200, 240))])
+    assert engine.stats.preemptions == 0
+    assert engine.pool.stats.queries == 100 + 40
 
 
 def test_abort_of_one_sharer_leaves_the_other_intact():

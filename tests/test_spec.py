@@ -74,6 +74,25 @@ def test_draft_model_greedy_identical_to_no_speculation(draft_seed):
     assert_idle(engine)
 
 
+def test_drafts_left_out_of_a_step_are_forgotten_by_the_draft_model():
+    prompts = [p[:2] for p in mixed_prompts(1)[2:5]]  # one 6-token step prefills all three
+    want = run(tiny_engine(), prompts)
+    # then the 6-token budget cannot verify every sequence's 3 drafts: some decode plainly or wait
+    engine = with_draft(tiny_engine(max_num_batched_tokens=6), seed=0, k=3)
+    for i, p in enumerate(prompts):
+        engine.add_request(f"r{i}", p, GREEDY)
+    done = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            done[out.request_id] = out.outputs[0].token_ids
+        for seq in (s for r in engine.requests.values() for s in r.seqs):
+            st = engine.proposer.state.get(seq.seq_id)
+            assert st is None or st.num_computed <= len(seq.token_ids)  # no unverified guess kept
+    assert [done[f"r{i}"] for i in range(len(prompts))] == want
+    assert engine.stats.spec_accepted > 0
+    assert_idle(engine)
+
+
 def test_per_request_switch_and_mixed_batch():
     prompts = mixed_prompts(2)
     engine = with_ngram(tiny_engine())

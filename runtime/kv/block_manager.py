@@ -48,9 +48,13 @@ class BlockManager:
         hit = len(seq.block_table) * bs
         seq.num_computed = hit
         seq.num_registered_blocks = len(seq.block_table)
-        self.pool.stats.queries += len(seq.token_ids)
-        self.pool.stats.hits += hit
         return hit
+
+    def record_lookup(self, seq: Sequence, hit: int) -> None:
+        """Count an admitted sequence's prefix lookup (once: an admission that fails is retried later)."""
+        if self.pool.enable_prefix_caching:
+            self.pool.stats.queries += len(seq.token_ids)
+            self.pool.stats.hits += hit
 
     def allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
         """Grow the table to hold num_computed + num_new_tokens tokens; False if the pool is short."""
