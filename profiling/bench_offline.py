@@ -1,16 +1,19 @@
 """Offline throughput: 64 requests (prompts 32-512 tokens, outputs 16-256, greedy, ignore_eos, token-id
 prompts), run side by side by (a) transformers' batched generate, (b) our static batching, (c) our
-continuous batching, and (d) vLLM's CPU build when --vllm-python points at a Python that has it.
+continuous batching, and (d) vLLM's CPU build when it is installed (in this Python, or the one
+--vllm-python names: vLLM pins its own torch, so it usually lives in a separate virtual environment).
 
     python profiling/bench_offline.py [--engines continuous,static,transformers] [--hf-batch 16]
-        [--vllm-python /path/to/venv/bin/python] [--json out.json]
+        [--vllm-python /path/to/venv/bin/python] [--kv-bytes N] [--json out.json]
 
 Prints useful output tokens/s (requested tokens only), TTFT/TPOT P50/P99, ratios, and where a step's
-time goes in the continuous engine.
+time goes in the continuous engine. A smaller --kv-bytes shows the two schedulers under memory
+pressure: static reserves prompt + max_tokens up front, continuous takes blocks as tokens arrive.
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -168,7 +171,8 @@ def main() -> None:
     ap.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=False,
                     help="the prompts share no prefixes; under KV pressure the cache keeps a preempted "
                          "sequence's blocks for its recompute")
-    ap.add_argument("--vllm-python", default=None, help="a Python interpreter that has vLLM's CPU build")
+    ap.add_argument("--vllm-python", default=None,
+                    help="a Python interpreter that has vLLM's CPU build (default: this one, if it has vLLM)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     from weights.default import resolve_model_path
@@ -187,8 +191,11 @@ def main() -> None:
         extra = (f" ({r['preemptions']} preemptions, {r['computed_prefill_tokens']} prefill tokens computed)"
                  if "preemptions" in r else "")
         print(f"  done: {r['engine']} {r['useful_tok_s']:.1f} useful tok/s{extra}", flush=True)
-    if args.vllm_python:
-        results.append(run_vllm(args.vllm_python, path, workload))
+    vllm_python = args.vllm_python or (sys.executable if importlib.util.find_spec("vllm") else None)
+    if vllm_python:
+        results.append(run_vllm(vllm_python, path, workload))
+    else:
+        print("  vLLM: not installed here; --vllm-python PATH runs it from another environment", flush=True)
     base = next((r for r in results if r["engine"] == "continuous"), None)
     print_table(results, base)
     ours = {r["engine"]: r for r in results if "tokens" in r}
