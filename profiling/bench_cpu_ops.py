@@ -9,6 +9,8 @@
 - fused elementwise ops (cute_kernels/cpu_fused_ops.py) vs their torch references, by rows.
 - linear: oneDNN with the weight packed once (runtime/model/cpu_linear.py) vs F.linear, the model's
   four layer shapes and its LM head, by rows (decode batch sizes up to prefill chunks).
+- sampling: runtime/sampler.py's sample() vs transformers' recipe (sort-based top-k/top-p warpers,
+  softmax, torch.multinomial) on 64 rows of the default model's real next-token logits.
 Prints median milliseconds and the speed-up (torch / ours).
 """
 from __future__ import annotations
@@ -127,6 +129,52 @@ def linear_cases(repeats: int) -> list[dict]:
     return rows
 
 
+def model_logits(rows: int = 64) -> torch.Tensor:
+    """The default model's next-token logits at `rows` positions of a chat prompt and its continuation."""
+    from runtime.load import load_model
+    from runtime.model.factory import make_runner
+    from runtime.model_runner import SeqChunk
+
+    cfg, tensors, tok, _ = load_model(None)
+    runner, _ = make_runner(cfg, tensors, 8 << 20, backend="torch")
+    ids = tok.encode_chat([{"role": "user", "content": "Write a short story about a lighthouse keeper who finds "
+                                                       "a message in a bottle."}])
+    ids += tok.encode("Once upon a time, on a rocky island far from the coast, there lived an old keeper named "
+                      "Tom. Every night he climbed the hundred stairs of the tower to light the lamp, and every "
+                      "morning he walked along the shore to see what the sea had brought him.")
+    assert len(ids) >= rows
+    return runner.run([SeqChunk(ids, 0, list(range(8)), num_logits=rows)])
+
+
+def hf_style_sample(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """transformers' TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper, then multinomial."""
+    x = logits / temperature
+    if top_k:
+        x = x.masked_fill(x < torch.topk(x, top_k)[0][..., -1, None], float("-inf"))
+    if top_p < 1.0:
+        sorted_x, idx = torch.sort(x, descending=False)
+        remove = sorted_x.softmax(-1).cumsum(-1) <= (1 - top_p)
+        x = x.masked_fill(remove.scatter(1, idx, remove), float("-inf"))
+    return torch.multinomial(x.softmax(-1), 1).squeeze(1)
+
+
+def sampling_cases(repeats: int) -> list[dict]:
+    from runtime.sampler import SamplingRow, sample
+    from runtime.sampling_params import SamplingParams
+
+    logits = model_logits()
+    rows = []
+    for t, k, p in [(1.0, 0, 1.0), (0.7, 0, 0.95), (1.0, 0, 0.9), (0.7, 50, 1.0)]:
+        params = SamplingParams(temperature=t, top_k=k, top_p=p)
+        srows = [SamplingRow(params, [], [], torch.Generator().manual_seed(i)) for i in range(len(logits))]
+        ref = median_ms(lambda: hf_style_sample(logits, t, k, p), repeats)
+        ours = median_ms(lambda: sample(logits, srows), repeats)
+        name = f"T {t}" + (f", top_k {k}" if k else "") + (f", top_p {p}" if p < 1 else "")
+        rows.append({"op": "sampling", "case": f"64 rows, {name}", "torch_ms": ref, "ours_ms": ours,
+                     "speedup": ref / ours})
+    return rows
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=20)
@@ -139,7 +187,7 @@ def main() -> int:
     tune_host_allocator()  # as the engine does: large temporaries stay mapped between calls
     print(f"{torch.get_num_threads()} threads, torch {torch.__version__}")
     rows = (attention_cases(args.repeats) + prefill_cases(args.repeats) + fused_cases(args.repeats)
-            + linear_cases(args.repeats))
+            + linear_cases(args.repeats) + sampling_cases(args.repeats))
     print(f"{'op':<20} {'case':<28} {'torch ms':>9} {'ours ms':>9} {'speed-up':>9}")
     for r in rows:
         print(f"{r['op']:<20} {r['case']:<28} {r['torch_ms']:>9.3f} {r['ours_ms']:>9.3f} {r['speedup']:>8.2f}x")

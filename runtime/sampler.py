@@ -11,6 +11,8 @@ import torch
 
 from runtime.sampling_params import SamplingParams
 
+TRUNCATION_CANDIDATES = (256, 4096)  # top-k/top-p try these many leading tokens before a full sort
+
 
 @dataclass
 class SamplingRow:
@@ -55,48 +57,141 @@ def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
             x[torch.tensor(row.banned_ids, device=x.device)] = float("-inf")
 
 
-def _truncate(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Zero out tokens outside each row's top-k and top-p nucleus; rows [R, V]."""
-    sorted_p, idx = probs.sort(dim=-1, descending=True)
-    rank = torch.arange(probs.shape[1], device=probs.device).unsqueeze(0)
-    keep = rank < top_k.unsqueeze(1)
-    # keep a token while the mass before it is below top_p (the top token always survives)
-    keep &= (sorted_p.cumsum(-1) - sorted_p) < top_p.unsqueeze(1)
-    return torch.zeros_like(probs).scatter_(1, idx, sorted_p * keep)
+def _nucleus(sorted_p: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Keep mask over each row's tokens in descending probability: rank below top_k, and the mass
+    before the token below top_p (so the top token always survives)."""
+    rank = torch.arange(sorted_p.shape[1], device=sorted_p.device).unsqueeze(0)
+    return (rank < top_k.unsqueeze(1)) & ((sorted_p.cumsum(-1) - sorted_p) < top_p.unsqueeze(1))
+
+
+def _leading_groups(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor):
+    """Yields (rows, sorted_p, token_ids, keep) until every row is covered: each row's most probable
+    tokens, enough of them to settle its top-k/top-p cut.
+
+    A full sort of a 49k vocabulary costs ~2 ms a row on the CPU. The leading c tokens (topk) settle
+    a row whose top_k is within them or whose nucleus closes inside them; for a language model's
+    distributions 256 nearly always do. Open rows try the next size, then a full sort. Every path
+    keeps exactly the tokens the full sort keeps."""
+    vocab = probs.shape[1]
+    todo = torch.arange(probs.shape[0], device=probs.device)
+    for c in (*TRUNCATION_CANDIDATES, vocab):
+        sub, k, p = _rows(probs, todo), top_k[todo], top_p[todo]
+        if c < vocab:
+            lead_p, lead_ids = sub.topk(c, dim=-1)
+            # the token ranked c is cut when top_k excludes it or the mass before it reaches top_p
+            settled = (k <= c) | (lead_p.sum(-1) >= p)
+        else:
+            lead_p, lead_ids = sub.sort(dim=-1, descending=True)
+            settled = torch.ones_like(todo, dtype=torch.bool)
+        s = settled.nonzero().squeeze(1)
+        yield todo[s], lead_p[s], lead_ids[s], _nucleus(lead_p[s], k[s], p[s])
+        todo = todo[~settled]
+        if not todo.numel():
+            return
+
+
+def _rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """x[idx] for ascending row indices idx, without the copy when they are all of x's rows."""
+    return x if idx.numel() == x.shape[0] else x[idx]
+
+
+def _truncation(rows: list[SamplingRow], vocab: int, device: torch.device):
+    """Indices of rows with a top-k or top-p cut, and their top_k (vocab when unset) and top_p."""
+    idx = [i for i, r in enumerate(rows) if not r.params.greedy and (r.params.top_k or r.params.top_p < 1.0)]
+    k = torch.tensor([rows[i].params.top_k or vocab for i in idx], device=device)
+    p = torch.tensor([rows[i].params.top_p for i in idx], device=device)
+    return idx, k, p
+
+
+def _min_p(rows: list[SamplingRow], device: torch.device) -> torch.Tensor | None:
+    """Each row's min_p ([B]), or None when no row sets one."""
+    if not any(r.params.min_p > 0 for r in rows):
+        return None
+    return torch.tensor([r.params.min_p for r in rows], device=device)
+
+
+def _tempered(logits: torch.Tensor, rows: list[SamplingRow]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logits after bias and penalties, their softmax at each row's temperature), both [B, V] float32."""
+    logits = logits.float()
+    if any(_needs_processing(r.params, r) for r in rows):
+        logits = logits.clone()
+        _apply_penalties(logits, rows)
+    temps = torch.tensor([1.0 if r.params.greedy else r.params.temperature for r in rows], device=logits.device)
+    return logits, torch.softmax(logits / temps.unsqueeze(1), dim=-1)
 
 
 def processed_probs(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-    """The distribution each sampled row draws from ([B, V]); greedy rows get a one-hot."""
-    logits = logits.float().clone()
-    _apply_penalties(logits, rows)
-    temps = torch.tensor([1.0 if r.params.greedy else r.params.temperature for r in rows], device=logits.device)
-    probs = torch.softmax(logits / temps.unsqueeze(1), dim=-1)
-    trunc = [i for i, r in enumerate(rows) if r.params.top_k or r.params.top_p < 1.0]
+    """The distribution each row draws from ([B, V], dense); greedy rows get a one-hot."""
+    logits, probs = _tempered(logits, rows)
+    vocab = probs.shape[1]
+    trunc, k, p = _truncation(rows, vocab, probs.device)
     if trunc:
-        vocab = logits.shape[1]
-        k = torch.tensor([rows[i].params.top_k or vocab for i in trunc], device=logits.device)
-        p = torch.tensor([rows[i].params.top_p for i in trunc], device=logits.device)
-        probs[trunc] = _truncate(probs[trunc], k, p)
-    minp = [i for i, r in enumerate(rows) if r.params.min_p > 0]
-    if minp:
-        sub = probs[minp]
-        thresh = torch.tensor([rows[i].params.min_p for i in minp], device=logits.device).unsqueeze(1)
-        probs[minp] = torch.where(sub >= thresh * sub.max(-1, keepdim=True).values, sub, 0.0)
+        cut = torch.zeros(len(trunc), vocab, device=probs.device)
+        for r, lead_p, lead_ids, keep in _leading_groups(probs[trunc], k, p):
+            cut[r] = torch.zeros(len(r), vocab, device=probs.device).scatter_(1, lead_ids, lead_p * keep)
+        probs[trunc] = cut
+    min_p = _min_p(rows, probs.device)
+    if min_p is not None:
+        probs = torch.where(probs >= (min_p * probs.max(-1).values).unsqueeze(1), probs, 0.0)
     greedy = [i for i, r in enumerate(rows) if r.params.greedy]
     if greedy:
-        probs[greedy] = torch.nn.functional.one_hot(logits[greedy].argmax(-1), logits.shape[1]).float()
+        probs[greedy] = torch.nn.functional.one_hot(logits[greedy].argmax(-1), vocab).float()
     return probs / probs.sum(-1, keepdim=True)
 
 
+def _uniforms(rows: list[SamplingRow], device: torch.device) -> torch.Tensor:
+    """One u ~ U[0, 1) per row, from the row's own generator when it has one."""
+    return torch.stack([torch.rand((), generator=row.generator, device=device) for row in rows])
+
+
+def _inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Per row of non-negative weights, the first position whose cumulative weight exceeds u * total."""
+    cdf = weights.cumsum(-1)
+    idx = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1)
+    # a position without weight never has cdf above u * total; rounding can leave u * total at the
+    # total itself, past every position: those rows take their last position with weight
+    over = (idx >= weights.shape[1]).nonzero().squeeze(1)
+    if over.numel():
+        idx[over] = weights.shape[1] - 1 - (weights[over].flip(-1) > 0).int().argmax(-1)
+    return idx
+
+
 def draw(probs: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-    """One token per row by the exponential race argmax(p / E), E ~ Exp(1), from each row's generator."""
-    noise = torch.empty_like(probs)
-    own = [i for i, row in enumerate(rows) if row.generator is not None]
-    if len(own) < len(rows):
-        noise.exponential_()
-    for i in own:
-        noise[i].exponential_(generator=rows[i].generator)
-    return (probs / noise).argmax(-1)
+    """One token per row of (unnormalized) probs, by inverse CDF: one random number a row, where an
+    exponential race needs one per vocabulary entry (~1 ms a row at 49k on the CPU)."""
+    return _inverse_cdf(probs, _uniforms(rows, probs.device))
+
+
+def _sampled_tokens(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """processed_probs then draw, without building the dense distribution of rows with a top-k/top-p
+    cut: those draw among their leading tokens only."""
+    logits, probs = _tempered(logits, rows)
+    device = probs.device
+    tokens = torch.empty(len(rows), dtype=torch.long, device=device)
+    u = _uniforms(rows, device)
+    min_p = _min_p(rows, device)
+    greedy = [i for i, r in enumerate(rows) if r.params.greedy]
+    if greedy:
+        tokens[greedy] = logits[greedy].argmax(-1)
+    trunc, k, p = _truncation(rows, probs.shape[1], device)
+    if trunc:
+        t = torch.tensor(trunc, device=device)
+        for r, lead_p, lead_ids, keep in _leading_groups(_rows(probs, t), k, p):
+            rows_r = t[r]
+            w = lead_p * keep
+            if min_p is not None:  # the top token leads, so lead_p[:, :1] is the row's max
+                w = torch.where(lead_p >= min_p[rows_r].unsqueeze(1) * lead_p[:, :1], w, 0.0)
+            pos = _inverse_cdf(w, u[rows_r])
+            tokens[rows_r] = lead_ids.gather(1, pos.unsqueeze(1)).squeeze(1)
+    cut = set(trunc)
+    plain = [i for i, r in enumerate(rows) if not r.params.greedy and i not in cut]
+    if plain:
+        sub = _rows(probs, torch.tensor(plain, device=device))
+        if min_p is not None:
+            floor = min_p[plain] * sub.max(-1).values
+            sub = torch.where(sub >= floor.unsqueeze(1), sub, 0.0)
+        tokens[plain] = _inverse_cdf(sub, u[plain])
+    return tokens
 
 
 def logprob_records(logits: torch.Tensor, tokens: torch.Tensor, n: int) -> list[tuple[float, list[tuple[int, float]]]]:
@@ -123,5 +218,5 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> SampleResult:
     if all(r.params.greedy and not _needs_processing(r.params, r) for r in rows):
         tokens = logits.argmax(-1)  # the common fast path: plain greedy
     else:
-        tokens = draw(processed_probs(logits, rows), rows)
+        tokens = _sampled_tokens(logits, rows)
     return SampleResult(tokens.tolist(), _logprobs(logits, tokens, rows))
