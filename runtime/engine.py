@@ -8,6 +8,7 @@ import itertools
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -104,8 +105,9 @@ class LLMEngine:
         runner, ledger = make_runner(self.model_config, tensors, lambda: kv_budget(self.config, self.device),
                                      self.config.block_size, self.device, self.dtype, self.config.backend)
         if ledger.num_blocks < 1:
+            need = ledger.bytes_per_token * self.config.block_size
             raise UserError(f"the KV cache budget ({ledger.budget_bytes} bytes) holds no block of "
-                            f"{self.config.block_size} tokens ({ledger.bytes_per_token * self.config.block_size} bytes needed)")
+                            f"{self.config.block_size} tokens ({need} bytes needed)")
         return runner, ledger
 
     @property
@@ -135,9 +137,32 @@ class LLMEngine:
         params.validate(self.vocab_size)
         self._check_prompt(prompt_ids, params)
 
+    def encode_text(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of a prompt text; text longer than the context could hold even at the longest
+        token per position is refused before the tokenizer spends seconds (and GBs) on it."""
+        per_token = self.tokenizer.max_chars_per_token
+        if per_token is not None and len(text) > self.max_model_len * per_token:
+            raise RequestError(f"the prompt has {len(text)} characters: more than the model's context of "
+                               f"{self.max_model_len} tokens can hold (at most {per_token} characters a token)",
+                               code="context_length_exceeded")
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
+        """The chat template rendered with the assistant's turn opened, then encode_text."""
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        return self.encode_text(text, add_special_tokens=False)  # the template writes BOS itself
+
+    @property
+    def max_request_tokens(self) -> int:
+        """Most prompt + output tokens a request may ask for: the context, and in static mode, which
+        reserves it all up front, the KV cache too."""
+        if self.config.scheduler == "static":
+            return min(self.max_model_len, self.ledger.max_tokens)
+        return self.max_model_len
+
     def encode_prompt(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
-            return self.tokenizer.encode(prompt)
+            return self.encode_text(prompt)
         if not isinstance(prompt, list):
             raise RequestError("a prompt is a string or a list of token ids")
         return list(prompt)

@@ -66,7 +66,7 @@ class LLM:
 
     def chat(self, messages: list[dict[str, str]], params: SamplingParams | None = None,
              use_tqdm: bool = False) -> RequestOutput:
-        ids = self.engine.tokenizer.encode_chat(messages, add_generation_prompt=True)
+        ids = self.engine.encode_chat(messages)
         return self.generate([ids], params, use_tqdm)[0]
 
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:

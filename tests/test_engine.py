@@ -236,6 +236,18 @@ def test_requests_that_can_never_fit_are_rejected():
     assert len(run(engine, [[1, 2, 3]])[0]) == 24
 
 
+def test_a_text_longer_than_any_tokenization_could_fit_is_refused_untokenized(monkeypatch):
+    engine = tiny_engine()  # context 1024; the byte tokenizer's longest entry is "</s>", 4 characters
+    assert engine.tokenizer.max_chars_per_token == 4
+    monkeypatch.setattr(engine.tokenizer, "encode", lambda *a, **k: pytest.fail("tokenized"))
+    with pytest.raises(RequestError, match="4097 characters") as exc:
+        engine.add_request("r", "a" * 4097, GREEDY)
+    assert exc.value.code == "context_length_exceeded"
+    with pytest.raises(RequestError, match="characters"):
+        engine.encode_chat([{"role": "user", "content": "a" * 5000}])
+    assert not engine.requests
+
+
 def test_static_rejects_a_reservation_larger_than_the_pool():
     engine = tiny_engine(num_blocks=4, scheduler="static")  # 64 tokens of KV
     with pytest.raises(RequestError, match="reserves up front"):

@@ -52,6 +52,12 @@ def test_serve_starts_shows_ledger_and_serves_the_openai_client(tiny_model):
         assert r.usage.completion_tokens == 4
         page = httpx.get(url + "/", follow_redirects=False)  # the chat UI is mounted at /
         assert page.status_code == 200 and "gradio" in page.text.lower()
+        # ...and leaves the API's own answers to API paths: 405 for a wrong method, 404 in OpenAI's shape
+        key = {"Authorization": "Bearer k"}
+        assert httpx.get(url + "/v1/completions", headers=key).status_code == 405
+        missing = httpx.get(url + "/v1/nothing", headers=key)
+        assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found_error"
+        assert httpx.post(url + "/health").status_code == 405
         startup = log()
     assert "loading" in startup and "KV cache:" in startup
     assert f"chat page: {url}/" in startup

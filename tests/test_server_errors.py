@@ -37,6 +37,10 @@ CASES = [
     (CMPL, {"prompt": []}, 400, "prompt", []),
     (CMPL, {"prompt": "x", "echo": True, "logprobs": 1}, 400, "echo", ["echo"]),
     (CMPL, {"prompt": [65] * 1000, "max_tokens": 100}, 400, "prompt", ["1000", "100", "1024"]),
+    # longer than 1024 tokens of at most 4 characters (the byte tokenizer's "</s>"): refused untokenized
+    (CMPL, {"prompt": "a" * 5000}, 400, "prompt", ["5000 characters", "1024"]),
+    (CMPL, {"prompt": ["ok", "a" * 5000]}, 400, "prompt", ["5000 characters"]),
+    (CHAT, {"messages": [{"role": "user", "content": "a" * 5000}]}, 400, "messages", ["characters", "1024"]),
     (CMPL, {"prompt": "x", "model": "gpt-4o"}, 404, "model", ["gpt-4o", TINY_MODEL]),
     (CMPL, {"prompt": "x", "frobnicate": 1}, 400, "frobnicate", ["frobnicate"]),
     (CMPL, {"max_tokens": 3}, 400, "prompt", ["prompt"]),
@@ -91,6 +95,15 @@ def test_every_mistake_gets_its_status_and_message_while_others_are_served(serve
     assert results["finish"] == "length" and results["text"] == alone["choices"][0]["text"]
     server.wait_idle()
     assert server.engine.stats.finished["abort"] == 0
+
+
+def test_static_batching_defaults_max_tokens_to_what_its_kv_cache_can_reserve():
+    with live_server(tiny_engine(num_blocks=32, scheduler="static")) as srv:  # 512 tokens of KV, context 1024
+        r = post(srv.url + CHAT, {"messages": MSGS, "ignore_eos": True})
+        assert r.status_code == 200, r.text
+        usage = r.json()["usage"]
+        assert usage["prompt_tokens"] + usage["completion_tokens"] == 512
+        assert post(srv.url + CHAT, {"messages": MSGS, "max_tokens": 600}).status_code == 400
 
 
 def test_json_integers_may_be_written_as_floats(server):

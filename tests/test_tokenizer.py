@@ -388,3 +388,17 @@ def test_sentencepiece_gguf_matches_transformers():
         assert t.decode(ids) == backend.decode(ids)
     assert t.encode("hello")[0] == 1  # SentencePiece GGUFs add BOS unless told not to
     assert t.encode("hello</s>", add_special_tokens=False)[-1] == 2
+
+
+def test_max_chars_per_token_bounds_text_only_when_no_normalizer_can_shorten_it():
+    from tokenizers import normalizers
+
+    from tests.tiny_engine import byte_tokenizer
+
+    tok = byte_tokenizer()
+    assert tok.max_chars_per_token == len("</s>")  # the longest entry: a special token
+    for norm, bounded in [(normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")]), True),
+                          (normalizers.Replace("  ", " "), False), (normalizers.NFC(), False)]:
+        tok = byte_tokenizer()
+        tok.backend.normalizer = norm
+        assert (tok.max_chars_per_token is not None) == bounded, norm

@@ -5,6 +5,8 @@ from typing import Callable
 
 from fastapi import FastAPI
 from fastapi.responses import RedirectResponse
+from starlette.routing import Match, Mount
+from starlette.types import Scope
 
 from runtime.api import chat, completions, info
 from runtime.api.auth import ApiKeyMiddleware
@@ -31,10 +33,35 @@ def create_app(async_engine: AsyncEngine, model_name: str = "default", api_key: 
     install_error_handlers(app)
     if api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
-    for module in (completions, chat, info):
-        app.include_router(module.router)
+    routers = [module.router for module in (completions, chat, info)]
+    for router in routers:
+        app.include_router(router)
     document_streams(app)
     if mount_ui is not None:
-        return mount_ui(app, async_engine)
+        own = [r.path for r in app.routes if hasattr(r, "path")]  # docs and schema; routers come included
+        api_roots = {_root(p) for p in own + [r.path for router in routers for r in router.routes]}
+        app = mount_ui(app, async_engine)
+        app.router.routes = [PageMount(r, api_roots) if isinstance(r, Mount) and r.path == "" else r
+                             for r in app.router.routes]
+        return app
     app.add_api_route("/", lambda: RedirectResponse("/docs"), include_in_schema=False)
     return app
+
+
+def _root(path: str) -> str:
+    return path.split("/", 2)[1] if path.startswith("/") else path
+
+
+class PageMount(Mount):
+    """A page mounted at "/" that never claims the API's paths. A plain root mount matches every
+    path in full, which outranks an API route's method-only (partial) match: GET /v1/completions
+    would get the page's 404 instead of the API's 405, and /v1/unknown a 404 in the page's shape."""
+
+    def __init__(self, mount: Mount, api_roots: set[str]) -> None:
+        super().__init__("", app=mount.app, name=mount.name)
+        self.api_roots = api_roots
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        if scope["type"] in ("http", "websocket") and _root(scope["path"]) in self.api_roots:
+            return Match.NONE, {}
+        return super().matches(scope)

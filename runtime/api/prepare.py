@@ -11,8 +11,8 @@ from runtime.api.errors import APIError
 from runtime.api.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from runtime.api.sampling import requested_logprobs, sampling_params
 from runtime.async_engine import AsyncEngine, EngineRequest
+from runtime.engine import LLMEngine
 from runtime.errors import RequestError
-from runtime.tokenizer.tokenizer import Tokenizer
 
 
 @dataclass
@@ -21,42 +21,45 @@ class PreparedPrompt:
     echo: str  # text to put before the completion when echo is asked for ("" otherwise)
 
 
-def completion_prompts(req: CompletionRequest, tokenizer: Tokenizer) -> list[tuple[list[int], str]]:
+def completion_prompts(req: CompletionRequest, core: LLMEngine) -> list[tuple[list[int], str]]:
     """(token ids, prompt text) per prompt: a string, a token list, or a batch of either."""
     p = req.prompt
     if isinstance(p, str):
-        return [(tokenizer.encode(p), p)]
+        return [(core.encode_text(p), p)]
     if p and isinstance(p[0], int):
         return [(list(p), "")]
-    return [(tokenizer.encode(x), x) if isinstance(x, str) else (list(x), "") for x in p]
+    return [(core.encode_text(x), x) if isinstance(x, str) else (list(x), "") for x in p]
 
 
-def chat_prompt(req: ChatCompletionRequest, tokenizer: Tokenizer) -> list[int]:
-    return tokenizer.encode_chat([m.template_dict() for m in req.messages], add_generation_prompt=True)
+def chat_prompt(req: ChatCompletionRequest, core: LLMEngine) -> list[int]:
+    return core.encode_chat([m.template_dict() for m in req.messages])
 
 
 def prepare(engine: AsyncEngine, req: SamplingFields, request_id: str, arrival: float) -> list[PreparedPrompt]:
     """One EngineRequest per prompt (ids request_id-0, -1, ...); raises APIError / RequestError."""
     core = engine.engine
-    tok = core.tokenizer
     logprobs = requested_logprobs(req)
-    if isinstance(req, ChatCompletionRequest):
-        prompts = [(chat_prompt(req, tok), "")]
-    else:
-        assert isinstance(req, CompletionRequest)
-        if req.echo and logprobs is not None:
-            raise APIError(400, "echo together with logprobs is not supported (no prompt logprobs)", "echo")
-        prompts = completion_prompts(req, tok)
-    out = []
-    for i, (ids, text) in enumerate(prompts):
-        params = sampling_params(req, len(ids), core.max_model_len, logprobs)
-        try:
+    try:
+        prompts = _encoded_prompts(req, core, logprobs)
+        out = []
+        for i, (ids, text) in enumerate(prompts):
+            params = sampling_params(req, len(ids), core.max_request_tokens, logprobs)
             engine.check(ids, params)
-        except RequestError as exc:
-            if exc.param is not None:  # a sampling parameter: as_api_error names it
-                raise
-            raise APIError(400, str(exc), "messages" if isinstance(req, ChatCompletionRequest) else "prompt",
-                           exc.code or "invalid_prompt") from None
-        echo = (text or tok.decode(ids)) if isinstance(req, CompletionRequest) and req.echo else ""
-        out.append(PreparedPrompt(EngineRequest(f"{request_id}-{i}", ids, params, arrival), echo))
+            echo = (text or core.tokenizer.decode(ids)) if isinstance(req, CompletionRequest) and req.echo else ""
+            out.append(PreparedPrompt(EngineRequest(f"{request_id}-{i}", ids, params, arrival), echo))
+    except RequestError as exc:
+        if exc.param is not None:  # a sampling parameter: as_api_error names it
+            raise
+        raise APIError(400, str(exc), "messages" if isinstance(req, ChatCompletionRequest) else "prompt",
+                       exc.code or "invalid_prompt") from None
     return out
+
+
+def _encoded_prompts(req: SamplingFields, core: LLMEngine, logprobs: int | None) -> list[tuple[list[int], str]]:
+    if isinstance(req, ChatCompletionRequest):
+        return [(chat_prompt(req, core), "")]
+    assert isinstance(req, CompletionRequest)
+    if req.echo and logprobs is not None:
+        raise APIError(400, "echo together with logprobs is not supported (no prompt logprobs)", "echo")
+    return completion_prompts(req, core)
+

@@ -26,19 +26,22 @@ def _stop(stop: str | list[str] | None) -> list[str]:
     return stops
 
 
-def default_max_tokens(prompt_len: int, max_model_len: int) -> int:
-    """Like vLLM: the rest of the context. At least 1, so a prompt filling the context fails the
-    context check with both numbers named instead of an opaque 'max_tokens 0'."""
-    return max(1, max_model_len - prompt_len)
+def default_max_tokens(prompt_len: int, max_request_tokens: int) -> int:
+    """Like vLLM: the rest of the context (of the KV cache too, under static batching). At least 1,
+    so a prompt filling it fails the engine's check with both numbers named, not 'max_tokens 0'."""
+    return max(1, max_request_tokens - prompt_len)
 
 
-def sampling_params(req: SamplingFields, prompt_len: int, max_model_len: int, logprobs: int | None) -> SamplingParams:
+def sampling_params(req: SamplingFields, prompt_len: int, max_request_tokens: int,
+                    logprobs: int | None) -> SamplingParams:
     if isinstance(req, ChatCompletionRequest):
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     else:
         max_tokens = req.max_tokens
+    if max_tokens is None:
+        max_tokens = default_max_tokens(prompt_len, max_request_tokens)
     return SamplingParams(
-        n=req.n, max_tokens=max_tokens if max_tokens is not None else default_max_tokens(prompt_len, max_model_len),
+        n=req.n, max_tokens=max_tokens,
         min_tokens=req.min_tokens, temperature=req.temperature, top_p=req.top_p,
         top_k=req.top_k,
         min_p=req.min_p, repetition_penalty=req.repetition_penalty, presence_penalty=req.presence_penalty,

@@ -1,6 +1,8 @@
 """The engine's tokenizer: a `tokenizers.Tokenizer` plus the special ids and chat template around it."""
 from __future__ import annotations
 
+import functools
+import json
 import os
 from typing import Any, Sequence
 
@@ -11,6 +13,18 @@ from runtime.errors import ModelLoadError
 from runtime.jsonfile import read_json_object
 from runtime.tokenizer.chat_template import render_chat_template
 from runtime.tokenizer.gguf_vocab import END_OF_TURN_TOKENS, build_from_gguf_metadata
+
+
+def _never_shortens(spec: dict[str, Any]) -> bool:
+    """True for a normalizer (its JSON form) that cannot make text shorter: SentencePiece-style
+    vocabularies prepend '▁' and replace ' ' with '▁'. Anything else (NFC, strip, regex) may."""
+    kind = spec.get("type")
+    if kind == "Sequence":
+        return all(_never_shortens(n) for n in spec.get("normalizers", []))
+    if kind == "Replace":
+        pattern = spec.get("pattern", {}).get("String")
+        return pattern is not None and len(pattern) <= len(spec.get("content", ""))
+    return kind == "Prepend"
 
 
 def _template_processor(bos: tuple[str, int] | None, eos: tuple[str, int] | None) -> processors.TemplateProcessing:
@@ -161,6 +175,15 @@ class Tokenizer:
     def chat_template(self) -> str | None:
         """The model's own template; None means apply_chat_template falls back to ChatML."""
         return self._template
+
+    @functools.cached_property
+    def max_chars_per_token(self) -> int | None:
+        """The most text characters one token can stand for (its longest vocabulary entry), or None
+        when a normalizer may drop characters first and no such bound holds."""
+        norm = self._tok.normalizer
+        if norm is not None and not _never_shortens(json.loads(norm.__getstate__())):
+            return None
+        return max(map(len, self._tok.get_vocab(with_added_tokens=True)), default=1)
 
     def id_to_token(self, token_id: int) -> str | None:
         return self._tok.id_to_token(token_id)
