@@ -1,10 +1,10 @@
-"""Offline throughput: 64 requests (prompts 32-512 tokens, outputs 16-256, greedy, ignore_eos, token-id
-prompts), run side by side by (a) transformers' batched generate, (b) our static batching, (c) our
+"""Offline throughput: 64 requests (prompts 32-512 tokens, outputs 16-256, greedy or sampled, ignore_eos,
+token-id prompts), run side by side by (a) transformers' batched generate, (b) our static batching, (c) our
 continuous batching, and (d) vLLM's CPU build when it is installed (in this Python, or the one
 --vllm-python names: vLLM pins its own torch, so it usually lives in a separate virtual environment).
 
     python profiling/bench_offline.py [--engines continuous,static,transformers] [--hf-batch 16]
-        [--vllm-python /path/to/venv/bin/python] [--kv-bytes N] [--json out.json]
+        [--vllm-python /path/to/venv/bin/python] [--kv-bytes N] [--temperature T --top-p P] [--json out.json]
 
 Prints useful output tokens/s (requested tokens only), TTFT/TPOT P50/P99, ratios, and where a step's
 time goes in the continuous engine. A smaller --kv-bytes shows the two schedulers under memory
@@ -42,7 +42,8 @@ def run_ours(model_path, workload, policy: str, args) -> dict:
     llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)  # warm-up
     engine.stats.times.__init__()
     warm_prefill = engine.stats.computed_prefill_tokens
-    params = [SamplingParams(temperature=0, max_tokens=r.max_tokens, ignore_eos=True) for r in workload]
+    params = [SamplingParams(temperature=args.temperature, top_p=args.top_p, seed=i, max_tokens=r.max_tokens,
+                             ignore_eos=True) for i, r in enumerate(workload)]
     t0 = time.perf_counter()
     outs = llm.generate([r.prompt_ids for r in workload], params, use_tqdm=False)
     wall = time.perf_counter() - t0
@@ -57,7 +58,7 @@ def run_ours(model_path, workload, policy: str, args) -> dict:
             "tokens": [o.outputs[0].token_ids for o in outs]}
 
 
-def run_transformers(model_path, workload, batch: int) -> dict:
+def run_transformers(model_path, workload, batch: int, temperature: float, top_p: float) -> dict:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(os.path.dirname(model_path), gguf_file=os.path.basename(model_path),
@@ -75,7 +76,9 @@ def run_transformers(model_path, workload, batch: int) -> dict:
             mask[j, width - len(r.prompt_ids):] = 1
         n = max(r.max_tokens for r in group)
         with torch.no_grad():
-            model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+            sampling = (dict(do_sample=True, temperature=temperature, top_p=top_p) if temperature
+                        else dict(do_sample=False))
+            model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, pad_token_id=0, **sampling)
         done = time.perf_counter() - t0
         useful += sum(r.max_tokens for r in group)
         e2e += [done] * len(group)
@@ -95,7 +98,8 @@ def main():  # vLLM starts its engine core with spawn: everything runs under the
     spec = json.load(open(sys.argv[1]))
     llm = LLM(model=spec["model"], dtype="float32", max_model_len=2048, seed=0)
     prompts = [TokensPrompt(prompt_token_ids=r[0]) for r in spec["requests"]]
-    params = [SamplingParams(temperature=0, max_tokens=r[1], ignore_eos=True) for r in spec["requests"]]
+    params = [SamplingParams(temperature=spec["temperature"], top_p=spec["top_p"], seed=i, max_tokens=r[1],
+                             ignore_eos=True) for i, r in enumerate(spec["requests"])]
     llm.generate(prompts[:1], params[:1])
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params)
@@ -110,7 +114,7 @@ if __name__ == "__main__":
 """
 
 
-def run_vllm(python: str, model_path: str, workload) -> dict:
+def run_vllm(python: str, model_path: str, workload, temperature: float, top_p: float) -> dict:
     """vLLM in its own process and environment, on an HF folder exported from the same weights."""
     from runtime.model.checkpoint import load_checkpoint
     from runtime.model.hf_export import export_hf_folder
@@ -120,7 +124,8 @@ def run_vllm(python: str, model_path: str, workload) -> dict:
         export_hf_folder(load_checkpoint(model_path), None, folder)
         _write_tokenizer(model_path, folder)
         spec, out, script = (os.path.join(tmp, n) for n in ("spec.json", "out.json", "run_vllm.py"))
-        json.dump({"model": folder, "requests": [[r.prompt_ids, r.max_tokens] for r in workload]}, open(spec, "w"))
+        json.dump({"model": folder, "requests": [[r.prompt_ids, r.max_tokens] for r in workload],
+                   "temperature": temperature, "top_p": top_p}, open(spec, "w"))
         open(script, "w").write(VLLM_SCRIPT)
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_CPU_OMP_THREADS_BIND": "0-1"}
         preload = vllm_preload(python)
@@ -168,6 +173,9 @@ def main() -> None:
     ap.add_argument("--max-num-batched-tokens", type=int, default=4096,
                     help="step token budget of our engines (default 4096, what vLLM's offline LLM uses)")
     ap.add_argument("--kv-bytes", type=int, default=3 << 30)
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="0 (default): greedy; above 0 every engine samples, seeded per request (ours and vLLM)")
+    ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=False,
                     help="the prompts share no prefixes; under KV pressure the cache keeps a preempted "
                          "sequence's blocks for its recompute")
@@ -186,14 +194,14 @@ def main() -> None:
         if name in ("continuous", "static"):
             results.append(run_ours(path, workload, name, args))
         elif name == "transformers":
-            results.append(run_transformers(path, workload, args.hf_batch))
+            results.append(run_transformers(path, workload, args.hf_batch, args.temperature, args.top_p))
         r = results[-1]
         extra = (f" ({r['preemptions']} preemptions, {r['computed_prefill_tokens']} prefill tokens computed)"
                  if "preemptions" in r else "")
         print(f"  done: {r['engine']} {r['useful_tok_s']:.1f} useful tok/s{extra}", flush=True)
     vllm_python = args.vllm_python or (sys.executable if importlib.util.find_spec("vllm") else None)
     if vllm_python:
-        results.append(run_vllm(vllm_python, path, workload))
+        results.append(run_vllm(vllm_python, path, workload, args.temperature, args.top_p))
     else:
         print("  vLLM: not installed here; --vllm-python PATH runs it from another environment", flush=True)
     base = next((r for r in results if r["engine"] == "continuous"), None)
