@@ -240,7 +240,7 @@ class LLMEngine:
 
     def _propose(self) -> dict[Sequence, Draft]:
         """Draft tokens for decoding sequences that allow speculation (empty without a proposer)."""
-        if self.proposer is None:
+        if self.proposer is None or self.config.scheduler == "static":  # static never verifies drafts
             return {}
         k = self.config.num_speculative_tokens
         room = {s: min(k, s.params.max_tokens - s.num_output_tokens - 1, self.max_model_len - len(s.token_ids) - 1)
@@ -254,10 +254,11 @@ class LLMEngine:
 
     def _drop_unverified_drafts(self, drafts: dict[Sequence, Draft], sched: SchedulerOutput) -> None:
         """Drafts the scheduler left out (short of budget or blocks, or preempted) are never verified:
-        the proposer forgets its guesses past the tokens that are real."""
+        the proposer forgets its guesses, and the last real token too, which it must run again to
+        draft the next step."""
         verifying = {c.seq for c in sched.chunks if c.num_spec_tokens}
         for seq in drafts.keys() - verifying:
-            self.proposer.on_verified(seq, len(seq.token_ids))
+            self.proposer.on_verified(seq, len(seq.token_ids) - 1)
 
     def _sampling_row(self, seq: Sequence, extra: list[int] = ()) -> SamplingRow:
         """Sampling context of seq's next token, with `extra` draft tokens treated as already output."""
@@ -305,8 +306,8 @@ class LLMEngine:
                 continue
             self._accept(seq, result.token_ids[i], result.logprobs[i], now)
             changed.add(self.requests[seq.request_id])
-        for seq, tokens, lp in verified:
-            self._accept_verified(seq, tokens, lp, len(drafts[seq].tokens), now)
+        for seq, tokens, lp, proposed in verified:
+            self._accept_verified(seq, tokens, lp, proposed, now)
             changed.add(self.requests[seq.request_id])
         times.prepare += t1 - t0
         times.forward += t2 - t1
@@ -322,7 +323,8 @@ class LLMEngine:
         return logits.index_select(0, torch.from_numpy(rows).to(logits.device))
 
     def _verify(self, sampled, logits: torch.Tensor, offsets: np.ndarray, drafts: dict[Sequence, Draft]):
-        """(seq, tokens to emit, logprob records) for every sequence that verified drafts this step."""
+        """(seq, tokens to emit, logprob records, drafts verified) for every sequence that verified drafts
+        this step (the budget may have let fewer through than were drafted)."""
         out = []
         for i, (seq, spec) in enumerate(sampled):
             if not spec:
@@ -336,7 +338,7 @@ class LLMEngine:
             if seq.params.logprobs is not None:
                 tok = torch.tensor(tokens, device=seq_logits.device)
                 lp = logprob_records(seq_logits[:len(tokens)], tok, seq.params.logprobs)
-            out.append((seq, tokens, lp))
+            out.append((seq, tokens, lp, len(spec)))
         return out
 
     def _accept_verified(self, seq: Sequence, tokens: list[int], lp, proposed: int, now: float) -> None:

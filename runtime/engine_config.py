@@ -55,6 +55,8 @@ class EngineConfig:
             raise UserError(f"kv_cache_fraction must be in (0, 1], got {self.kv_cache_fraction}")
         if self.scheduler not in ("continuous", "static"):
             raise UserError(f"unknown scheduler {self.scheduler!r} (continuous or static)")
+        if self.scheduler == "static" and self.speculative:
+            raise UserError("speculative decoding needs the continuous scheduler (static batches verify no drafts)")
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:

@@ -6,6 +6,8 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
+from runtime.engine_config import EngineConfig
+from runtime.errors import UserError
 from runtime.llm import LLM
 from runtime.sampler import SamplingRow
 from runtime.sampling_params import SamplingParams
@@ -74,11 +76,13 @@ def test_draft_model_greedy_identical_to_no_speculation(draft_seed):
     assert_idle(engine)
 
 
-def test_drafts_left_out_of_a_step_are_forgotten_by_the_draft_model():
-    prompts = [p[:2] for p in mixed_prompts(1)[2:5]]  # one 6-token step prefills all three
+@pytest.mark.parametrize("budget, prompts", [(6, [p[:2] for p in mixed_prompts(1)[2:5]]), (3, [[5], [9], [77]])],
+                         ids=["budget 6", "budget 3"])
+def test_drafts_left_out_of_a_step_are_forgotten_by_the_draft_model(budget, prompts):
     want = run(tiny_engine(), prompts)
-    # then the 6-token budget cannot verify every sequence's 3 drafts: some decode plainly or wait
-    engine = with_draft(tiny_engine(max_num_batched_tokens=6), seed=0, k=3)
+    # one step prefills all three; then the budget cannot verify every sequence's 3 drafts, so some
+    # decode plainly or wait a step
+    engine = with_draft(tiny_engine(max_num_batched_tokens=budget), seed=0, k=3)  # the draft is the target
     for i, p in enumerate(prompts):
         engine.add_request(f"r{i}", p, GREEDY)
     done = {}
@@ -87,10 +91,21 @@ def test_drafts_left_out_of_a_step_are_forgotten_by_the_draft_model():
             done[out.request_id] = out.outputs[0].token_ids
         for seq in (s for r in engine.requests.values() for s in r.seqs):
             st = engine.proposer.state.get(seq.seq_id)
-            assert st is None or st.num_computed <= len(seq.token_ids)  # no unverified guess kept
+            assert st is None or st.num_computed < len(seq.token_ids)  # no guess kept; the last token to run
     assert [done[f"r{i}"] for i in range(len(prompts))] == want
-    assert engine.stats.spec_accepted > 0
+    s = engine.stats
+    assert 0 < s.spec_accepted == s.spec_proposed  # counts only the drafts verified, all of them right
+    assert engine.proposer.pool.num_free == engine.proposer.pool.num_blocks
     assert_idle(engine)
+
+
+def test_static_batches_never_draft():
+    with pytest.raises(UserError, match="continuous scheduler"):
+        EngineConfig(scheduler="static", speculative="ngram")
+    engine = with_draft(tiny_engine(scheduler="static"), seed=0, k=3)  # attached behind the config's back
+    assert run(engine, [[1, 2, 3], [4, 5, 6]]) == run(tiny_engine(), [[1, 2, 3], [4, 5, 6]])
+    assert engine.stats.spec_proposed == 0 and not engine.proposer.state
+    assert engine.proposer.pool.num_free == engine.proposer.pool.num_blocks
 
 
 def test_per_request_switch_and_mixed_batch():
