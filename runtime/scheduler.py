@@ -91,13 +91,16 @@ class Scheduler:
     def _schedule_running(self, out: SchedulerOutput, budget: int, spec_tokens: dict[Sequence, int]) -> int:
         scheduled: set[Sequence] = set()
         order = sorted(self.running, key=lambda s: s.num_remaining > 1)  # decodes before partial prefills
+        decodes_after = sum(s.num_remaining == 1 for s in order)
         for seq in order:
             if budget <= 0:
                 break
+            decodes_after -= seq.num_remaining == 1
             if seq.status is not SeqStatus.RUNNING:  # preempted earlier in this loop
                 continue
             n = min(seq.num_remaining, budget)
-            spec = min(spec_tokens.get(seq, 0), budget - n) if n == seq.num_remaining else 0
+            # drafts only from budget left once every later decode has its one token
+            spec = max(0, min(spec_tokens.get(seq, 0), budget - n - decodes_after)) if n == seq.num_remaining else 0
             while not self.blocks.allocate(seq, n + spec):
                 if spec:  # draft tokens are optional: drop them before preempting anyone
                     spec = 0

@@ -85,6 +85,17 @@ def test_draft_tokens_are_dropped_before_anyone_is_preempted():
     assert [(c.seq, c.num_tokens, c.num_spec_tokens) for c in out.chunks] == [(a, 1, 0), (b, 1, 0)]
 
 
+def test_every_decode_gets_its_token_before_anyone_gets_drafts():
+    s = scheduler(budget=6)
+    seqs = [seq(2) for _ in range(3)]
+    for q in seqs:
+        s.add(q)
+    run_step(s)  # one step prefills all three
+    out = run_step(s, {q: 3 for q in seqs})
+    assert [(c.seq, c.num_tokens, c.num_spec_tokens) for c in out.chunks] == [(seqs[0], 1, 3), (seqs[1], 1, 0),
+                                                                                (seqs[2], 1, 0)]
+
+
 def test_static_batch_reserves_prompt_plus_max_tokens_up_front():
     s = scheduler(num_blocks=64, budget=1000, policy="static")
     a, b = seq(6, max_tokens=10), seq(3, max_tokens=4)
