@@ -91,11 +91,12 @@ class Scheduler:
     def _schedule_running(self, out: SchedulerOutput, budget: int, spec_tokens: dict[Sequence, int]) -> int:
         scheduled: set[Sequence] = set()
         order = sorted(self.running, key=lambda s: s.num_remaining > 1)  # decodes before partial prefills
-        decodes_after = sum(s.num_remaining == 1 for s in order)
+        decodes = {s for s in order if s.num_remaining == 1}  # as they stand now: preemption changes them
+        decodes_after = len(decodes)
         for seq in order:
             if budget <= 0:
                 break
-            decodes_after -= seq.num_remaining == 1
+            decodes_after -= seq in decodes
             if seq.status is not SeqStatus.RUNNING:  # preempted earlier in this loop
                 continue
             n = min(seq.num_remaining, budget)
