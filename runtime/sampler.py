@@ -110,6 +110,11 @@ def _min_p(rows: list[SamplingRow], device: torch.device) -> torch.Tensor | None
     return torch.tensor([r.params.min_p for r in rows], device=device)
 
 
+def _above_min_p(w: torch.Tensor, probs: torch.Tensor, min_p: torch.Tensor, top: torch.Tensor) -> torch.Tensor:
+    """w where a token's probability is at least min_p times its row's top probability, else 0."""
+    return torch.where(probs >= (min_p * top).unsqueeze(1), w, 0.0)
+
+
 def _tempered(logits: torch.Tensor, rows: list[SamplingRow]) -> tuple[torch.Tensor, torch.Tensor]:
     """(logits after bias and penalties, their softmax at each row's temperature), both [B, V] float32."""
     logits = logits.float()
@@ -128,11 +133,11 @@ def processed_probs(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tens
     if trunc:
         cut = torch.zeros(len(trunc), vocab, device=probs.device)
         for r, lead_p, lead_ids, keep in _leading_groups(probs[trunc], k, p):
-            cut[r] = torch.zeros(len(r), vocab, device=probs.device).scatter_(1, lead_ids, lead_p * keep)
+            cut[r.unsqueeze(1), lead_ids] = lead_p * keep
         probs[trunc] = cut
     min_p = _min_p(rows, probs.device)
     if min_p is not None:
-        probs = torch.where(probs >= (min_p * probs.max(-1).values).unsqueeze(1), probs, 0.0)
+        probs = _above_min_p(probs, probs, min_p, probs.max(-1).values)
     greedy = [i for i, r in enumerate(rows) if r.params.greedy]
     if greedy:
         probs[greedy] = torch.nn.functional.one_hot(logits[greedy].argmax(-1), vocab).float()
@@ -179,8 +184,8 @@ def _sampled_tokens(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tens
         for r, lead_p, lead_ids, keep in _leading_groups(_rows(probs, t), k, p):
             rows_r = t[r]
             w = lead_p * keep
-            if min_p is not None:  # the top token leads, so lead_p[:, :1] is the row's max
-                w = torch.where(lead_p >= min_p[rows_r].unsqueeze(1) * lead_p[:, :1], w, 0.0)
+            if min_p is not None:  # the top token leads, so lead_p[:, 0] is the row's max
+                w = _above_min_p(w, lead_p, min_p[rows_r], lead_p[:, 0])
             pos = _inverse_cdf(w, u[rows_r])
             tokens[rows_r] = lead_ids.gather(1, pos.unsqueeze(1)).squeeze(1)
     cut = set(trunc)
@@ -188,8 +193,7 @@ def _sampled_tokens(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tens
     if plain:
         sub = _rows(probs, torch.tensor(plain, device=device))
         if min_p is not None:
-            floor = min_p[plain] * sub.max(-1).values
-            sub = torch.where(sub >= floor.unsqueeze(1), sub, 0.0)
+            sub = _above_min_p(sub, sub, min_p[plain], sub.max(-1).values)
         tokens[plain] = _inverse_cdf(sub, u[plain])
     return tokens
 
