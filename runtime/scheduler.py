@@ -54,7 +54,6 @@ class Scheduler:
         self.blocks = blocks
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
-        self.num_preemptions = 0
 
     def add(self, seq: Sequence) -> None:
         seq.status = SeqStatus.WAITING
@@ -84,7 +83,6 @@ class Scheduler:
         self.blocks.free(seq)
         seq.status = SeqStatus.WAITING
         seq.metrics.num_preemptions += 1
-        self.num_preemptions += 1
         self.waiting.appendleft(seq)
         out.preempted.append(seq)
 
