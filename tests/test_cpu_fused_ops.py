@@ -75,3 +75,14 @@ def test_model_logits_are_the_same_with_the_references(monkeypatch):
     fast = logits()
     monkeypatch.setattr(fused, "_library", lambda: (None, "off for this test"))
     torch.testing.assert_close(fast, logits(), **TOL)
+
+
+def test_the_backend_seam_picks_the_fused_ops_once():
+    from runtime.model.ops import torch_ops
+
+    ops = torch_ops()
+    assert (ops.add_rms_norm, ops.silu_and_mul, ops.rope) == (fused.add_rms_norm, fused.silu_and_mul, fused.rope_)
+    assert "fused norm/rope/silu" in ops.describe()
+    for off in (torch_ops(cpu_kernels=False), torch_ops(dtype=torch.bfloat16)):
+        assert (off.add_rms_norm, off.silu_and_mul, off.rope) == (fused.add_rms_norm_ref, fused.silu_and_mul_ref,
+                                                                  fused.rope_ref)

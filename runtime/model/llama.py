@@ -9,7 +9,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cute_kernels.cpu_fused_ops import add_rms_norm, rope_, silu_and_mul
 from runtime.model.attention_batch import AttentionBatch
 from runtime.model.config import ModelConfig
 from runtime.model.cpu_linear import linear, pack_linear_weight
@@ -46,7 +45,7 @@ class DecoderLayer(nn.Module):
                 batch: AttentionBatch, ops: Ops) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.cfg
         eps = cfg.rms_norm_eps
-        h, residual = add_rms_norm(x, residual, self.input_norm, eps)
+        h, residual = ops.add_rms_norm(x, residual, self.input_norm, eps)
         qkv = linear(h, self.qkv, self.qkv_bias, self.packed.get("qkv"))
         heads = cfg.num_heads + cfg.num_kv_heads
         qk, v = qkv.split([cfg.q_size + cfg.kv_size, cfg.kv_size], dim=-1)
@@ -57,12 +56,12 @@ class DecoderLayer(nn.Module):
             qk = torch.cat([F.rms_norm(q, (cfg.head_dim,), self.q_norm, eps),
                             F.rms_norm(k, (cfg.head_dim,), self.k_norm, eps)], dim=1)
         # q and k rotate together: one op per layer instead of two
-        q, k = rope_(qk, *cos_sin).split([cfg.num_heads, cfg.num_kv_heads], dim=1)
+        q, k = ops.rope(qk, *cos_sin).split([cfg.num_heads, cfg.num_kv_heads], dim=1)
         attn = ops.attention(q, k, v, kv_cache[0], kv_cache[1], batch, cfg.head_dim**-0.5)
         x = linear(attn.view(-1, cfg.q_size), self.o_proj, None, self.packed.get("o_proj"))
-        h, residual = add_rms_norm(x, residual, self.post_norm, eps)
+        h, residual = ops.add_rms_norm(x, residual, self.post_norm, eps)
         gate_up = linear(h, self.gate_up, None, self.packed.get("gate_up"))
-        return linear(silu_and_mul(gate_up), self.down, None, self.packed.get("down")), residual
+        return linear(ops.silu_and_mul(gate_up), self.down, None, self.packed.get("down")), residual
 
 
 class LlamaModel(nn.Module):
@@ -98,7 +97,7 @@ class LlamaModel(nn.Module):
         cos_sin = self.rope.lookup(positions)
         for layer, kv in zip(self.layers, kv_caches):
             x, residual = layer(x, residual, cos_sin, kv, batch, self.ops)
-        return add_rms_norm(x, residual, self.norm, self.cfg.rms_norm_eps)[0]
+        return self.ops.add_rms_norm(x, residual, self.norm, self.cfg.rms_norm_eps)[0]
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -1,8 +1,9 @@
-"""The backend seam: attention (and later linear) ops the model calls, chosen once at start.
+"""The backend seam: attention and the fused elementwise ops the model calls, chosen once at start.
 
-`torch` runs the references in cute_kernels/attention_ref.py anywhere, except that fp32 attention
-on the CPU takes the C kernels (cute_kernels/cpu_prefill_attention.py, cpu_decode_attention.py)
-when they build; `cute` swaps in the Hopper kernels for the same contracts on an sm_90 GPU.
+`torch` runs the references (cute_kernels/attention_ref.py, cpu_fused_ops.py's *_ref) anywhere,
+except that fp32 on the CPU takes the C kernels (cute_kernels/cpu_prefill_attention.py,
+cpu_decode_attention.py, cpu_fused_ops.py) when they build; `cute` swaps in the Hopper kernels for
+the same contracts on an sm_90 GPU.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any, Callable
 import torch
 
 from cute_kernels import cpu_decode_attention as cpu_decode
+from cute_kernels import cpu_fused_ops as fused
 from cute_kernels import cpu_prefill_attention as cpu_prefill
 from cute_kernels.attention_ref import (
     decode_attention_ref,
@@ -25,7 +27,6 @@ from runtime.model.attention_batch import AttentionBatch
 
 @dataclass
 class Ops:
-    name: str
     prefill_attention: Callable[..., torch.Tensor]
     # decode_attention(q, k_cache, v_cache, block_tables, context_lens, scale, plan), where
     # plan = plan_decode(block_tables, context_lens, k_cache) is made once per step for every layer
@@ -35,10 +36,14 @@ class Ops:
     # made once per step, and prefill_attention(..., tables=plan)
     plan_prefill: Callable[..., Any] | None = None
     write_kv: Callable[..., None] = write_kv
+    # (x, residual | None, weight, eps) -> (rms_norm(x + residual) * weight, x + residual)
+    add_rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]] = fused.add_rms_norm_ref
+    silu_and_mul: Callable[[torch.Tensor], torch.Tensor] = fused.silu_and_mul_ref
+    rope: Callable[..., torch.Tensor] = fused.rope_ref  # may rotate x in place: use what it returns
     label: str = ""  # what runs, for logs and the UI
 
     def describe(self) -> str:
-        return self.label or self.name
+        return self.label
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                   v_cache: torch.Tensor, batch: AttentionBatch, scale: float) -> torch.Tensor:
@@ -82,17 +87,25 @@ def _prefill_cpu_or_ref(q: torch.Tensor, k: torch.Tensor, *args: Any,
 
 def torch_ops(device: torch.device = torch.device("cpu"), dtype: torch.dtype = torch.float32,
               cpu_kernels: bool = True) -> Ops:
-    """The references; for fp32 on the CPU (and cpu_kernels) the C attention kernels, where they build."""
-    if cpu_kernels and device.type == "cpu" and dtype == torch.float32:
-        prefill, decode = cpu_prefill.unavailable_reason() is None, cpu_decode.unavailable_reason() is None
-        kernels = [name for name, ok in (("prefill", prefill), ("paged decode", decode)) if ok]
-        if kernels:
-            return Ops("torch", _prefill_cpu_or_ref if prefill else prefill_attention_ref,
-                       cpu_decode.decode_attention_cpu if decode else decode_attention_ref,
-                       cpu_decode.prepare_tables if decode else plan_decode,
-                       plan_prefill=cpu_prefill.prepare_tables if prefill else None,
-                       label=f"torch reference + C {' and '.join(kernels)} attention (CPU)")
-    return Ops("torch", prefill_attention_ref, decode_attention_ref, plan_decode, label="torch reference")
+    """The references; for fp32 on the CPU (and cpu_kernels) the C kernels, where they build."""
+    ops = Ops(prefill_attention_ref, decode_attention_ref, plan_decode, label="torch reference")
+    if not (cpu_kernels and device.type == "cpu" and dtype == torch.float32):
+        return ops
+    built = []
+    if cpu_prefill.unavailable_reason() is None:
+        ops.prefill_attention, ops.plan_prefill = _prefill_cpu_or_ref, cpu_prefill.prepare_tables
+        built.append("prefill")
+    if cpu_decode.unavailable_reason() is None:
+        ops.decode_attention, ops.plan_decode = cpu_decode.decode_attention_cpu, cpu_decode.prepare_tables
+        built.append("paged decode")
+    if built:
+        ops.label += f" + C {' and '.join(built)} attention"
+    if fused.unavailable_reason() is None:  # each falls back to its reference for inputs it does not take
+        ops.add_rms_norm, ops.silu_and_mul, ops.rope = fused.add_rms_norm, fused.silu_and_mul, fused.rope_
+        ops.label += " + C fused norm/rope/silu"
+    if ops.label != "torch reference":
+        ops.label += " (CPU)"
+    return ops
 
 
 def select_ops(name: str, device: torch.device, dtype: torch.dtype = torch.float32) -> Ops:
@@ -110,4 +123,4 @@ def select_ops(name: str, device: torch.device, dtype: torch.dtype = torch.float
         if name == "cute":
             raise UserError(f"the cute backend cannot run here: {reason}")
         return torch_ops(device, dtype)
-    return Ops("cute", cute_backend.prefill_attention, decode_attention_ref, plan_decode, label="CuTe kernels (sm_90a)")
+    return Ops(cute_backend.prefill_attention, decode_attention_ref, plan_decode, label="CuTe kernels (sm_90a)")
