@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from cute_kernels import cpu_build
+from cute_kernels.paged_tables import as_int32, check_block_ids
 
 
 @functools.lru_cache(maxsize=1)
@@ -44,13 +45,12 @@ class DecodeTables:
 
 def prepare_tables(block_tables: torch.Tensor, context_lens: torch.Tensor, k_cache: torch.Tensor) -> DecodeTables:
     """Raises ValueError for lengths or block ids outside the tables / cache (the C code reads raw memory)."""
-    tables = block_tables.to(torch.int32).contiguous()
-    lens = context_lens.to(torch.int32).contiguous()
-    bs, num_blocks = k_cache.shape[1], k_cache.shape[0]
-    if lens.numel() and (int(lens.min()) < 1 or int(lens.max()) > tables.shape[1] * bs
-                         or int(tables.min()) < 0 or int(tables.max()) >= num_blocks):
-        raise ValueError("context lengths or block ids out of range of the block tables / cache")
-    return DecodeTables(tables, lens, bs, num_blocks)
+    tables, lens = as_int32(block_tables), as_int32(context_lens)
+    if lens.numel():
+        if int(lens.min()) < 1:
+            raise ValueError("context lengths out of range of the block tables / cache")
+        check_block_ids(tables, int(lens.max()), k_cache, "context lengths")
+    return DecodeTables(tables, lens, k_cache.shape[1], k_cache.shape[0])
 
 
 def decode_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,

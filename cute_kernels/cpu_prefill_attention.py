@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from cute_kernels import cpu_build
+from cute_kernels.paged_tables import as_int32, check_block_ids
 
 MAX_HEAD_DIM = 256  # the kernel's per-thread scratch (MAX_D)
 MAX_GROUP = 64  # query heads per KV head (MV)
@@ -36,10 +37,6 @@ def supports(q: torch.Tensor, k: torch.Tensor) -> bool:
             and heads // kv_heads <= MAX_GROUP and d % 16 == 0 and d <= MAX_HEAD_DIM and unavailable_reason() is None)
 
 
-def _int32(t: torch.Tensor) -> torch.Tensor:
-    return t.to(torch.int32).contiguous()
-
-
 @dataclass(frozen=True)
 class PrefillTables:
     """Offsets, prefix lengths and block tables as the C kernel reads them (int32, contiguous),
@@ -57,10 +54,10 @@ class PrefillTables:
 def prepare_tables(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, prefix_lens: torch.Tensor | None,
                    block_tables: torch.Tensor | None, k_cache: torch.Tensor | None) -> PrefillTables:
     """Raises ValueError for offsets, lengths or block ids the C code would read out of bounds."""
-    cu_q, cu_k = _int32(cu_seqlens_q), _int32(cu_seqlens_k)
+    cu_q, cu_k = as_int32(cu_seqlens_q), as_int32(cu_seqlens_k)
     batch = cu_q.numel() - 1
-    prefix = _int32(prefix_lens) if prefix_lens is not None else torch.zeros(batch, dtype=torch.int32)
-    tables = _int32(block_tables) if block_tables is not None else torch.zeros(batch, 1, dtype=torch.int32)
+    prefix = as_int32(prefix_lens) if prefix_lens is not None else torch.zeros(batch, dtype=torch.int32)
+    tables = as_int32(block_tables) if block_tables is not None else torch.zeros(batch, 1, dtype=torch.int32)
     if batch < 0 or cu_k.numel() != batch + 1 or prefix.numel() != batch:
         raise ValueError("cu_seqlens must have one entry more than there are sequences")
     q_lens, k_lens = cu_q.diff(), cu_k.diff()
@@ -72,9 +69,7 @@ def prepare_tables(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, prefi
         if k_cache is None or tables.dim() != 2 or tables.shape[0] != batch:
             raise ValueError("a cached prefix needs the KV caches and one block table per sequence")
         cache_shape = (k_cache.shape[0], k_cache.shape[1])
-        if (int(prefix.max()) > tables.shape[1] * k_cache.shape[1] or int(tables.min()) < 0
-                or int(tables.max()) >= k_cache.shape[0]):
-            raise ValueError("prefix lengths or block ids out of range of the block tables / cache")
+        check_block_ids(tables, int(prefix.max()), k_cache, "prefix lengths")
     return PrefillTables(cu_q, cu_k, prefix, tables, int(cu_q[-1]), int(cu_k[-1]), cache_shape)
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .paged_tables import as_int32
 from .prefill_schedule import num_query_tiles
 from .prefill_spec import KV_BLOCK_SIZE, PrefillSpec
 
@@ -61,10 +62,6 @@ def _rows_ready(x: torch.Tensor, name: str) -> torch.Tensor:
     if x.data_ptr() % 16:
         raise ValueError(f"prefill attention: {name} must be 16-byte aligned")
     return x
-
-
-def _int32(x: torch.Tensor) -> torch.Tensor:
-    return x.to(torch.int32).contiguous()
 
 
 def prepare_prefill_args(
@@ -118,8 +115,8 @@ def prepare_prefill_args(
     return PrefillLaunchArgs(
         spec=spec, q=q, k=_rows_ready(k, "k"), v=_rows_ready(v, "v"),
         k_cache=_rows_ready(k_cache, "k_cache"), v_cache=_rows_ready(v_cache, "v_cache"),
-        block_tables=_int32(block_tables), prefix_lens=_int32(prefix_lens),
-        cu_seqlens_q=_int32(cu_seqlens_q), cu_seqlens_k=_int32(cu_seqlens_k),
+        block_tables=as_int32(block_tables), prefix_lens=as_int32(prefix_lens),
+        cu_seqlens_q=as_int32(cu_seqlens_q), cu_seqlens_k=as_int32(cu_seqlens_k),
         out=torch.empty_like(q), lse=torch.empty(q.shape[0], heads, dtype=torch.float32, device=q.device),
         softmax_scale_log2=scale * math.log2(math.e), max_seqlen_q=max_seqlen_q,
     )
