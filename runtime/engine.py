@@ -128,7 +128,7 @@ class LLMEngine:
                                f"length of {self.max_model_len} tokens", code="context_length_exceeded")
         if n + 1 > self.ledger.max_tokens:
             raise RequestError(f"prompt ({n} tokens) + 1 can never fit the KV cache of {self.ledger.max_tokens} tokens")
-        if self.config.scheduler == "static" and n + m > self.ledger.max_tokens:
+        if n + m > self.max_request_tokens:  # past the context check, only static's up-front reservation
             raise RequestError(f"prompt ({n} tokens) + max_tokens ({m}) can never fit the KV cache of "
                                f"{self.ledger.max_tokens} tokens, which static batching reserves up front")
 
