@@ -40,13 +40,13 @@ def metrics_line(out: RequestOutput) -> str:
 
 def _prepare(engine: AsyncEngine, convo: list[dict], s: ChatSettings) -> EngineRequest:
     """Tokenize and validate; raises UserError with a message fit for the chat."""
-    core = engine.engine
+    limits = engine.limits
     messages = ([{"role": "system", "content": s.system}] if s.system.strip() else []) + convo
-    prompt_ids = core.encode_chat(messages)
-    room = core.max_request_tokens - len(prompt_ids)
+    prompt_ids = limits.encode_chat(messages)
+    room = limits.max_request_tokens - len(prompt_ids)
     if room < 1:
         raise UserError(f"this conversation is {len(prompt_ids)} tokens, over the context of "
-                        f"{core.max_request_tokens} tokens this server takes; clear the conversation or send "
+                        f"{limits.max_request_tokens} tokens this server takes; clear the conversation or send "
                         f"something shorter")
     seed = int(s.seed) if s.seed not in (None, "") and s.seed >= 0 else None
     params = SamplingParams(max_tokens=min(int(s.max_tokens), room), temperature=float(s.temperature),

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from app.block_map import block_states, render
+from app.block_map import render
 from app.latency_window import LatencyWindow
-from runtime.async_engine import AsyncEngine, EngineSnapshot
+from runtime.async_engine import AsyncEngine
 from runtime.metrics import ServerMetrics
 
 
@@ -23,7 +23,7 @@ class LivePanel:
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
     _last: tuple[float, int] | None = None
     _rate: float = 0.0
-    _map: tuple[EngineSnapshot, np.ndarray] | None = None  # the block map and the snapshot it shows
+    _map: tuple[np.ndarray, np.ndarray] | None = None  # (block states, the map drawn from them)
 
     def __post_init__(self) -> None:
         self.latency = LatencyWindow({"ttft": self.metrics.ttft, "tpot": self.metrics.tpot})
@@ -39,7 +39,7 @@ class LivePanel:
             return self._rate
 
     def kv_usage_html(self) -> str:
-        s = self.engine.snapshot
+        s = self.engine.snapshot()
         used_mib = s.kv_blocks_used * s.kv_bytes_per_block / 2**20
         total_mib = s.kv_blocks_total * s.kv_bytes_per_block / 2**20
         pct = 100 * s.kv_usage
@@ -49,7 +49,7 @@ class LivePanel:
                 f'<div style="background:#f0a030;width:{pct:.2f}%;height:14px;border-radius:4px"></div></div></div>')
 
     def stats_markdown(self) -> str:
-        s = self.engine.snapshot
+        s = self.engine.snapshot()
         lat = self.latency.latest()
 
         def ms(key: str) -> str:
@@ -63,12 +63,11 @@ class LivePanel:
                 f"(last {self.latency.window_s:.0f} s)")
 
     def block_map(self) -> np.ndarray:
-        """Redrawn only when the engine has published a new snapshot (after a step or an abort)."""
-        snapshot = self.engine.snapshot
+        """Redrawn only when the engine has published new block states (see AsyncEngine.snapshot)."""
+        states = self.engine.snapshot().block_states
         with self._lock:
-            if self._map is None or self._map[0] is not snapshot:
-                pool = self.engine.engine.pool
-                self._map = (snapshot, render(block_states(list(pool.ref_counts), list(pool.block_hash))))
+            if self._map is None or self._map[0] is not states:
+                self._map = (states, render(states))
             return self._map[1]
 
     def latency_rows(self) -> list[dict]:

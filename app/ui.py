@@ -16,15 +16,10 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 
 def about_markdown(engine: AsyncEngine) -> str:
-    e = engine.engine
-    cfg = e.model_config
-    spec = e.config.speculative or "off"
-    return (f"**Model** {cfg.name} ({cfg.arch}, {cfg.num_layers} layers, {cfg.num_parameters() / 1e6:.1f}M parameters, "
-            f"context {e.max_model_len})  \n**dtype** {str(e.dtype).replace('torch.', '')} · **device** {e.device} · "
-            f"**backend** {e.runner.model.ops.describe()} · **block size** "
-            f"{e.config.block_size} · **scheduler** {e.config.scheduler} · **prefix caching** "
-            f"{'on' if e.config.enable_prefix_caching else 'off'} · **speculative** {spec}  \n"
-            f"**Memory ledger** {e.ledger.describe()}")
+    d = engine.describe()
+    settings = " · ".join(f"**{k}** {d[k]}" for k in ("dtype", "device", "backend", "block size", "scheduler",
+                                                     "prefix caching", "speculative"))
+    return f"**Model** {d['model']}  \n{settings}  \n**Memory ledger** {d['memory ledger']}"
 
 
 def legend_html() -> str:
@@ -35,7 +30,7 @@ def legend_html() -> str:
 
 def build_ui(engine: AsyncEngine, metrics: ServerMetrics) -> gr.Blocks:
     panel = LivePanel(engine, metrics)
-    has_proposer = engine.engine.proposer is not None
+    has_proposer = engine.describe()["speculative"] != "off"
     with gr.Blocks(title="cute-serve") as demo:
         gr.Markdown("## cute-serve")
         convo = gr.State([])

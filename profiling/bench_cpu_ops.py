@@ -166,7 +166,7 @@ def sampling_cases(repeats: int) -> list[dict]:
     rows = []
     for t, k, p in [(1.0, 0, 1.0), (0.7, 0, 0.95), (1.0, 0, 0.9), (0.7, 50, 1.0)]:
         params = SamplingParams(temperature=t, top_k=k, top_p=p)
-        srows = [SamplingRow(params, [], [], torch.Generator().manual_seed(i)) for i in range(len(logits))]
+        srows = [SamplingRow(params, torch.Generator().manual_seed(i)) for i in range(len(logits))]
         ref = median_ms(lambda: hf_style_sample(logits, t, k, p), repeats)
         ours = median_ms(lambda: sample(logits, srows), repeats)
         name = f"T {t}" + (f", top_k {k}" if k else "") + (f", top_p {p}" if p < 1 else "")

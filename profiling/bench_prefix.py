@@ -48,7 +48,7 @@ def run(model, enable: bool, prompts: list[list[int]], max_tokens: int) -> dict:
     ttft = [o.metrics["ttft"] for o in outs]
     return {"prefix_caching": enable, "ttft_p50": percentile(ttft, 50), "ttft_p99": percentile(ttft, 99),
             "prefill_tokens_computed": engine.stats.computed_prefill_tokens - before, "wall_s": wall,
-            "hit_rate": engine.pool.stats.hit_rate, "tokens": [o.outputs[0].token_ids for o in outs]}
+            "hit_rate": engine.stats.prefix_cache_hit_rate, "tokens": [o.outputs[0].token_ids for o in outs]}
 
 
 def main() -> None:

@@ -51,7 +51,7 @@ def truncated(cfg, tensors, layers: int):
 
 
 def measure(engine: LLMEngine, proposer, prompts, params) -> dict:
-    engine.proposer = proposer
+    engine.set_proposer(proposer)
     engine.stats.spec_proposed = engine.stats.spec_accepted = engine.stats.spec_verify_steps = 0
     llm = LLM.from_engine(engine)
     tokens, tps = [], []

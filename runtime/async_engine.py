@@ -7,6 +7,10 @@ event while there is no work. After each step the outputs go back to each reques
 with one call_soon_threadsafe per loop, into per-request-group asyncio queues (RequestStream).
 Closing a stream before it finishes aborts its requests: their KV blocks are free before the next
 step runs.
+
+Handlers and the UI see only this face: `limits` (tokenize and check requests; fixed, any thread),
+`describe()`, `snapshot()` (the engine's metrics as of its last step, with the block map at most
+every BLOCK_STATES_EVERY seconds), submit / abort, and reset_stats(); never the LLMEngine itself.
 """
 from __future__ import annotations
 
@@ -19,11 +23,15 @@ from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
 from runtime.engine import LLMEngine
+from runtime.engine_stats import EngineStats
 from runtime.errors import RequestError
 from runtime.outputs import RequestOutput
+from runtime.request_limits import RequestLimits
 from runtime.sampling_params import SamplingParams
 
 log = logging.getLogger("cute_serve")
+
+BLOCK_STATES_EVERY = 0.5  # seconds between copies of the per-block states (the UI's map) into snapshots
 
 
 class QueueFullError(Exception):
@@ -50,53 +58,6 @@ class EngineRequest:
     prompt_ids: list[int]
     params: SamplingParams
     arrival: float = field(default_factory=time.perf_counter)  # TTFT and queue time count from here
-
-
-@dataclass(frozen=True)
-class EngineSnapshot:
-    """Engine gauges and totals, published by the engine thread after each step (read anywhere)."""
-
-    num_requests_running: int = 0  # requests with at least one sequence scheduled to run
-    num_requests_waiting: int = 0
-    kv_blocks_total: int = 0
-    kv_blocks_used: int = 0
-    kv_bytes_per_block: int = 0
-    prefix_cache_queries: int = 0
-    prefix_cache_hits: int = 0
-    prompt_tokens: int = 0
-    generated_tokens: int = 0
-    preemptions: int = 0
-    finished: dict[str, int] = field(default_factory=dict)  # sequences by finish reason
-    spec_proposed: int = 0
-    spec_accepted: int = 0
-    spec_mean_accepted_len: float = 0.0  # accepted drafts per verification step
-    prefix_cached_blocks: int = 0  # blocks findable by hash (in use or free)
-    prefix_cache_evictions: int = 0
-
-    @property
-    def kv_usage(self) -> float:
-        return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0
-
-    @property
-    def prefix_cache_hit_rate(self) -> float:
-        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
-
-    @property
-    def spec_acceptance_rate(self) -> float:
-        return self.spec_accepted / self.spec_proposed if self.spec_proposed else 0.0
-
-    @classmethod
-    def of(cls, engine: LLMEngine) -> "EngineSnapshot":
-        running = {s.request_id for s in engine.scheduler.running}
-        pool, stats = engine.pool, engine.stats
-        return cls(num_requests_running=len(running), num_requests_waiting=len(engine.requests.keys() - running),
-                   kv_blocks_total=pool.num_blocks, kv_blocks_used=pool.num_used,
-                   kv_bytes_per_block=engine.ledger.bytes_per_token * engine.ledger.block_size,
-                   prefix_cache_queries=pool.stats.queries, prefix_cache_hits=pool.stats.hits,
-                   prompt_tokens=stats.prompt_tokens, generated_tokens=stats.generated_tokens,
-                   preemptions=stats.preemptions, finished=dict(stats.finished), spec_proposed=stats.spec_proposed,
-                   spec_accepted=stats.spec_accepted, spec_mean_accepted_len=stats.spec_mean_accepted_len,
-                   prefix_cached_blocks=pool.num_cached, prefix_cache_evictions=pool.stats.evictions)
 
 
 class OutputObserver(Protocol):
@@ -145,9 +106,12 @@ class RequestStream:
 class AsyncEngine:
     def __init__(self, engine: LLMEngine, max_queue: int | None = None) -> None:
         """max_queue: sequences that may wait beyond a full batch (max_num_seqs); None = no limit."""
-        self.engine = engine
+        self.engine = engine  # the engine thread's alone once started
         self.max_queue = max_queue
-        self.snapshot = EngineSnapshot.of(engine)
+        self.limits: RequestLimits = engine.limits
+        self._description = engine.describe()
+        self._snapshot = engine.snapshot(with_block_states=True)
+        self._block_states_at = time.monotonic()
         self.error: BaseException | None = None  # set when the engine thread gave up
         self._observers: list[OutputObserver] = []
         self._commands: deque[tuple] = deque()
@@ -198,6 +162,22 @@ class AsyncEngine:
 
     # -- called by request handlers ------------------------------------------------------------
 
+    def describe(self) -> dict[str, str]:
+        """What runs (model, dtype, device, backend, scheduler, memory ledger ...), fixed at start."""
+        return dict(self._description)
+
+    def snapshot(self) -> EngineStats:
+        """The engine's metrics as of its last step (a copy: read it anywhere)."""
+        return self._snapshot
+
+    def reset_stats(self) -> None:
+        """Counters from zero, applied between steps."""
+        self._commands.append(("reset_stats",))
+        self._wake.set()
+        if self._thread is None:  # not started: nothing else touches the engine
+            self._apply_commands()
+            self._publish()
+
     @property
     def capacity(self) -> int | None:
         """Most sequences in flight at once (running + waiting), or None for no limit."""
@@ -205,7 +185,7 @@ class AsyncEngine:
 
     def check(self, prompt_ids: list[int], params: SamplingParams) -> None:
         """Raise RequestError for what the engine would reject; safe from any thread."""
-        self.engine.check_request(prompt_ids, params)
+        self.limits.check(prompt_ids, params)
 
     def submit(self, requests: Sequence[EngineRequest]) -> RequestStream:
         """Enqueue a group of validated requests (all or none); call from a coroutine.
@@ -261,7 +241,7 @@ class AsyncEngine:
                 if self.engine.has_unfinished_requests():
                     self._step()
                 else:
-                    self.snapshot = EngineSnapshot.of(self.engine)
+                    self._publish(idle=True)
                     self._wake.wait()
         except BaseException as exc:  # a bug in the loop itself: say so, fail everyone, stop
             log.exception("the engine thread failed")
@@ -273,8 +253,10 @@ class AsyncEngine:
             command = self._commands.popleft()
             if command[0] == "add":
                 self._add(command[1], command[2])
-            else:
+            elif command[0] == "abort":
                 self.engine.abort_request(command[1])
+            else:
+                self.engine.reset_stats()
 
     def _add(self, request: EngineRequest, stream: RequestStream) -> None:
         try:
@@ -294,7 +276,7 @@ class AsyncEngine:
             self._fail_all(EngineStepError(f"the engine failed while serving this request: {exc}"))
             return
         now = time.perf_counter()
-        self.snapshot = EngineSnapshot.of(self.engine)
+        self._publish()
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[RequestStream, RequestOutput]]] = defaultdict(list)
         for out in outputs:
             stream = self._streams.pop(out.request_id) if out.finished else self._streams.get(out.request_id)
@@ -308,6 +290,17 @@ class AsyncEngine:
                     self._streams.pop(out.request_id, None)
                     self._release(stream, out.request_id)  # nobody will close the stream to free its seats
                     self.engine.abort_request(out.request_id)
+
+    def _publish(self, idle: bool = False) -> None:
+        """A fresh snapshot; while busy the block states are copied at most every BLOCK_STATES_EVERY s."""
+        now = time.monotonic()
+        fresh_blocks = idle or now - self._block_states_at >= BLOCK_STATES_EVERY
+        snapshot = self.engine.snapshot(with_block_states=fresh_blocks)
+        if fresh_blocks:
+            self._block_states_at = now
+        else:
+            snapshot.block_states = self._snapshot.block_states
+        self._snapshot = snapshot
 
     def _hand_over(self, items: list[tuple[RequestStream, RequestOutput]], now: float) -> None:
         """On the event loop: queue each output on its stream, then let observers see it."""
@@ -349,4 +342,4 @@ class AsyncEngine:
         except Exception:
             log.exception("the engine could not flush aborted requests")
             self.error = self.error or exc
-        self.snapshot = EngineSnapshot.of(self.engine)
+        self._publish(idle=True)

@@ -1,7 +1,16 @@
-"""Engine-wide counters and where each step's time goes."""
+"""The engine's one metrics record: counters since start (or reset), gauges, and step time shares.
+
+The engine thread keeps one live EngineStats; snapshot() copies it with the gauges filled in, so
+other threads (the server's /metrics, the UI) read a frozen copy and never the engine itself.
+"""
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
+
+import numpy as np
+
+PHASES = ("propose", "schedule", "prepare", "forward", "sample", "output")
 
 
 @dataclass
@@ -13,29 +22,49 @@ class StepTimes:
     prepare: float = 0.0  # building the packed input tensors
     forward: float = 0.0
     sample: float = 0.0
-    output: float = 0.0  # detokenization, stop checks, output records
+    output: float = 0.0  # stop checks, scheduler update, detokenization, output records
 
     @property
     def total(self) -> float:
-        return self.propose + self.schedule + self.prepare + self.forward + self.sample + self.output
+        return sum(getattr(self, k) for k in PHASES)
 
     def shares(self) -> dict[str, float]:
         t = self.total or 1.0
-        return {k: getattr(self, k) / t for k in ("propose", "schedule", "prepare", "forward", "sample", "output")}
+        return {k: getattr(self, k) / t for k in PHASES}
 
 
 @dataclass
 class EngineStats:
+    # counters
     steps: int = 0
     prompt_tokens: int = 0  # prompt tokens received
     computed_prefill_tokens: int = 0  # tokens run through the model in prefill chunks (after cache hits)
     generated_tokens: int = 0
     preemptions: int = 0
-    finished: dict[str, int] = field(default_factory=lambda: {"stop": 0, "length": 0, "abort": 0})
+    finished: dict[str, int] = field(default_factory=lambda: {"stop": 0, "length": 0, "abort": 0})  # sequences
     spec_proposed: int = 0
     spec_accepted: int = 0
     spec_verify_steps: int = 0  # (sequence, step) pairs that verified drafts
+    prefix_cache_queries: int = 0  # prompt tokens looked up
+    prefix_cache_hits: int = 0  # of which found in the cache
+    prefix_cache_evictions: int = 0  # cached blocks dropped for a fresh allocation (filled by snapshots)
     times: StepTimes = field(default_factory=StepTimes)
+    # gauges, filled by snapshots
+    num_requests_running: int = 0  # requests with at least one sequence scheduled to run
+    num_requests_waiting: int = 0
+    kv_blocks_total: int = 0
+    kv_blocks_used: int = 0
+    kv_bytes_per_block: int = 0
+    prefix_cached_blocks: int = 0  # blocks findable by hash (in use or free)
+    block_states: np.ndarray | None = None  # per block 0 free, 1 cached, 2 in use, 3 shared (BlockPool.states)
+
+    @property
+    def kv_usage(self) -> float:
+        return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
 
     @property
     def spec_acceptance_rate(self) -> float:
@@ -44,3 +73,13 @@ class EngineStats:
     @property
     def spec_mean_accepted_len(self) -> float:
         return self.spec_accepted / self.spec_verify_steps if self.spec_verify_steps else 0.0
+
+    def copy(self, **gauges) -> "EngineStats":
+        """A frozen-in-time copy with the given gauges set."""
+        out = copy.copy(self)
+        out.finished, out.times = dict(self.finished), copy.copy(self.times)
+        for name, value in gauges.items():
+            setattr(out, name, value)
+        return out
+
+

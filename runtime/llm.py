@@ -50,7 +50,7 @@ class LLM:
         if len(plist) != len(prompts):
             raise ValueError("give one SamplingParams, or one per prompt")
         for p in plist:  # validate everything first so a bad request enqueues nothing
-            p.validate(self.engine.vocab_size)
+            p.validate(self.engine.limits.vocab_size)
         ids = [f"offline-{next(self._ids)}" for _ in prompts]
         added = []
         try:
@@ -66,7 +66,7 @@ class LLM:
 
     def chat(self, messages: list[dict[str, str]], params: SamplingParams | None = None,
              use_tqdm: bool = False) -> RequestOutput:
-        ids = self.engine.encode_chat(messages)
+        ids = self.engine.limits.encode_chat(messages)
         return self.generate([ids], params, use_tqdm)[0]
 
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:

@@ -34,7 +34,7 @@ class EngineCollector(Collector):
         self.async_engine = async_engine
 
     def collect(self) -> Iterator[Metric]:
-        s = self.async_engine.snapshot
+        s = self.async_engine.snapshot()
         yield _gauge("num_requests_running", "Requests with a sequence in the running batch.", s.num_requests_running)
         yield _gauge("num_requests_waiting", "Requests in the engine waiting to run.", s.num_requests_waiting)
         yield _gauge("kv_cache_usage_perc", "Fraction of KV cache blocks in use (0-1).", s.kv_usage)

@@ -1,4 +1,4 @@
-"""Batched sampling: logit bias, min-tokens, penalties, temperature, top-k/top-p/min-p, seeds.
+"""Batched sampling: per-row logits processors, temperature, top-k/top-p/min-p, seeds.
 
 Each row carries its own parameters; a seeded row draws from its own generator so its output does
 not depend on which requests share the batch.
@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from runtime.logits_processors import LogitsProcessor
 from runtime.sampling_params import SamplingParams
 
 TRUNCATION_CANDIDATES = (256, 4096)  # top-k/top-p try these many leading tokens before a full sort
@@ -17,10 +18,8 @@ TRUNCATION_CANDIDATES = (256, 4096)  # top-k/top-p try these many leading tokens
 @dataclass
 class SamplingRow:
     params: SamplingParams
-    output_ids: list[int]
-    prompt_ids: list[int] = field(default_factory=list)
-    generator: torch.Generator | None = None  # set for seeded requests
-    banned_ids: list[int] = field(default_factory=list)  # eos/stop ids while under min_tokens
+    generator: torch.Generator | None = None  # set for sampled requests: draws independent of batch mates
+    processors: list[LogitsProcessor] = field(default_factory=list)  # applied in order before temperature
 
 
 @dataclass
@@ -30,31 +29,11 @@ class SampleResult:
     logprobs: list[tuple[float, list[tuple[int, float]]] | None]
 
 
-def _needs_processing(p: SamplingParams, row: SamplingRow) -> bool:
-    return bool(p.logit_bias or row.banned_ids or p.repetition_penalty != 1.0
-                or p.presence_penalty or p.frequency_penalty)
-
-
-def _apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
+def _apply_processors(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
     """In place, row by row (only rows that ask for it pay for it)."""
-    vocab = logits.shape[1]
     for i, row in enumerate(rows):
-        p = row.params
-        if not _needs_processing(p, row):
-            continue
-        x = logits[i]
-        if p.logit_bias:
-            ids = torch.tensor(list(p.logit_bias), device=x.device)
-            x.index_add_(0, ids, torch.tensor(list(p.logit_bias.values()), device=x.device, dtype=x.dtype))
-        if p.repetition_penalty != 1.0:
-            seen = torch.tensor(row.prompt_ids + row.output_ids, dtype=torch.long, device=x.device).unique()
-            vals = x[seen]
-            x[seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
-        if (p.presence_penalty or p.frequency_penalty) and row.output_ids:
-            counts = torch.bincount(torch.tensor(row.output_ids, device=x.device), minlength=vocab).to(x.dtype)
-            x -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(x.dtype)
-        if row.banned_ids:
-            x[torch.tensor(row.banned_ids, device=x.device)] = float("-inf")
+        for process in row.processors:
+            process(logits[i])
 
 
 def _nucleus(sorted_p: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -118,9 +97,9 @@ def _above_min_p(w: torch.Tensor, probs: torch.Tensor, min_p: torch.Tensor, top:
 def _tempered(logits: torch.Tensor, rows: list[SamplingRow]) -> tuple[torch.Tensor, torch.Tensor]:
     """(logits after bias and penalties, their softmax at each row's temperature), both [B, V] float32."""
     logits = logits.float()
-    if any(_needs_processing(r.params, r) for r in rows):
+    if any(r.processors for r in rows):
         logits = logits.clone()
-        _apply_penalties(logits, rows)
+        _apply_processors(logits, rows)
     temps = torch.tensor([1.0 if r.params.greedy else r.params.temperature for r in rows], device=logits.device)
     return logits, torch.softmax(logits / temps.unsqueeze(1), dim=-1)
 
@@ -219,7 +198,7 @@ def _logprobs(logits: torch.Tensor, tokens: torch.Tensor, rows: list[SamplingRow
 
 def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> SampleResult:
     """Sample one token per row of logits [B, V]."""
-    if all(r.params.greedy and not _needs_processing(r.params, r) for r in rows):
+    if all(r.params.greedy and not r.processors for r in rows):
         tokens = logits.argmax(-1)  # the common fast path: plain greedy
     else:
         tokens = _sampled_tokens(logits, rows)

@@ -1,57 +1,40 @@
-"""Iteration-level scheduling: which tokens of which sequences run in the next forward pass.
-
-Continuous: running decodes first, then partial prefills, then waiting requests fill the token
-budget in chunks; when KV blocks run out the newest running sequence is preempted (its blocks
-freed, recomputed later). Static: a batch is admitted only when the last one has drained, with KV
-for prompt + max_tokens reserved up front, so it never preempts.
-The scheduler touches block tables but never tensors.
+"""The scheduler owns every sequence's lifecycle and KV blocks: admission, prefix matching,
+allocation, preemption, the update after each step (tokens, prefix registration, rollback of
+rejected drafts) and freeing. Which tokens run next is its batching policy's decision
+(runtime/batching.py: continuous, or static for comparison). It never touches tensors.
 """
 from __future__ import annotations
 
-import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from runtime.kv.block_manager import BlockManager
+from runtime.batching import ContinuousBatching, SchedulerOutput, StaticBatching
+from runtime.engine_config import EngineConfig
+from runtime.engine_stats import EngineStats
+from runtime.kv.block_manager import BlockManager, KVBlocks
 from runtime.sequence import Sequence, SeqStatus
 
 
 @dataclass
-class SchedulerConfig:
-    max_num_batched_tokens: int = 2048
-    max_num_seqs: int = 64
-    policy: str = "continuous"  # or "static"
+class SeqUpdate:
+    """What a step decided for one scheduled sequence."""
 
-    def __post_init__(self) -> None:
-        if self.policy not in ("continuous", "static"):
-            raise ValueError(f"unknown scheduler policy {self.policy!r} (continuous or static)")
-        if self.max_num_batched_tokens < 1 or self.max_num_seqs < 1:
-            raise ValueError("max_num_batched_tokens and max_num_seqs must be >= 1")
-
-
-@dataclass
-class ScheduledChunk:
     seq: Sequence
-    num_tokens: int  # of the sequence's known tokens, from seq.num_computed on
-    num_spec_tokens: int = 0  # draft tokens appended after them, to verify
-
-
-@dataclass
-class SchedulerOutput:
-    chunks: list[ScheduledChunk] = field(default_factory=list)
-    preempted: list[Sequence] = field(default_factory=list)
-    # sequences that could never fit the pool even alone: finished with reason "length"
-    out_of_memory: list[Sequence] = field(default_factory=list)
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(c.num_tokens + c.num_spec_tokens for c in self.chunks)
+    tokens: list[int]  # new tokens, in order (cut after a stop)
+    finished: bool = False
+    num_drafts: int = 0  # draft tokens verified this step: len(tokens) - 1 of them were accepted
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, blocks: BlockManager) -> None:
-        self.config = config
+    def __init__(self, config: EngineConfig, blocks: BlockManager, stats: EngineStats, max_model_len: int,
+                 draft_blocks: BlockManager | None = None) -> None:
+        self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.max_num_seqs = config.max_num_seqs
+        self.max_model_len = max_model_len
         self.blocks = blocks
+        self.draft_blocks = draft_blocks  # a draft model's own pool, with a draft-model proposer
+        self.stats = stats
+        self.policy = StaticBatching() if config.scheduler == "static" else ContinuousBatching()
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
 
@@ -62,131 +45,91 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def schedule(self, spec_tokens: dict[Sequence, int] | None = None) -> SchedulerOutput:
+        """The next step's chunks; spec_tokens: draft tokens offered per decoding sequence."""
+        spec_tokens = spec_tokens or {}
+        out = self.policy.schedule(self, spec_tokens)
+        self.stats.preemptions += len(out.preempted)
+        verifying = {c.seq for c in out.chunks if c.num_spec_tokens}
+        for seq in spec_tokens.keys() - verifying:  # drafts left out are never verified: forget them
+            self._forget_drafts(seq, len(seq.token_ids) - 1)
+        return out
+
+    def draft_room(self, k: int) -> dict[Sequence, int]:
+        """Decoding sequences that may speculate, with how many draft tokens each has room for; with
+        a draft model, its KV for them is reserved here (a sequence it has no room for is left out)."""
+        room: dict[Sequence, int] = {}
+        if not self.policy.allows_drafts:
+            return room
+        for s in self.running:
+            n = min(k, s.params.max_tokens - s.num_output_tokens - 1, self.max_model_len - len(s.token_ids) - 1)
+            if s.num_remaining != 1 or not s.params.speculative or n <= 0:
+                continue
+            if self.draft_blocks is not None:
+                kv = s.draft_kv = s.draft_kv or KVBlocks()
+                if not self.draft_blocks.allocate(kv, len(s.token_ids) + k - 1 - kv.num_computed):
+                    continue
+            room[s] = n
+        return room
+
+    def update(self, out: SchedulerOutput, updates: list[SeqUpdate]) -> None:
+        """After the step: the scheduled tokens are computed; new tokens join their sequences, KV of
+        rejected drafts rolls back, full blocks join the prefix cache, finished sequences leave."""
+        for c in out.chunks:
+            seq = c.seq
+            if c.num_tokens > 1 or seq.num_output_tokens == 0:
+                self.stats.computed_prefill_tokens += c.num_tokens
+            seq.kv.num_computed += c.num_tokens
+            self.blocks.register_full_blocks(seq.kv, seq.token_ids)
+        for u in updates:
+            seq = u.seq
+            start_len = len(seq.token_ids)
+            seq.token_ids.extend(u.tokens)
+            if u.finished:
+                self.policy.on_finished(self, seq)
+            elif seq in out.padding:
+                self.policy.on_padding_token(self, seq)
+            elif u.num_drafts:  # KV is valid for the known tokens and the accepted drafts only
+                seq.kv.num_computed = start_len + len(u.tokens) - 1
+                self.blocks.truncate(seq.kv, seq.kv.num_computed)
+                self.blocks.register_full_blocks(seq.kv, seq.token_ids)
+                self._forget_drafts(seq, seq.kv.num_computed)
+
+    def abort(self, seq: Sequence) -> None:
+        """Remove an aborted sequence and return its blocks at once."""
+        self.finish(seq)
+        self.policy.on_aborted(self)
+
     def finish(self, seq: Sequence) -> None:
-        """Remove a sequence (finished or aborted) and return its blocks at once."""
+        """Remove a sequence and return its blocks (a draft model's too)."""
         if seq in self.running:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-        self.blocks.free(seq)
+        self.blocks.free(seq.kv)
+        if seq.draft_kv is not None:
+            self.draft_blocks.free(seq.draft_kv)
         seq.status = SeqStatus.FINISHED
 
-    def schedule(self, spec_tokens: dict[Sequence, int] | None = None) -> SchedulerOutput:
-        if self.config.policy == "static":
-            return self._schedule_static()
-        return self._schedule_continuous(spec_tokens or {})
-
-    # -- continuous ---------------------------------------------------------------------------
-
-    def _preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+    def preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
+        """Free a running sequence's blocks and put it first in line, to recompute later."""
         self.running.remove(seq)
-        self.blocks.free(seq)
+        self.blocks.free(seq.kv)
         seq.status = SeqStatus.WAITING
         seq.metrics.num_preemptions += 1
         self.waiting.appendleft(seq)
         out.preempted.append(seq)
 
-    def _schedule_running(self, out: SchedulerOutput, budget: int, spec_tokens: dict[Sequence, int]) -> int:
-        scheduled: set[Sequence] = set()
-        order = sorted(self.running, key=lambda s: s.num_remaining > 1)  # decodes before partial prefills
-        decodes = {s for s in order if s.num_remaining == 1}  # as they stand now: preemption changes them
-        decodes_after = len(decodes)
-        for seq in order:
-            if budget <= 0:
-                break
-            decodes_after -= seq in decodes
-            if seq.status is not SeqStatus.RUNNING:  # preempted earlier in this loop
-                continue
-            n = min(seq.num_remaining, budget)
-            # drafts only from budget left once every later decode has its one token
-            spec = max(0, min(spec_tokens.get(seq, 0), budget - n - decodes_after)) if n == seq.num_remaining else 0
-            while not self.blocks.allocate(seq, n + spec):
-                if spec:  # draft tokens are optional: drop them before preempting anyone
-                    spec = 0
-                    continue
-                victim = next((s for s in reversed(self.running) if s not in scheduled), None)
-                if victim is None or (victim is seq and len(self.running) == 1):
-                    # alone and still short of blocks: it can never grow further
-                    self.running.remove(seq)
-                    out.out_of_memory.append(seq)
-                    break
-                self._preempt(victim, out)
-                if victim is seq:
-                    break
-            if seq.status is not SeqStatus.RUNNING or seq in out.out_of_memory:
-                continue
-            scheduled.add(seq)
-            out.chunks.append(ScheduledChunk(seq, n, spec))
-            budget -= n + spec
-        return budget
+    def count_prefix_lookup(self, seq: Sequence, hit: int) -> None:
+        """Count an admitted sequence's prefix lookup (once: an admission that fails is retried later)."""
+        if self.blocks.pool.enable_prefix_caching:
+            self.stats.prefix_cache_queries += len(seq.token_ids)
+            self.stats.prefix_cache_hits += hit
+        # a recomputed (preempted) sequence can also hit its own output blocks: count prompt tokens only
+        seq.metrics.num_cached_prompt_tokens = max(seq.metrics.num_cached_prompt_tokens,
+                                                   min(hit, seq.num_prompt_tokens))
 
-    def _admit(self, seq: Sequence, n: int, out: SchedulerOutput) -> None:
-        self.waiting.popleft()
-        seq.status = SeqStatus.RUNNING
-        if seq.metrics.first_scheduled is None:
-            seq.metrics.first_scheduled = time.perf_counter()
-        self.running.append(seq)
-        out.chunks.append(ScheduledChunk(seq, n))
-
-    def _schedule_continuous(self, spec_tokens: dict[Sequence, int]) -> SchedulerOutput:
-        out = SchedulerOutput()
-        budget = self._schedule_running(out, self.config.max_num_batched_tokens, spec_tokens)
-        if out.preempted:  # memory is short: admit nothing new this step
-            return out
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            seq = self.waiting[0]
-            hit = self.blocks.match_prefix(seq)
-            n = min(seq.num_remaining, budget)
-            if not self.blocks.allocate(seq, n):
-                self.blocks.free(seq)  # do not pin shared blocks while waiting
-                break
-            self.blocks.record_lookup(seq, hit)
-            # a recomputed (preempted) sequence can also hit its own output blocks: count prompt tokens only
-            seq.metrics.num_cached_prompt_tokens = max(seq.metrics.num_cached_prompt_tokens,
-                                                       min(hit, seq.num_prompt_tokens))
-            self._admit(seq, n, out)
-            budget -= n
-        return out
-
-    # -- static -------------------------------------------------------------------------------
-
-    def _admit_static_batch(self, out: SchedulerOutput) -> None:
-        """FCFS into one padded rectangle: every member reserves (longest prompt + largest max_tokens)."""
-        batch: list[Sequence] = []
-        width = 0
-        for seq in self.waiting:
-            if len(batch) == self.config.max_num_seqs:
-                break
-            w = max(width, len(seq.token_ids) + seq.params.max_tokens - seq.num_output_tokens)
-            if (len(batch) + 1) * self.blocks.blocks_needed(w) > self.blocks.pool.num_free:
-                break
-            batch.append(seq)
-            width = w
-        if not batch and self.waiting:  # the head cannot fit even alone
-            out.out_of_memory.append(self.waiting.popleft())
-            return
-        for seq in batch:
-            self.waiting.popleft()
-            assert self.blocks.allocate(seq, width - seq.num_computed)
-            seq.status = SeqStatus.RUNNING
-            seq.metrics.first_scheduled = time.perf_counter()
-            self.running.append(seq)
-
-    def release_drained_batch(self) -> None:
-        """Static mode: once every member of the batch has finished, free the whole rectangle."""
-        if all(s.ghost for s in self.running):
-            for seq in list(self.running):
-                self.finish(seq)
-
-    def _schedule_static(self) -> SchedulerOutput:
-        out = SchedulerOutput()
-        if not self.running:
-            self._admit_static_batch(out)
-        budget = self.config.max_num_batched_tokens
-        for seq in sorted(self.running, key=lambda s: s.num_remaining > 1):
-            n = min(seq.num_remaining, budget)
-            if n <= 0:
-                break
-            out.chunks.append(ScheduledChunk(seq, n))
-            budget -= n
-        return out
+    def _forget_drafts(self, seq: Sequence, num_valid: int) -> None:
+        """Roll the draft model's KV back to num_valid tokens (its guesses past them are void)."""
+        if seq.draft_kv is not None and seq.draft_kv.num_computed > num_valid:
+            self.draft_blocks.truncate(seq.draft_kv, num_valid)

@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from runtime.kv.block_manager import KVBlocks
 from runtime.sampling_params import SamplingParams
 
 
@@ -58,55 +59,33 @@ class RequestMetrics:
 
 @dataclass(eq=False)
 class Sequence:
+    """Scheduling state of one generated sequence, owned by the scheduler: its tokens and its KV.
+
+    What was reported to the client (text, stop state, logprobs) lives in the output stage."""
+
     seq_id: int
     request_id: str
-    index: int  # choice index among the request's n
-    token_ids: list[int]  # prompt followed by the outputs so far
+    token_ids: list[int]  # prompt followed by the tokens generated so far
     num_prompt_tokens: int
     params: SamplingParams
     metrics: RequestMetrics
-    generator: torch.Generator | None = None
+    generator: torch.Generator | None = None  # set for sampled requests: draws independent of batch mates
     status: SeqStatus = SeqStatus.WAITING
-    num_computed: int = 0  # tokens whose KV is in the cache
-    block_table: list[int] = field(default_factory=list)
-    block_hashes: list[int] = field(default_factory=list)  # chained hashes of full token blocks
-    num_registered_blocks: int = 0  # leading blocks already in the prefix-cache index
-    finish_reason: str | None = None
-    stop_reason: str | int | None = None
-    text: str = ""  # detokenized output, stop string excluded
-    num_emitted_chars: int = 0  # of text, already streamed out
-    num_emitted_tokens: int = 0
-    logprobs: list = field(default_factory=list)
-    detokenizer: Any = None
-    # static batching: finished and reported, but still decoding as padding until its batch drains;
-    # token_ids from this index on are that padding, never reported
-    padding_from: int | None = None
+    kv: KVBlocks = field(default_factory=KVBlocks)
+    draft_kv: KVBlocks | None = None  # the draft model's blocks, with a draft-model proposer
 
     @property
-    def ghost(self) -> bool:
-        return self.padding_from is not None
-
-    @property
-    def output_end(self) -> int:
-        """End of the reported tokens in token_ids."""
-        return len(self.token_ids) if self.padding_from is None else self.padding_from
-
-    @property
-    def output_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens:self.output_end]
+    def num_computed(self) -> int:
+        return self.kv.num_computed
 
     @property
     def num_output_tokens(self) -> int:
-        return self.output_end - self.num_prompt_tokens
+        return len(self.token_ids) - self.num_prompt_tokens
 
     @property
     def num_remaining(self) -> int:
         """Known tokens whose KV is not in the cache yet (1 for a plain decode)."""
-        return len(self.token_ids) - self.num_computed
-
-    @property
-    def is_finished(self) -> bool:
-        return self.finish_reason is not None
+        return len(self.token_ids) - self.kv.num_computed
 
     def __hash__(self) -> int:
         return self.seq_id

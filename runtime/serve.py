@@ -57,8 +57,6 @@ def build_engine(args: argparse.Namespace) -> tuple["AsyncEngine", str]:
     """
     from runtime.async_engine import AsyncEngine
     from runtime.engine import LLMEngine
-    from runtime.engine_stats import EngineStats
-    from runtime.kv.block_pool import PrefixCacheStats
     from runtime.llm import LLM
     from runtime.load import load_model
     from runtime.sampling_params import SamplingParams
@@ -75,8 +73,7 @@ def build_engine(args: argparse.Namespace) -> tuple["AsyncEngine", str]:
         bar.set_postfix_str("warm-up")
         LLM.from_engine(engine).generate([[tokenizer.bos_token_id or 0]], SamplingParams(max_tokens=2, ignore_eos=True),
                                          use_tqdm=False)
-        engine.stats = EngineStats()  # /metrics counts what clients asked for, not the warm-up
-        engine.pool.stats = PrefixCacheStats()
+        engine.reset_stats()  # /metrics counts what clients asked for, not the warm-up
         bar.update()
     return AsyncEngine(engine, max_queue=args.max_queue), path
 
@@ -110,12 +107,12 @@ def main(argv: list[str] | None = None) -> int:
     async_engine, path = build_engine(args)
     name = args.served_model_name or model_name(path)
     app = create_app(async_engine, name, api_key=args.api_key, mount_ui=mount_chat_ui)
-    engine = async_engine.engine
+    about = async_engine.describe()
     host = "127.0.0.1" if args.host in ("0.0.0.0", "") else f"[{args.host}]" if ":" in args.host else args.host
     base = f"http://{host}:{sock.getsockname()[1]}"
-    print(f"model: {name} ({path}), context {engine.max_model_len} tokens, {engine.device} {engine.dtype}",
-          file=sys.stderr)
-    print(engine.ledger.describe(), file=sys.stderr)
+    print(f"model: {name} ({path}), context {async_engine.limits.max_model_len} tokens, {about['device']} "
+          f"{about['dtype']}", file=sys.stderr)
+    print(about["memory ledger"], file=sys.stderr)
     print(f"chat page: {base}/   API: {base}/v1   docs: {base}/docs   metrics: {base}/metrics", file=sys.stderr,
           flush=True)
     server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=5))

@@ -35,12 +35,12 @@ class LiveServer:
         """Until no request is left in the engine and every KV block is free again; else fail."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            s = self.async_engine.snapshot
+            s = self.async_engine.snapshot()
             if (s.kv_blocks_used == 0 and s.num_requests_running == 0 and s.num_requests_waiting == 0
                     and self.async_engine.num_seqs_in_flight == 0 and not self.engine.requests):
                 return
             time.sleep(0.02)
-        raise AssertionError(f"engine not idle after {timeout}s: {self.async_engine.snapshot}, "
+        raise AssertionError(f"engine not idle after {timeout}s: {self.async_engine.snapshot()}, "
                              f"in flight {self.async_engine.num_seqs_in_flight}")
 
 

@@ -49,7 +49,7 @@ def test_concurrent_streams_match_offline_generate():
 
     with AsyncEngine(tiny_engine()) as ae:
         results = asyncio.run(main(ae))
-        wait_until(lambda: ae.snapshot.kv_blocks_used == 0)
+        wait_until(lambda: ae.snapshot().kv_blocks_used == 0)
     for i, (ids, reasons) in enumerate(results):
         assert ids[f"r{i}"] == want[i]
         assert reasons[f"r{i}"] == "length"
@@ -69,7 +69,7 @@ def test_close_aborts_and_frees_blocks_before_the_next_step():
 
     with AsyncEngine(engine) as ae:
         steps_at_close = asyncio.run(main(ae))
-        wait_until(lambda: ae.snapshot.kv_blocks_used == 0 and not engine.requests)
+        wait_until(lambda: ae.snapshot().kv_blocks_used == 0 and not engine.requests)
         # one step may have been running when close() was called; the abort lands before the next
         assert engine.stats.steps - steps_at_close <= 2
         assert engine.stats.finished["abort"] == 1
@@ -115,7 +115,7 @@ def test_queue_limit_counts_sequences_and_recovers():
     with AsyncEngine(engine, max_queue=1) as ae:
         ids, reasons = asyncio.run(main(ae))
         assert reasons == {"e": "length"} and len(ids["e"]) == 12
-        wait_until(lambda: ae.snapshot.kv_blocks_used == 0 and not engine.requests)
+        wait_until(lambda: ae.snapshot().kv_blocks_used == 0 and not engine.requests)
 
 
 def test_a_failing_step_fails_requests_in_flight_but_the_engine_keeps_serving():
@@ -133,7 +133,7 @@ def test_a_failing_step_fails_requests_in_flight_but_the_engine_keeps_serving():
     with AsyncEngine(engine) as ae:
         with pytest.raises(EngineStepError, match="injected fault"):
             asyncio.run(run_stream(ae, [request("victim", [1, 2, 3], LONG)]))
-        wait_until(lambda: ae.snapshot.kv_blocks_used == 0 and not engine.requests)
+        wait_until(lambda: ae.snapshot().kv_blocks_used == 0 and not engine.requests)
         ids, reasons = asyncio.run(run_stream(ae, [request("next", [1, 2, 3])]))
         assert reasons == {"next": "length"} and len(ids["next"]) == 12
         assert ae.is_running
@@ -169,4 +169,4 @@ def test_requests_of_a_closed_event_loop_are_aborted_and_give_back_their_seats()
     with AsyncEngine(tiny_engine()) as ae:
         asyncio.run(submit_and_leave(ae))  # asyncio.run closes the loop behind the stream
         wait_until(lambda: "orphan" not in ae.engine.requests and ae.num_seqs_in_flight == 0)
-        wait_until(lambda: ae.snapshot.kv_blocks_used == 0)
+        wait_until(lambda: ae.snapshot().kv_blocks_used == 0)

@@ -81,4 +81,4 @@ def test_empty_message_and_overlong_conversation_do_not_reach_the_engine():
         assert asyncio.run(main("   ")) == [([], [], "   ")]
         display, convo, _ = asyncio.run(main("x" * 5000))[-1]
         assert convo == [] and "context" in display[-1]["content"]
-        assert ae.snapshot.prompt_tokens == 0
+        assert ae.snapshot().prompt_tokens == 0

@@ -108,8 +108,8 @@ def test_no_leak_after_aborts_mid_prefill_and_mid_decode():
     engine.add_request("queued", [4, 5, 6], GREEDY)
     engine.step()
     engine.step()  # "prefill" is partway through its prompt, "decode" is decoding
-    assert engine.requests["prefill"].seqs[0].num_computed < len(long)
-    assert engine.requests["decode"].seqs[0].num_output_tokens >= 1
+    assert engine.requests["prefill"].choices[0].seq.num_computed < len(long)
+    assert engine.requests["decode"].choices[0].seq.num_output_tokens >= 1
     for rid in ("prefill", "decode", "queued"):
         assert engine.abort_request(rid)
     outs = {o.request_id: o for o in engine.step()}
@@ -244,7 +244,7 @@ def test_a_text_longer_than_any_tokenization_could_fit_is_refused_untokenized(mo
         engine.add_request("r", "a" * 4097, GREEDY)
     assert exc.value.code == "context_length_exceeded"
     with pytest.raises(RequestError, match="characters"):
-        engine.encode_chat([{"role": "user", "content": "a" * 5000}])
+        engine.limits.encode_chat([{"role": "user", "content": "a" * 5000}])
     assert not engine.requests
 
 

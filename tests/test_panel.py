@@ -3,7 +3,7 @@ import numpy as np
 
 from app.block_map import STATE_COLORS
 from app.panel import LivePanel
-from runtime.async_engine import AsyncEngine, EngineSnapshot
+from runtime.async_engine import AsyncEngine
 from runtime.metrics import ServerMetrics
 from runtime.sampling_params import SamplingParams
 from tests.tiny_engine import tiny_engine
@@ -20,7 +20,7 @@ def test_block_map_is_redrawn_only_for_a_new_snapshot():
         engine.add_request("r", list(range(3, 60)), SamplingParams(max_tokens=5))
         engine.step()
         assert panel.block_map() is idle  # the engine moved on, but published nothing yet
-        async_engine.snapshot = EngineSnapshot.of(engine)
+        async_engine._publish(idle=True)  # what the engine thread does after a step
         busy = panel.block_map()
         in_use = STATE_COLORS[2]
         assert not (idle == in_use).all(axis=-1).any() and (busy == in_use).all(axis=-1).any()

@@ -24,7 +24,7 @@ def check_pool_invariants(engine):
     pool = engine.pool
     live = [s for s in engine.scheduler.running]
     for seq in live:
-        for b in seq.block_table:
+        for b in seq.kv.block_table:
             assert pool.ref_counts[b] > 0 and b not in pool.free_queue
     for h, b in pool.cached.items():
         assert pool.block_hash[b] == h
@@ -36,7 +36,7 @@ def test_outputs_identical_with_cache_on_and_off():
     on = tiny_engine(max_num_batched_tokens=64)
     off = tiny_engine(max_num_batched_tokens=64, enable_prefix_caching=False)
     assert outputs(on, prompts) == outputs(off, prompts)
-    assert on.pool.stats.hits > 0 and off.pool.stats.hits == 0
+    assert on.stats.prefix_cache_hits > 0 and off.stats.prefix_cache_hits == 0
     assert on.stats.computed_prefill_tokens < off.stats.computed_prefill_tokens
     assert_idle(on)
     assert on.pool.num_cached > 0  # freed blocks keep their contents for later hits
@@ -47,13 +47,13 @@ def test_same_prompt_shares_every_full_block_physically():
     prompt = list(range(70))  # 4 full blocks + a partial one
     engine.add_request("a", prompt, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
     engine.step()
-    a = engine.requests["a"].seqs[0]
+    a = engine.requests["a"].choices[0].seq
     engine.add_request("b", prompt, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))
     engine.step()
-    b = engine.requests["b"].seqs[0]
-    assert b.block_table[:4] == a.block_table[:4]
-    assert all(engine.pool.ref_counts[x] == 2 for x in a.block_table[:4])
-    assert b.block_table[4] != a.block_table[4]  # the partial block is never shared
+    b = engine.requests["b"].choices[0].seq
+    assert b.kv.block_table[:4] == a.kv.block_table[:4]
+    assert all(engine.pool.ref_counts[x] == 2 for x in a.kv.block_table[:4])
+    assert b.kv.block_table[4] != a.kv.block_table[4]  # the partial block is never shared
     assert b.metrics.num_cached_prompt_tokens == 64
     while engine.has_unfinished_requests():
         engine.step()
@@ -82,7 +82,7 @@ def test_eviction_under_pressure_is_lru_and_never_stale():
             if out.finished:
                 got[out.request_id] = out.outputs[0].token_ids
         check_pool_invariants(on)
-    assert on.pool.stats.evictions > 0 and on.pool.stats.hits > 0
+    assert on.pool.evictions > 0 and on.stats.prefix_cache_hits > 0
     off = tiny_engine(enable_prefix_caching=False)
     want = outputs(off, prompts)
     assert [got[k] for k in sorted(got, key=lambda k: int(k[1:].split("-")[0]))] == want
@@ -108,7 +108,7 @@ def test_preempted_request_finds_its_blocks_and_outputs_match():
     small = tiny_engine(num_blocks=14)
     llm_outs = LLM.from_engine(small).generate(prompts, params, use_tqdm=False)
     got = [o.outputs[0].token_ids for o in llm_outs]
-    assert small.stats.preemptions > 0 and small.pool.stats.hits > 0
+    assert small.stats.preemptions > 0 and small.stats.prefix_cache_hits > 0
     # a recomputed request also hits its own output blocks; its metric counts prompt tokens only
     assert all(o.metrics["num_cached_prompt_tokens"] <= len(o.prompt_token_ids) for o in llm_outs)
     assert got == outputs(tiny_engine(enable_prefix_caching=False), prompts, params)
@@ -119,7 +119,7 @@ def test_a_request_waiting_for_blocks_is_counted_once_in_the_cache_stats():
     engine = tiny_engine(num_blocks=8)  # 128 tokens: the second prompt waits until the first is done
     outputs(engine, [list(range(100)), list(range(200, 240))])
     assert engine.stats.preemptions == 0
-    assert engine.pool.stats.queries == 100 + 40
+    assert engine.stats.prefix_cache_queries == 100 + 40
 
 
 def test_abort_of_one_sharer_leaves_the_other_intact():

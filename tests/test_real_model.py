@@ -6,6 +6,7 @@ import torch
 
 from runtime.engine import LLMEngine
 from runtime.engine_config import EngineConfig
+from runtime.kv.block_manager import KVBlocks
 from runtime.llm import LLM
 from runtime.load import load_model
 from runtime.model_runner import SeqChunk
@@ -52,15 +53,13 @@ def prompt_ids(engine, kind):
 @pytest.mark.parametrize("kind", ["chat", "plain", "long"])
 def test_logits_match_transformers(engine, hf_model, kind):
     ids = prompt_ids(engine, kind)
-    blocks = engine.blocks
-    from runtime.sequence import RequestMetrics, Sequence
-
-    seq = Sequence(0, "t", 0, list(ids), len(ids), SamplingParams(), RequestMetrics(0.0))
-    assert blocks.allocate(seq, len(ids))
+    blocks = engine.scheduler.blocks
+    kv = KVBlocks()
+    assert blocks.allocate(kv, len(ids))
     try:
-        ours = engine.runner.run([SeqChunk(ids, 0, seq.block_table, num_logits=len(ids))])
+        ours = engine.runner.run([SeqChunk(ids, 0, kv.block_table, num_logits=len(ids))])
     finally:
-        blocks.free(seq)
+        blocks.free(kv)
     with torch.no_grad():
         ref = hf_model(torch.tensor([ids])).logits[0].float()
     torch.testing.assert_close(ours, ref, atol=LOGIT_ATOL, rtol=0)

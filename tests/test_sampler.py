@@ -43,7 +43,7 @@ def test_each_tier_settles_the_rows_it_should_and_keeps_what_a_full_sort_keeps(s
                                     dict(top_p=0.95, min_p=0.02), dict(top_k=3, temperature=0.5)])
 def test_processed_probs_match_the_full_sort_reference(small_tiers, params):
     logits = logits_of_rising_entropy(seed=1)
-    rows = [SamplingRow(SamplingParams(**params), []) for _ in range(3)]
+    rows = [SamplingRow(SamplingParams(**params)) for _ in range(3)]
     p = SamplingParams(**params)
     probs = torch.softmax(logits / p.temperature, -1)
     want = full_sort_cut(probs, torch.full((3,), p.top_k or 500), torch.full((3,), p.top_p))
@@ -58,8 +58,8 @@ def test_sampled_frequencies_follow_the_processed_distribution(small_tiers, para
 
     logits = torch.randn(1, 40, generator=torch.Generator().manual_seed(2)) * 1.5
     p = SamplingParams(temperature=0.8, **params)
-    want = processed_probs(logits, [SamplingRow(p, [])])[0]
-    rows = [SamplingRow(p, [], generator=torch.Generator().manual_seed(i)) for i in range(2000)]
+    want = processed_probs(logits, [SamplingRow(p)])[0]
+    rows = [SamplingRow(p, generator=torch.Generator().manual_seed(i)) for i in range(2000)]
     counts = torch.zeros(40)
     for _ in range(5):
         counts += torch.bincount(torch.tensor(sample(logits.expand(2000, -1), rows).token_ids), minlength=40)
@@ -80,10 +80,10 @@ def test_inverse_cdf_never_lands_on_a_token_without_mass():
 def test_seeded_rows_draw_the_same_token_whatever_their_batch_mates():
     logits = logits_of_rising_entropy(vocab=300, seed=3)
     p = SamplingParams(temperature=1.0, top_p=0.9)
-    alone = [sample(logits[i:i + 1], [SamplingRow(p, [], generator=torch.Generator().manual_seed(i))]).token_ids[0]
+    alone = [sample(logits[i:i + 1], [SamplingRow(p, generator=torch.Generator().manual_seed(i))]).token_ids[0]
              for i in range(3)]
-    mixed = [SamplingRow(p, [], generator=torch.Generator().manual_seed(i)) for i in range(3)]
-    mixed[1] = SamplingRow(SamplingParams(temperature=0), [])  # a greedy mate in the middle
+    mixed = [SamplingRow(p, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    mixed[1] = SamplingRow(SamplingParams(temperature=0))  # a greedy mate in the middle
     together = sample(logits, mixed).token_ids
     assert together[0] == alone[0] and together[2] == alone[2]
     assert together[1] == int(logits[1].argmax())

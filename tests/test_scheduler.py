@@ -1,10 +1,12 @@
 """The scheduler alone, over a real block pool: what one step holds, in what order, and who is preempted."""
 import itertools
 
+from runtime.engine_config import EngineConfig
+from runtime.engine_stats import EngineStats
 from runtime.kv.block_manager import BlockManager
 from runtime.kv.block_pool import BlockPool
 from runtime.sampling_params import SamplingParams
-from runtime.scheduler import Scheduler, SchedulerConfig
+from runtime.scheduler import Scheduler, SeqUpdate
 from runtime.sequence import RequestMetrics, Sequence, SeqStatus
 
 BLOCK = 4
@@ -13,12 +15,13 @@ _ids = itertools.count()
 
 def scheduler(num_blocks=64, budget=32, max_seqs=8, policy="continuous"):
     pool = BlockPool(num_blocks, enable_prefix_caching=False)
-    return Scheduler(SchedulerConfig(budget, max_seqs, policy), BlockManager(pool, BLOCK))
+    config = EngineConfig(max_num_batched_tokens=budget, max_num_seqs=max_seqs, scheduler=policy)
+    return Scheduler(config, BlockManager(pool, BLOCK), EngineStats(), max_model_len=1 << 20)
 
 
 def seq(prompt_len, max_tokens=100):
     n = next(_ids)
-    return Sequence(n, f"r{n}", 0, list(range(1, prompt_len + 1)), prompt_len,
+    return Sequence(n, f"r{n}", list(range(1, prompt_len + 1)), prompt_len,
                     SamplingParams(temperature=0, max_tokens=max_tokens), RequestMetrics(arrival=0.0))
 
 
@@ -26,10 +29,8 @@ def run_step(sched, spec=None):
     """Schedule one step and play the model's part: computed tokens are cached, a finished prompt
     or decode gets one new token."""
     out = sched.schedule(spec)
-    for c in out.chunks:
-        c.seq.num_computed += c.num_tokens
-        if c.seq.num_remaining == 0:
-            c.seq.token_ids.append(7)
+    reaching_end = [c.seq for c in out.chunks if c.seq.num_computed + c.num_tokens == len(c.seq.token_ids)]
+    sched.update(out, [SeqUpdate(q, [7]) for q in reaching_end])
     return out
 
 
@@ -69,7 +70,7 @@ def test_newest_running_sequence_is_preempted_and_goes_to_the_front():
     s.add(waiting)
     out = run_step(s)  # old and mid each need a third block for their first decode
     assert out.preempted == [new]
-    assert new.status is SeqStatus.WAITING and not new.block_table and new.num_computed == 0
+    assert new.status is SeqStatus.WAITING and not new.kv.block_table and new.num_computed == 0
     assert list(s.waiting) == [new, waiting]  # recomputed before anyone who arrived later
     assert [c.seq for c in out.chunks] == [old, mid]  # and nothing new is admitted this step
 
@@ -103,7 +104,7 @@ def test_static_batch_reserves_prompt_plus_max_tokens_up_front():
     s.add(b)
     run_step(s)
     # one padded rectangle: every member reserves the longest prompt + the largest max_tokens
-    assert len(a.block_table) == len(b.block_table) == -(-(6 + 10) // BLOCK)
+    assert len(a.kv.block_table) == len(b.kv.block_table) == -(-(6 + 10) // BLOCK)
     late = seq(2)
     s.add(late)
     run_step(s)

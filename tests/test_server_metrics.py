@@ -83,7 +83,7 @@ def test_prefix_cache_and_speculation_series_match_the_engine():
 
     engine = tiny_engine(num_blocks=64)
     engine.config.num_speculative_tokens = 3
-    engine.proposer = NgramProposer(1, 3)
+    engine.set_proposer(NgramProposer(1, 3))
     with live_server(engine) as srv:
         body = {"prompt": [7, 8, 9, 10] * 12, "max_tokens": 12, "ignore_eos": True, "temperature": 0,
                 "logit_bias": {"8": 100}}  # outputs repeat a prompt token, so the n-gram proposer finds matches
@@ -96,4 +96,4 @@ def test_prefix_cache_and_speculation_series_match_the_engine():
         assert value(s, "spec_decode_num_accepted_tokens_total") == stats.spec_accepted
         assert value(s, "prefix_cache_blocks") == srv.engine.pool.num_cached > 0
         assert value(s, "prefix_cache_hits_total") > 0
-        assert value(s, "prefix_cache_evictions_total") == srv.engine.pool.stats.evictions
+        assert value(s, "prefix_cache_evictions_total") == srv.engine.pool.evictions

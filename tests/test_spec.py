@@ -23,15 +23,20 @@ GREEDY = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
 def with_draft(engine, seed=1, logit_scale=1.0, k=3):
     cfg, tensors = tiny_weights(seed=seed, logit_scale=logit_scale)
     engine.config.num_speculative_tokens = k
-    engine.proposer = DraftModelProposer(cfg, tensors, engine.model_config, engine.config, engine.device,
-                                         engine.dtype, kv_budget_bytes=8 << 20)
+    engine.set_proposer(DraftModelProposer(cfg, tensors, engine.model_config, engine.config, engine.device,
+                                           engine.dtype, kv_budget_bytes=8 << 20))
     return engine
 
 
 def with_ngram(engine, k=4):
     engine.config.num_speculative_tokens = k
-    engine.proposer = NgramProposer(1, 4)
+    engine.set_proposer(NgramProposer(1, 4))
     return engine
+
+
+def draft_kv_all_free(engine):
+    pool = engine.scheduler.draft_blocks.pool
+    return pool.num_free == pool.num_blocks
 
 
 def mixed_prompts(seed=0):
@@ -72,7 +77,7 @@ def test_draft_model_greedy_identical_to_no_speculation(draft_seed):
         assert s.spec_accepted == s.spec_proposed
     else:
         assert s.spec_accepted < s.spec_proposed
-    assert engine.proposer.pool.num_free == engine.proposer.pool.num_blocks
+    assert draft_kv_all_free(engine)
     assert_idle(engine)
 
 
@@ -82,27 +87,27 @@ def test_drafts_left_out_of_a_step_are_forgotten_by_the_draft_model(left_out):
     want = run(tiny_engine(), prompts)
     engine = with_draft(tiny_engine(max_num_batched_tokens=6), seed=0, k=3)  # the draft is the target
     if left_out == "whole sequence":  # every other step the scheduler skips one drafted decode entirely
-        schedule, steps = engine.scheduler.schedule, iter(range(10**6))
+        schedule, steps = engine.scheduler.policy.schedule, iter(range(10**6))
 
-        def skipping(spec_tokens):
-            out = schedule(spec_tokens)
+        def skipping(sched, spec_tokens):
+            out = schedule(sched, spec_tokens)
             if next(steps) % 2 and len(out.chunks) > 1 and out.chunks[-1].seq in spec_tokens:
                 out.chunks.pop()
             return out
-        engine.scheduler.schedule = skipping
+        engine.scheduler.policy.schedule = skipping
     for i, p in enumerate(prompts):
         engine.add_request(f"r{i}", p, GREEDY)
     done = {}
     while engine.has_unfinished_requests():
         for out in engine.step():
             done[out.request_id] = out.outputs[0].token_ids
-        for seq in (s for r in engine.requests.values() for s in r.seqs):
-            st = engine.proposer.state.get(seq.seq_id)
+        for seq in (c.seq for r in engine.requests.values() for c in r.choices):
+            st = seq.draft_kv
             assert st is None or st.num_computed < len(seq.token_ids)  # no guess kept; the last token to run
     assert [done[f"r{i}"] for i in range(len(prompts))] == want
     s = engine.stats
     assert 0 < s.spec_accepted == s.spec_proposed  # counts only the drafts verified, all of them right
-    assert engine.proposer.pool.num_free == engine.proposer.pool.num_blocks
+    assert draft_kv_all_free(engine)
     assert_idle(engine)
 
 
@@ -111,8 +116,7 @@ def test_static_batches_never_draft():
         EngineConfig(scheduler="static", speculative="ngram")
     engine = with_draft(tiny_engine(scheduler="static"), seed=0, k=3)  # attached behind the config's back
     assert run(engine, [[1, 2, 3], [4, 5, 6]]) == run(tiny_engine(), [[1, 2, 3], [4, 5, 6]])
-    assert engine.stats.spec_proposed == 0 and not engine.proposer.state
-    assert engine.proposer.pool.num_free == engine.proposer.pool.num_blocks
+    assert engine.stats.spec_proposed == 0 and draft_kv_all_free(engine)
 
 
 def test_per_request_switch_and_mixed_batch():
@@ -126,7 +130,7 @@ def test_per_request_switch_and_mixed_batch():
 def _first_token_counts(p, q, trials, rule=verify_one, seed=0):
     """Sample a draft token from q, verify it against p, count the first emitted token."""
     gen = torch.Generator().manual_seed(seed)
-    row = SamplingRow(SamplingParams(temperature=1.0), [], generator=gen)
+    row = SamplingRow(SamplingParams(temperature=1.0), generator=gen)
     counts = collections.Counter()
     for _ in range(trials):
         d = int(torch.multinomial(q, 1, generator=gen))
@@ -153,7 +157,7 @@ def test_rejection_sampling_preserves_target_distribution_and_test_detects_broke
 def test_point_mass_draft_preserves_target_distribution():
     g = torch.Generator().manual_seed(1)
     p = torch.softmax(torch.randn(5, generator=g) * 2, 0)
-    row = SamplingRow(SamplingParams(temperature=1.0), [], generator=g)
+    row = SamplingRow(SamplingParams(temperature=1.0), generator=g)
     counts = collections.Counter(verify_one(torch.stack([p, p]), [2], None, row)[0] for _ in range(5000))
     assert chisquare([counts[i] for i in range(5)], (p * 5000).tolist()).pvalue > 0.001
 
@@ -198,4 +202,4 @@ def test_no_leaks_with_rejections_aborts_and_preemptions():
             engine.abort_request(f"r{steps % 7}")
     assert engine.stats.preemptions > 0 and engine.stats.spec_proposed > engine.stats.spec_accepted
     assert_idle(engine)
-    assert engine.proposer.pool.num_free == engine.proposer.pool.num_blocks and not engine.proposer.state
+    assert draft_kv_all_free(engine)

@@ -29,7 +29,7 @@ def create_app(async_engine: AsyncEngine, model_name: str = "default", api_key: 
     """
     app = FastAPI(title="cute-serve", summary="OpenAI-compatible LLM server", version="0.1.0")
     app.state.server = ServerState(async_engine, model_name, ServerMetrics(async_engine),
-                                   LogprobFormatter(async_engine.engine.tokenizer))
+                                   LogprobFormatter(async_engine.limits.tokenizer))
     install_error_handlers(app)
     if api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)

@@ -14,7 +14,7 @@ router = APIRouter()
 
 @router.get("/v1/models", response_model=ModelList, responses={401: ERROR_RESPONSES[401]})
 async def list_models(state: ServerState = Depends(server_state)) -> ModelList:
-    card = ModelCard(id=state.model_name, created=state.created, max_model_len=state.engine.engine.max_model_len)
+    card = ModelCard(id=state.model_name, created=state.created, max_model_len=state.engine.limits.max_model_len)
     return ModelList(data=[card])
 
 

@@ -11,7 +11,7 @@ from runtime.api.errors import APIError
 from runtime.api.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from runtime.api.sampling import requested_logprobs, sampling_params
 from runtime.async_engine import AsyncEngine, EngineRequest
-from runtime.engine import LLMEngine
+from runtime.request_limits import RequestLimits
 from runtime.errors import RequestError
 
 
@@ -21,31 +21,31 @@ class PreparedPrompt:
     echo: str  # text to put before the completion when echo is asked for ("" otherwise)
 
 
-def completion_prompts(req: CompletionRequest, core: LLMEngine) -> list[tuple[list[int], str]]:
+def completion_prompts(req: CompletionRequest, limits: RequestLimits) -> list[tuple[list[int], str]]:
     """(token ids, prompt text) per prompt: a string, a token list, or a batch of either."""
     p = req.prompt
     if isinstance(p, str):
-        return [(core.encode_text(p), p)]
+        return [(limits.encode_text(p), p)]
     if p and isinstance(p[0], int):
         return [(list(p), "")]
-    return [(core.encode_text(x), x) if isinstance(x, str) else (list(x), "") for x in p]
+    return [(limits.encode_text(x), x) if isinstance(x, str) else (list(x), "") for x in p]
 
 
-def chat_prompt(req: ChatCompletionRequest, core: LLMEngine) -> list[int]:
-    return core.encode_chat([m.template_dict() for m in req.messages])
+def chat_prompt(req: ChatCompletionRequest, limits: RequestLimits) -> list[int]:
+    return limits.encode_chat([m.template_dict() for m in req.messages])
 
 
 def prepare(engine: AsyncEngine, req: SamplingFields, request_id: str, arrival: float) -> list[PreparedPrompt]:
     """One EngineRequest per prompt (ids request_id-0, -1, ...); raises APIError / RequestError."""
-    core = engine.engine
+    limits = engine.limits
     logprobs = requested_logprobs(req)
     try:
-        prompts = _encoded_prompts(req, core, logprobs)
+        prompts = _encoded_prompts(req, limits, logprobs)
         out = []
         for i, (ids, text) in enumerate(prompts):
-            params = sampling_params(req, len(ids), core.max_request_tokens, logprobs)
+            params = sampling_params(req, len(ids), limits.max_request_tokens, logprobs)
             engine.check(ids, params)
-            echo = (text or core.tokenizer.decode(ids)) if isinstance(req, CompletionRequest) and req.echo else ""
+            echo = (text or limits.tokenizer.decode(ids)) if isinstance(req, CompletionRequest) and req.echo else ""
             out.append(PreparedPrompt(EngineRequest(f"{request_id}-{i}", ids, params, arrival), echo))
     except RequestError as exc:
         if exc.param is not None:  # a sampling parameter: as_api_error names it
@@ -55,11 +55,11 @@ def prepare(engine: AsyncEngine, req: SamplingFields, request_id: str, arrival: 
     return out
 
 
-def _encoded_prompts(req: SamplingFields, core: LLMEngine, logprobs: int | None) -> list[tuple[list[int], str]]:
+def _encoded_prompts(req: SamplingFields, limits: RequestLimits, logprobs: int | None) -> list[tuple[list[int], str]]:
     if isinstance(req, ChatCompletionRequest):
-        return [(chat_prompt(req, core), "")]
+        return [(chat_prompt(req, limits), "")]
     assert isinstance(req, CompletionRequest)
     if req.echo and logprobs is not None:
         raise APIError(400, "echo together with logprobs is not supported (no prompt logprobs)", "echo")
-    return completion_prompts(req, core)
+    return completion_prompts(req, limits)
 

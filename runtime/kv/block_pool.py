@@ -7,18 +7,8 @@ one queue in the order they were freed; a fresh allocation takes the oldest, evi
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
 
-
-@dataclass
-class PrefixCacheStats:
-    queries: int = 0  # prompt tokens looked up
-    hits: int = 0  # of which found in the cache
-    evictions: int = 0  # cached blocks whose contents were dropped for a fresh allocation
-
-    @property
-    def hit_rate(self) -> float:
-        return self.hits / self.queries if self.queries else 0.0
+import numpy as np
 
 
 class BlockPool:
@@ -32,7 +22,7 @@ class BlockPool:
         self.block_tokens: list[tuple[int, ...] | None] = [None] * num_blocks
         self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.cached: dict[int, int] = {}  # block hash -> block id
-        self.stats = PrefixCacheStats()
+        self.evictions = 0  # cached blocks whose contents were dropped for a fresh allocation
 
     @property
     def num_free(self) -> int:
@@ -58,7 +48,7 @@ class BlockPool:
         if h is not None:
             if self.cached.get(h) == block:
                 del self.cached[h]
-                self.stats.evictions += 1
+                self.evictions += 1
             self.block_hash[block] = None
             self.block_tokens[block] = None
 
@@ -98,3 +88,9 @@ class BlockPool:
     def reset_prefix_cache(self) -> None:
         for block in list(self.free_queue):
             self._uncache(block)
+
+    def states(self) -> np.ndarray:
+        """Per block: 0 free, 1 cached-free, 2 in use by one sequence, 3 shared (for the UI's map)."""
+        refs = np.asarray(self.ref_counts)
+        cached = np.fromiter((h is not None for h in self.block_hash), dtype=bool, count=self.num_blocks)
+        return np.where(refs > 1, 3, np.where(refs == 1, 2, np.where(cached, 1, 0))).astype(np.uint8)

@@ -1,30 +1,20 @@
-"""Draft-model proposer: a smaller model sharing the target's tokenizer, with its own paged KV."""
-from __future__ import annotations
+"""Draft-model proposer: a smaller model sharing the target's tokenizer, with its own paged KV.
 
-from dataclasses import dataclass, field
+Its KV blocks are the scheduler's to reserve, roll back and free (Sequence.draft_kv); the proposer
+runs the draft model over them and records how many tokens it has computed.
+"""
+from __future__ import annotations
 
 import torch
 
 from runtime.engine_config import EngineConfig
 from runtime.errors import UserError
-from runtime.kv.block_manager import BlockManager
-from runtime.kv.block_pool import BlockPool
 from runtime.model.config import ModelConfig
 from runtime.model.factory import make_runner
 from runtime.model_runner import SeqChunk
 from runtime.sampler import SamplingRow, draw, processed_probs
 from runtime.sequence import Sequence
 from runtime.spec.proposer import Draft
-
-
-@dataclass
-class DraftSeq:
-    """The draft model's KV bookkeeping for one target sequence (same fields BlockManager uses)."""
-
-    block_table: list[int] = field(default_factory=list)
-    num_computed: int = 0
-    block_hashes: list[int] = field(default_factory=list)
-    num_registered_blocks: int = 0
 
 
 class DraftModelProposer:
@@ -35,44 +25,26 @@ class DraftModelProposer:
                             f"({target_cfg.vocab_size}); they must share a tokenizer")
         self.runner, ledger = make_runner(draft_cfg, tensors, kv_budget_bytes, config.block_size, device, dtype,
                                           config.backend)
-        self.blocks = BlockManager(BlockPool(max(ledger.num_blocks, 1), enable_prefix_caching=False), config.block_size)
-        self.state: dict[int, DraftSeq] = {}
+        self.num_kv_blocks = max(ledger.num_blocks, 1)
 
     def propose(self, seqs: list[Sequence], k: int) -> dict[Sequence, Draft]:
-        active, chunks = [], []
-        for seq in seqs:
-            st = self.state.setdefault(seq.seq_id, DraftSeq())
-            catch_up = seq.token_ids[st.num_computed:]  # tokens the draft has not run yet (at least the last)
-            if not self.blocks.allocate(st, len(catch_up) + k - 1):
-                continue  # draft KV is full: this sequence decodes without speculation this step
-            active.append((seq, st))
-            chunks.append(SeqChunk(catch_up, st.num_computed, st.block_table))
-        if not active:
+        """k tokens for each sequence; their draft KV covers len(token_ids) + k - 1 tokens already."""
+        if not seqs:
             return {}
-        rows = [SamplingRow(seq.params, [], [], seq.generator) for seq, _ in active]
-        tokens: list[list[int]] = [[] for _ in active]
-        dists: list[list[torch.Tensor]] = [[] for _ in active]
-        for step in range(k):
+        # catch up on the tokens the draft has not run yet (at least the last one)
+        chunks = [SeqChunk(s.token_ids[s.draft_kv.num_computed:], s.draft_kv.num_computed, s.draft_kv.block_table)
+                  for s in seqs]
+        rows = [SamplingRow(s.params, s.generator) for s in seqs]
+        tokens: list[list[int]] = [[] for _ in seqs]
+        dists: list[list[torch.Tensor]] = [[] for _ in seqs]
+        for _ in range(k):
             probs = processed_probs(self.runner.run(chunks), rows)
             picked = draw(probs, rows).tolist()
-            for i, (seq, st) in enumerate(active):
-                st.num_computed += len(chunks[i].token_ids)
+            for i, seq in enumerate(seqs):
+                seq.draft_kv.num_computed += len(chunks[i].token_ids)
                 tokens[i].append(picked[i])
                 dists[i].append(probs[i])
-            chunks = [SeqChunk([picked[i]], st.num_computed, st.block_table) for i, (_, st) in enumerate(active)]
+            chunks = [SeqChunk([picked[i]], s.draft_kv.num_computed, s.draft_kv.block_table)
+                      for i, s in enumerate(seqs)]
         return {seq: Draft(tokens[i], None if seq.params.greedy else torch.stack(dists[i]))
-                for i, (seq, _) in enumerate(active)}
-
-    def on_verified(self, seq: Sequence, num_valid_tokens: int) -> None:
-        st = self.state.get(seq.seq_id)
-        if st is not None and st.num_computed > num_valid_tokens:
-            self.blocks.truncate(st, num_valid_tokens)
-
-    def release(self, seq: Sequence) -> None:
-        st = self.state.pop(seq.seq_id, None)
-        if st is not None:
-            self.blocks.free(st)
-
-    @property
-    def pool(self) -> BlockPool:
-        return self.blocks.pool
+                for i, seq in enumerate(seqs)}

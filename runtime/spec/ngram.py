@@ -35,9 +35,3 @@ class NgramProposer:
             if tokens:
                 out[seq] = Draft(tokens)
         return out
-
-    def on_verified(self, seq: Sequence, num_valid_tokens: int) -> None:
-        pass
-
-    def release(self, seq: Sequence) -> None:
-        pass

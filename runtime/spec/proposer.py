@@ -19,10 +19,6 @@ class Draft:
 
 class Proposer(Protocol):
     def propose(self, seqs: list[Sequence], k: int) -> dict[Sequence, Draft]:
-        """Up to k draft tokens for each sequence (sequences may be left out)."""
-
-    def on_verified(self, seq: Sequence, num_valid_tokens: int) -> None:
-        """After verification: seq.token_ids[:num_valid_tokens] are final (rejected drafts dropped)."""
-
-    def release(self, seq: Sequence) -> None:
-        """The sequence finished or was aborted: drop any state kept for it."""
+        """Up to k draft tokens for each sequence (sequences may be left out). A proposer with a KV
+        cache of its own declares num_kv_blocks; the scheduler then keeps each sequence's draft_kv
+        (reserved before propose, rolled back after verification, freed with the sequence)."""

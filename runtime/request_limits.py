@@ -1,0 +1,65 @@
+"""What a request may ask of this engine: checked before it is enqueued, from fixed limits only,
+so any thread (the server's handlers, the chat UI) may call it while the engine steps."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from runtime.errors import RequestError
+from runtime.sampling_params import SamplingParams
+from runtime.tokenizer.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    tokenizer: Tokenizer
+    vocab_size: int
+    max_model_len: int  # context length: prompt + output
+    max_kv_tokens: int  # tokens the whole KV cache holds
+    reserves_up_front: bool  # static batching reserves KV for prompt + max_tokens at admission
+
+    @property
+    def max_request_tokens(self) -> int:
+        """Most prompt + output tokens a request may ask for: the context, and where KV is reserved
+        up front, the KV cache too."""
+        return min(self.max_model_len, self.max_kv_tokens) if self.reserves_up_front else self.max_model_len
+
+    def check(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        """Raise RequestError (naming the field) for a request the engine cannot serve."""
+        params.validate(self.vocab_size)
+        if not prompt_ids:
+            raise RequestError("the prompt is empty")
+        bad = next((t for t in prompt_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise RequestError(f"prompt token id {bad!r} is not in [0, {self.vocab_size})")
+        n, m = len(prompt_ids), params.max_tokens
+        if n + m > self.max_model_len:
+            raise RequestError(f"prompt ({n} tokens) + max_tokens ({m}) = {n + m} exceeds the model's context "
+                               f"length of {self.max_model_len} tokens", code="context_length_exceeded")
+        if n + 1 > self.max_kv_tokens:
+            raise RequestError(f"prompt ({n} tokens) + 1 can never fit the KV cache of {self.max_kv_tokens} tokens")
+        if n + m > self.max_request_tokens:  # past the context check, only static's up-front reservation
+            raise RequestError(f"prompt ({n} tokens) + max_tokens ({m}) can never fit the KV cache of "
+                               f"{self.max_kv_tokens} tokens, which static batching reserves up front")
+
+    def encode_text(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of a prompt text; text longer than the context could hold even at the longest
+        token per position is refused before the tokenizer spends seconds (and GBs) on it."""
+        per_token = self.tokenizer.max_chars_per_token
+        if per_token is not None and len(text) > self.max_model_len * per_token:
+            raise RequestError(f"the prompt has {len(text)} characters: more than the model's context of "
+                               f"{self.max_model_len} tokens can hold (at most {per_token} characters a token)",
+                               code="context_length_exceeded")
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
+        """The chat template rendered with the assistant's turn opened, then encode_text."""
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        return self.encode_text(text, add_special_tokens=False)  # the template writes BOS itself
+
+    def encode_prompt(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            return self.encode_text(prompt)
+        if not isinstance(prompt, list):
+            raise RequestError("a prompt is a string or a list of token ids")
+        return list(prompt)
