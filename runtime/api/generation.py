@@ -1,27 +1,27 @@
-"""What both generation routes share: preparing off the event loop, submitting, and answering with
-one JSON body, aborting the engine requests if the client leaves (SSE answers: runtime.api.sse).
+"""What both generation routes share: the Generation record, and answering with one JSON body,
+aborting the engine requests if the client leaves (SSE answers: runtime.api.sse).
 """
 from __future__ import annotations
 
 import asyncio
-import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
-from starlette.concurrency import run_in_threadpool
 
 from runtime.api.errors import APIError
 from runtime.api.logprobs import LogprobFormatter
-from runtime.api.prepare import PreparedPrompt, prepare
-from runtime.api.protocol import SamplingFields
-from runtime.api.state import ServerState
-from runtime.async_engine import RequestStream
+from runtime.async_engine import EngineRequest, RequestStream
 from runtime.outputs import RequestOutput
 
 CLIENT_CLOSED = 499  # nginx's code for "client closed the request"; nobody is left to read it
+
+
+@dataclass
+class PreparedPrompt:
+    request: EngineRequest
+    echo: str  # text to put before the completion when echo is asked for ("" otherwise)
 
 
 @dataclass
@@ -49,19 +49,6 @@ class Generation:
         prompt = sum(len(p.request.prompt_ids) for p in self.prompts)
         return {"prompt_tokens": prompt, "completion_tokens": completion_tokens,
                 "total_tokens": prompt + completion_tokens}
-
-
-async def start_generation(state: ServerState, req: SamplingFields, prefix: str) -> tuple[Generation, RequestStream]:
-    """Check the model, tokenize and validate in the thread pool, then enqueue (all or nothing)."""
-    arrival = time.perf_counter()
-    state.check_model(req.model)
-    response_id = f"{prefix}-{uuid.uuid4().hex}"
-    prompts = await run_in_threadpool(prepare, state.engine, req, response_id, arrival)
-    wants_logprobs = prompts[0].request.params.logprobs is not None
-    include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    gen = Generation(response_id, int(time.time()), state.model_name, req.n, prompts, wants_logprobs, include_usage,
-                     state.formatter)
-    return gen, state.engine.submit([p.request for p in prompts])
 
 
 async def _until_disconnected(request: Request) -> None:

@@ -1,24 +1,24 @@
-"""Turn a parsed request into validated, tokenized EngineRequests (run in the handler thread pool).
+"""From a parsed OpenAI request to validated, tokenized EngineRequests, submitted to the engine.
 
 Chat templating, encoding and every check the engine would make happen here, before anything is
 enqueued: a bad request is an immediate 400 and never reaches the engine thread.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+import time
+import uuid
+
+from starlette.concurrency import run_in_threadpool
 
 from runtime.api.errors import APIError
+from runtime.api.generation import Generation, PreparedPrompt
 from runtime.api.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
-from runtime.api.sampling import requested_logprobs, sampling_params
-from runtime.async_engine import AsyncEngine, EngineRequest
-from runtime.request_limits import RequestLimits
+from runtime.api.state import ServerState
+from runtime.async_engine import AsyncEngine, EngineRequest, RequestStream
 from runtime.errors import RequestError
-
-
-@dataclass
-class PreparedPrompt:
-    request: EngineRequest
-    echo: str  # text to put before the completion when echo is asked for ("" otherwise)
+from runtime.request_limits import RequestLimits
+from runtime.sampling_params import SamplingParams
 
 
 def completion_prompts(req: CompletionRequest, limits: RequestLimits) -> list[tuple[list[int], str]]:
@@ -63,3 +63,59 @@ def _encoded_prompts(req: SamplingFields, limits: RequestLimits, logprobs: int |
         raise APIError(400, "echo together with logprobs is not supported (no prompt logprobs)", "echo")
     return completion_prompts(req, limits)
 
+
+async def start_generation(state: ServerState, req: SamplingFields, prefix: str) -> tuple[Generation, RequestStream]:
+    """Check the model, tokenize and validate in the thread pool, then enqueue (all or nothing)."""
+    arrival = time.perf_counter()
+    state.check_model(req.model)
+    response_id = f"{prefix}-{uuid.uuid4().hex}"
+    prompts = await run_in_threadpool(prepare, state.engine, req, response_id, arrival)
+    wants_logprobs = prompts[0].request.params.logprobs is not None
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    gen = Generation(response_id, int(time.time()), state.model_name, req.n, prompts, wants_logprobs, include_usage,
+                     state.formatter)
+    return gen, state.engine.submit([p.request for p in prompts])
+
+
+def _logit_bias(bias: dict[str, float] | None) -> dict[int, float]:
+    """JSON object keys are strings: each must spell a token id (its range is SamplingParams' check)."""
+    out = {}
+    for key, value in (bias or {}).items():
+        if not re.fullmatch(r"[0-9]{1,10}", key):
+            raise APIError(400, f"invalid 'logit_bias': key {key!r} is not a token id", "logit_bias", "invalid_value")
+        out[int(key)] = value
+    return out
+
+
+def default_max_tokens(prompt_len: int, max_request_tokens: int) -> int:
+    """Like vLLM: the rest of the context (of the KV cache too, under static batching). At least 1,
+    so a prompt filling it fails the engine's check with both numbers named, not 'max_tokens 0'."""
+    return max(1, max_request_tokens - prompt_len)
+
+
+def sampling_params(req: SamplingFields, prompt_len: int, max_request_tokens: int,
+                    logprobs: int | None) -> SamplingParams:
+    if isinstance(req, ChatCompletionRequest):
+        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    else:
+        max_tokens = req.max_tokens
+    if max_tokens is None:
+        max_tokens = default_max_tokens(prompt_len, max_request_tokens)
+    return SamplingParams(
+        n=req.n, max_tokens=max_tokens,
+        min_tokens=req.min_tokens, temperature=req.temperature, top_p=req.top_p,
+        top_k=req.top_k,
+        min_p=req.min_p, repetition_penalty=req.repetition_penalty, presence_penalty=req.presence_penalty,
+        frequency_penalty=req.frequency_penalty, seed=req.seed, stop=req.stop if req.stop is not None else [],
+        stop_token_ids=list(req.stop_token_ids or []), ignore_eos=req.ignore_eos, logprobs=logprobs,
+        logit_bias=_logit_bias(req.logit_bias), skip_special_tokens=req.skip_special_tokens)
+
+
+def requested_logprobs(req: SamplingFields) -> int | None:
+    """How many top logprobs per token the request wants (None: no logprobs at all)."""
+    if isinstance(req, CompletionRequest):
+        return req.logprobs
+    assert isinstance(req, ChatCompletionRequest)
+    if req.top_logprobs is not None and not req.logprobs:
+        raise APIError(400, "invalid 'top_logprobs': it needs 'logprobs': true", "top_logprobs", "invalid_value")
+    return (req.top_logprobs or 0) if req.logprobs else None

@@ -10,7 +10,8 @@ from fastapi.responses import Response, StreamingResponse
 from starlette.background import BackgroundTask
 
 from runtime.api.errors import as_api_error, error_body
-from runtime.api.generation import Generation, json_response, start_generation
+from runtime.api.generation import Generation, json_response
+from runtime.api.prepare import start_generation
 from runtime.api.protocol import SamplingFields
 from runtime.api.state import ServerState
 from runtime.async_engine import RequestStream
