@@ -10,7 +10,7 @@ from app.block_map import STATE_COLORS, STATE_NAMES
 from app.chat import ChatSessions, ChatSettings, reply
 from app.panel import LivePanel
 from runtime.async_engine import AsyncEngine
-from runtime.metrics import ServerMetrics
+from runtime.api.metrics import ServerMetrics
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 

@@ -109,3 +109,30 @@ def test_static_batch_reserves_prompt_plus_max_tokens_up_front():
     s.add(late)
     run_step(s)
     assert late.status is SeqStatus.WAITING  # no admission until the batch drains
+
+
+def test_update_rolls_back_the_kv_of_rejected_drafts():
+    s = scheduler(num_blocks=64, budget=100)
+    a = seq(7)
+    s.add(a)
+    run_step(s)  # 7 prompt tokens computed, one sampled: 8 known
+    out = s.schedule({a: 6})
+    assert out.chunks[0].num_spec_tokens == 6 and len(a.kv.block_table) == -(-(7 + 7) // BLOCK)
+    s.update(out, [SeqUpdate(a, [9, 9], num_drafts=6)])  # one draft accepted, then a corrected token
+    assert a.token_ids[-2:] == [9, 9] and a.num_computed == 9  # the 8 known tokens and the accepted draft
+    assert len(a.kv.block_table) == -(-9 // BLOCK)  # blocks holding only rejected drafts went back
+
+
+def test_static_finished_member_pads_until_its_batch_drains():
+    s = scheduler(budget=100, policy="static")
+    a, b = seq(3, max_tokens=2), seq(3, max_tokens=5)
+    s.add(a)
+    s.add(b)
+    for finished in ([], [a]):
+        out = s.schedule()
+        assert not out.padding
+        s.update(out, [SeqUpdate(q, [7], finished=q in finished) for q in (a, b)])
+    out = s.schedule()
+    assert out.padding == {a} and [c.seq for c in out.chunks] == [a, b]  # a is computed, never reported
+    s.update(out, [SeqUpdate(a, [8]), SeqUpdate(b, [7], finished=True)])
+    assert not s.running and s.blocks.pool.num_free == s.blocks.pool.num_blocks

@@ -15,7 +15,7 @@ from runtime.api.logprobs import LogprobFormatter
 from runtime.api.openapi import document_streams
 from runtime.api.state import ServerState
 from runtime.async_engine import AsyncEngine
-from runtime.metrics import ServerMetrics
+from runtime.api.metrics import ServerMetrics
 
 MountUI = Callable[[FastAPI, AsyncEngine], FastAPI]
 
