@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
-from runtime.model.checkpoint import Checkpoint, expected_shapes
-from runtime.model.config import ModelConfig
+from weights.checkpoint import Checkpoint, expected_shapes
+from weights.config import ModelConfig
 
 _HF_ARCH = {"llama": ("LlamaForCausalLM", "llama"), "qwen2": ("Qwen2ForCausalLM", "qwen2"),
             "qwen3": ("Qwen3ForCausalLM", "qwen3")}
