@@ -1,4 +1,6 @@
-"""Write a Checkpoint as a Hugging Face model folder, so HF-only tools (transformers, vLLM) can run the same weights."""
+"""Write a Checkpoint as a Hugging Face model folder, so HF-only tools (transformers, vLLM) can run the same weights.
+
+Bench-only (bench_offline runs vLLM on the export), so it lives with the benchmarks, not in the engine."""
 from __future__ import annotations
 
 import json
