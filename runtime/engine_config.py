@@ -21,11 +21,10 @@ def parse_bytes(text: str) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
-def flag(help: str, **add_argument: Any) -> dict[str, Any]:
-    """Field metadata that makes an EngineConfig field a flag in the engine group: --field-name, or
-    the name in flag=; other keys (choices, type) go to add_argument. The type otherwise follows the
-    annotation (a bool becomes --[no-]name); the default is the field's own. Fields without it are no flag."""
-    return {"help": help, **add_argument}
+def flag(default: Any, help: str, **add_argument: Any) -> Any:
+    """A field that is also a flag of the engine group: --field-name, or the name in flag=; other keys
+    (choices, type) go to add_argument, else the type follows the annotation (bool: --[no-]name)."""
+    return field(default=default, metadata={"help": help, **add_argument})
 
 
 SCHEDULERS = ("continuous", "static")
@@ -33,33 +32,30 @@ SCHEDULERS = ("continuous", "static")
 
 @dataclass
 class EngineConfig:
-    model: str | None = field(default=None, metadata=flag(  # None: the default model
-        "a .gguf file or a Hugging Face folder (default: SmolLM2-135M-Instruct)"))
-    device: str = field(default="auto", metadata=flag("cpu, cuda, cuda:N or auto (default: %(default)s)"))
-    dtype: str = field(default="auto", metadata=flag(
-        "compute dtype (auto: float32 on cpu, bfloat16 on gpu)", choices=("auto", "float32", "bfloat16", "float16")))
-    backend: str = field(default="auto", metadata=flag(
-        "kernel backend (auto: CuTe kernels on an sm_90 GPU, torch reference otherwise; on the CPU the torch backend "
-        "runs fp32 attention (prefill and paged decode) and the fused norm/rope/silu ops in C kernels unless "
-        "CUTE_SERVE_CPU_KERNELS=0)", choices=("auto", "torch", "cute")))
-    block_size: int = field(default=16, metadata=flag("tokens per KV block (default: %(default)s)"))
-    kv_cache_memory: int | None = field(default=None, metadata=flag(  # bytes
-        "KV cache budget, e.g. 2GiB (default: sized from free memory)", type=parse_bytes))
+    model: str | None = flag(None, "a .gguf file or a Hugging Face folder (default: SmolLM2-135M-Instruct)")
+    device: str = flag("auto", "cpu, cuda, cuda:N or auto (default: %(default)s)")
+    dtype: str = flag("auto", "compute dtype (auto: float32 on cpu, bfloat16 on gpu)",
+                      choices=("auto", "float32", "bfloat16", "float16"))
+    backend: str = flag("auto", "kernel backend (auto: CuTe kernels on an sm_90 GPU, torch reference otherwise; on the "
+                        "CPU the torch backend runs fp32 attention (prefill and paged decode) and the fused "
+                        "norm/rope/silu ops in C kernels unless CUTE_SERVE_CPU_KERNELS=0)",
+                        choices=("auto", "torch", "cute"))
+    block_size: int = flag(16, "tokens per KV block (default: %(default)s)")
+    kv_cache_memory: int | None = flag(None, "KV cache budget, e.g. 2GiB (default: sized from free memory)",
+                                       type=parse_bytes)  # bytes
     kv_cache_fraction: float = 0.1  # of available host memory on cpu (gpu: 0.85 of free device memory)
-    max_num_batched_tokens: int = field(default=1024, metadata=flag("token budget of one step"))
-    max_num_seqs: int = field(default=64, metadata=flag("most sequences in one step"))
-    max_model_len: int | None = field(default=None, metadata=flag("context limit (default: the model's)"))
-    scheduler: str = field(default="continuous", metadata=flag(
-        "continuous (iteration-level) batching, or static batches for comparison", choices=SCHEDULERS))
-    enable_prefix_caching: bool = field(default=True, metadata=flag(
-        "share KV blocks of common prompt prefixes across requests (default: on)"))
-    speculative: str | None = field(default=None, metadata=flag(
-        "speculative decoding proposer", choices=("ngram", "draft")))
-    num_speculative_tokens: int = field(default=4, metadata=flag("draft tokens per step (default: %(default)s)"))
-    draft_model: str | None = field(default=None, metadata=flag("draft model path for --speculative draft"))
-    ngram_min: int = field(default=1, metadata=flag("smallest n-gram to match (default: %(default)s)"))
-    ngram_max: int = field(default=4, metadata=flag("largest n-gram to match (default: %(default)s)"))
-    seed: int = field(default=0, metadata=flag("seed for requests that do not set one", flag="--engine-seed"))
+    max_num_batched_tokens: int = flag(1024, "token budget of one step")
+    max_num_seqs: int = flag(64, "most sequences in one step")
+    max_model_len: int | None = flag(None, "context limit (default: the model's)")
+    scheduler: str = flag("continuous", "continuous (iteration-level) batching, or static batches for comparison",
+                          choices=SCHEDULERS)
+    enable_prefix_caching: bool = flag(True, "share KV blocks of common prompt prefixes across requests (default: on)")
+    speculative: str | None = flag(None, "speculative decoding proposer", choices=("ngram", "draft"))
+    num_speculative_tokens: int = flag(4, "draft tokens per step (default: %(default)s)")
+    draft_model: str | None = flag(None, "draft model path for --speculative draft")
+    ngram_min: int = flag(1, "smallest n-gram to match (default: %(default)s)")
+    ngram_max: int = flag(4, "largest n-gram to match (default: %(default)s)")
+    seed: int = flag(0, "seed for requests that do not set one", flag="--engine-seed")
     log_ledger: bool = True
 
     def __post_init__(self) -> None:
@@ -88,10 +84,6 @@ def _flag_name(f: Field) -> str:
     return f.metadata.get("flag", "--" + f.name.replace("_", "-"))
 
 
-def _dest(f: Field) -> str:
-    return _flag_name(f)[2:].replace("-", "_")  # argparse's own dest for the flag: --engine-seed -> engine_seed
-
-
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     """The "engine" argument group, generated from EngineConfig's fields (defaults and help live there)."""
     g = parser.add_argument_group("engine")
@@ -103,12 +95,13 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
             kwargs["action"] = argparse.BooleanOptionalAction
         elif kind is not str:  # str flags take argparse's default: the text as given
             kwargs.setdefault("type", kind)
-        g.add_argument(_flag_name(f), dest=_dest(f), default=f.default, **kwargs)
+        g.add_argument(_flag_name(f), default=f.default, **kwargs)
 
 
 def config_from_args(args: argparse.Namespace) -> EngineConfig:
     """The EngineConfig the parsed engine flags describe; fields that are no flag keep their defaults."""
-    return EngineConfig(**{f.name: getattr(args, _dest(f)) for f in _flag_fields()})
+    # argparse's dest for a flag: --engine-seed -> args.engine_seed
+    return EngineConfig(**{f.name: getattr(args, _flag_name(f)[2:].replace("-", "_")) for f in _flag_fields()})
 
 
 def available_host_memory() -> int:

@@ -1,4 +1,2 @@
-"""Re-export: ModelConfig is defined by the checkpoint package (weights.config); import it from there."""
-from weights.config import ModelConfig
-
-__all__ = ["ModelConfig"]
+"""Re-export for runtime/engine.py: ModelConfig is defined by the checkpoint package; import weights.config."""
+from weights.config import ModelConfig as ModelConfig
