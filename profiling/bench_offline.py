@@ -118,8 +118,8 @@ if __name__ == "__main__":
 
 def run_vllm(python: str, model_path: str, workload, temperature: float, top_p: float) -> dict:
     """vLLM in its own process and environment, on an HF folder exported from the same weights."""
-    from runtime.model.checkpoint import load_checkpoint
-    from runtime.model.hf_export import export_hf_folder
+    from profiling.hf_export import export_hf_folder
+    from weights.load import load_checkpoint
 
     with tempfile.TemporaryDirectory() as tmp:
         folder = os.path.join(tmp, "hf")

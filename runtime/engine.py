@@ -20,7 +20,6 @@ from runtime.errors import RequestError, UserError
 from runtime.host_allocator import tune_host_allocator
 from runtime.kv.block_manager import BlockManager
 from runtime.kv.block_pool import BlockPool
-from runtime.model.config import ModelConfig
 from runtime.model.factory import make_runner
 from runtime.model_runner import SeqChunk
 from runtime.output_processor import OutputProcessor, RequestState
@@ -33,6 +32,7 @@ from runtime.sequence import RequestMetrics, Sequence
 from runtime.spec.factory import make_proposer
 from runtime.spec.proposer import Draft, Proposer
 from runtime.tokenizer.tokenizer import Tokenizer
+from weights.config import ModelConfig
 
 log = logging.getLogger("cute_serve")
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 import argparse
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import Field, dataclass, field, fields
+from typing import Any, get_args, get_type_hints
 
 from runtime.errors import UserError
 
@@ -20,26 +21,41 @@ def parse_bytes(text: str) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
+def flag(default: Any, help: str, **add_argument: Any) -> Any:
+    """A field that is also a flag of the engine group: --field-name, or the name in flag=; other keys
+    (choices, type) go to add_argument, else the type follows the annotation (bool: --[no-]name)."""
+    return field(default=default, metadata={"help": help, **add_argument})
+
+
+SCHEDULERS = ("continuous", "static")
+
+
 @dataclass
 class EngineConfig:
-    model: str | None = None  # .gguf file, HF folder, or None for the default model
-    device: str = "auto"  # auto: cuda when available, else cpu
-    dtype: str = "auto"  # auto: float32 on cpu, bfloat16 on cuda
-    backend: str = "auto"  # torch | cute | auto
-    block_size: int = 16
-    kv_cache_memory: int | None = None  # bytes; None: sized from free memory
+    model: str | None = flag(None, "a .gguf file or a Hugging Face folder (default: SmolLM2-135M-Instruct)")
+    device: str = flag("auto", "cpu, cuda, cuda:N or auto (default: %(default)s)")
+    dtype: str = flag("auto", "compute dtype (auto: float32 on cpu, bfloat16 on gpu)",
+                      choices=("auto", "float32", "bfloat16", "float16"))
+    backend: str = flag("auto", "kernel backend (auto: CuTe kernels on an sm_90 GPU, torch reference otherwise; on the "
+                        "CPU the torch backend runs fp32 attention (prefill and paged decode) and the fused "
+                        "norm/rope/silu ops in C kernels unless CUTE_SERVE_CPU_KERNELS=0)",
+                        choices=("auto", "torch", "cute"))
+    block_size: int = flag(16, "tokens per KV block (default: %(default)s)")
+    kv_cache_memory: int | None = flag(None, "KV cache budget, e.g. 2GiB (default: sized from free memory)",
+                                       type=parse_bytes)  # bytes
     kv_cache_fraction: float = 0.1  # of available host memory on cpu (gpu: 0.85 of free device memory)
-    max_num_batched_tokens: int = 1024
-    max_num_seqs: int = 64
-    max_model_len: int | None = None
-    scheduler: str = "continuous"
-    enable_prefix_caching: bool = True
-    speculative: str | None = None  # ngram | draft
-    num_speculative_tokens: int = 4
-    draft_model: str | None = None
-    ngram_min: int = 1
-    ngram_max: int = 4
-    seed: int = 0  # of sampled requests that set none
+    max_num_batched_tokens: int = flag(1024, "token budget of one step")
+    max_num_seqs: int = flag(64, "most sequences in one step")
+    max_model_len: int | None = flag(None, "context limit (default: the model's)")
+    scheduler: str = flag("continuous", "continuous (iteration-level) batching, or static batches for comparison",
+                          choices=SCHEDULERS)
+    enable_prefix_caching: bool = flag(True, "share KV blocks of common prompt prefixes across requests (default: on)")
+    speculative: str | None = flag(None, "speculative decoding proposer", choices=("ngram", "draft"))
+    num_speculative_tokens: int = flag(4, "draft tokens per step (default: %(default)s)")
+    draft_model: str | None = flag(None, "draft model path for --speculative draft")
+    ngram_min: int = flag(1, "smallest n-gram to match (default: %(default)s)")
+    ngram_max: int = flag(4, "largest n-gram to match (default: %(default)s)")
+    seed: int = flag(0, "seed for requests that do not set one", flag="--engine-seed")
     log_ledger: bool = True
 
     def __post_init__(self) -> None:
@@ -53,50 +69,39 @@ class EngineConfig:
             raise UserError(f"kv_cache_memory must be >= 0 bytes, got {self.kv_cache_memory}")
         if not 0.0 < self.kv_cache_fraction <= 1.0:
             raise UserError(f"kv_cache_fraction must be in (0, 1], got {self.kv_cache_fraction}")
-        if self.scheduler not in ("continuous", "static"):
-            raise UserError(f"unknown scheduler {self.scheduler!r} (continuous or static)")
+        if self.scheduler not in SCHEDULERS:
+            raise UserError(f"unknown scheduler {self.scheduler!r} ({' or '.join(SCHEDULERS)})")
         if self.scheduler == "static" and self.speculative:
             raise UserError("speculative decoding needs the continuous scheduler (static batches verify no drafts)")
 
 
+def _flag_fields() -> list[Field]:
+    """The EngineConfig fields that are command-line flags, in declaration (and --help) order."""
+    return [f for f in fields(EngineConfig) if "help" in f.metadata]
+
+
+def _flag_name(f: Field) -> str:
+    return f.metadata.get("flag", "--" + f.name.replace("_", "-"))
+
+
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    """The "engine" argument group, generated from EngineConfig's fields (defaults and help live there)."""
     g = parser.add_argument_group("engine")
-    g.add_argument("--model", default=None, help="a .gguf file or a Hugging Face folder (default: SmolLM2-135M-Instruct)")
-    g.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: auto)")
-    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="compute dtype (auto: float32 on cpu, bfloat16 on gpu)")
-    g.add_argument("--backend", default="auto", choices=["auto", "torch", "cute"],
-                   help="kernel backend (auto: CuTe kernels on an sm_90 GPU, torch reference otherwise; on the CPU the "
-                        "torch backend runs fp32 attention (prefill and paged decode) and the fused norm/rope/silu ops "
-                        "in C kernels unless CUTE_SERVE_CPU_KERNELS=0)")
-    g.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default: 16)")
-    g.add_argument("--kv-cache-memory", type=parse_bytes, default=None,
-                   help="KV cache budget, e.g. 2GiB (default: sized from free memory)")
-    g.add_argument("--max-num-batched-tokens", type=int, default=1024, help="token budget of one step")
-    g.add_argument("--max-num-seqs", type=int, default=64, help="most sequences in one step")
-    g.add_argument("--max-model-len", type=int, default=None, help="context limit (default: the model's)")
-    g.add_argument("--scheduler", choices=["continuous", "static"], default="continuous",
-                   help="continuous (iteration-level) batching, or static batches for comparison")
-    g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
-                   help="share KV blocks of common prompt prefixes across requests (default: on)")
-    g.add_argument("--speculative", choices=["ngram", "draft"], default=None, help="speculative decoding proposer")
-    g.add_argument("--num-speculative-tokens", type=int, default=4, help="draft tokens per step (default: 4)")
-    g.add_argument("--draft-model", default=None, help="draft model path for --speculative draft")
-    g.add_argument("--ngram-min", type=int, default=1, help="smallest n-gram to match (default: 1)")
-    g.add_argument("--ngram-max", type=int, default=4, help="largest n-gram to match (default: 4)")
-    g.add_argument("--engine-seed", dest="engine_seed", type=int, default=0,
-                   help="seed for requests that do not set one")
+    hints = get_type_hints(EngineConfig)
+    for f in _flag_fields():
+        kwargs = {k: v for k, v in f.metadata.items() if k != "flag"}
+        kind = next((a for a in get_args(hints[f.name]) if a is not type(None)), hints[f.name])  # X | None -> X
+        if kind is bool:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        elif kind is not str:  # str flags take argparse's default: the text as given
+            kwargs.setdefault("type", kind)
+        g.add_argument(_flag_name(f), default=f.default, **kwargs)
 
 
 def config_from_args(args: argparse.Namespace) -> EngineConfig:
-    return EngineConfig(
-        model=args.model, device=args.device, dtype=args.dtype, backend=args.backend, block_size=args.block_size,
-        kv_cache_memory=args.kv_cache_memory, max_num_batched_tokens=args.max_num_batched_tokens,
-        max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len, scheduler=args.scheduler,
-        enable_prefix_caching=args.enable_prefix_caching, speculative=args.speculative,
-        num_speculative_tokens=args.num_speculative_tokens, draft_model=args.draft_model,
-        ngram_min=args.ngram_min, ngram_max=args.ngram_max, seed=args.engine_seed,
-    )
+    """The EngineConfig the parsed engine flags describe; fields that are no flag keep their defaults."""
+    # argparse's dest for a flag: --engine-seed -> args.engine_seed
+    return EngineConfig(**{f.name: getattr(args, _flag_name(f)[2:].replace("-", "_")) for f in _flag_fields()})
 
 
 def available_host_memory() -> int:

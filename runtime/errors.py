@@ -1,12 +1,10 @@
-"""User-facing errors: each carries a one-line message meant for a person, never a traceback."""
+"""User-facing errors: each carries a one-line message meant for a person, never a traceback.
 
+UserError and ModelLoadError are defined by the checkpoint package (weights.errors) and re-exported:
+one class each, so `except UserError` catches a load error whichever module raised it."""
+from weights.errors import ModelLoadError, UserError
 
-class UserError(Exception):
-    """A problem with what the user asked for (bad path, bad file, bad parameter)."""
-
-
-class ModelLoadError(UserError):
-    """The model path is missing, unreadable, corrupt, or uses something we do not support."""
+__all__ = ["ModelLoadError", "RequestError", "UserError"]
 
 
 class RequestError(UserError):

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
-from runtime.model.config import ModelConfig
+from weights.config import ModelConfig
 
 
 @dataclass

@@ -1,14 +1,14 @@
-"""From a --model argument to (config, float tensors, tokenizer): the one entry to the loaders."""
+"""From a --model argument to (config, float tensors, tokenizer): the runtime's one entry to the loaders."""
 from __future__ import annotations
 
 import os
 
 import torch
 
-from runtime.model.checkpoint import load_checkpoint
-from runtime.model.config import ModelConfig
 from runtime.tokenizer.tokenizer import Tokenizer
+from weights.config import ModelConfig
 from weights.default import resolve_model_path
+from weights.load import load_checkpoint
 
 
 def load_model(model: str | None) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer, str]:

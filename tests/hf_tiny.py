@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from runtime.model.config import ModelConfig
+from weights.config import ModelConfig
 
 TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,

@@ -16,8 +16,8 @@ import numpy as np
 import torch
 from gguf import MODEL_TENSOR, TENSOR_NAMES
 
-from runtime.model.checkpoint import expected_shapes
-from runtime.model.config import ModelConfig
+from weights.checkpoint import expected_shapes
+from weights.config import ModelConfig
 
 TINY: dict[str, Any] = dict(
     vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,

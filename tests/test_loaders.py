@@ -10,12 +10,13 @@ import numpy as np
 import pytest
 import torch
 
+from profiling.hf_export import export_hf_folder, hf_config_dict
 from runtime.errors import ModelLoadError
-from runtime.model.checkpoint import expected_shapes, load_checkpoint
-from runtime.model.hf_export import export_hf_folder, hf_config_dict
-from runtime.model.load_gguf import _dequantize, llama3_divisors
 from tests.model_files import (llama_cpp_rope_freqs, random_tensors, tiny_config, write_tiny_gguf,
                                write_tiny_hf)
+from weights.checkpoint import expected_shapes
+from weights.load import load_checkpoint
+from weights.load_gguf import _dequantize, llama3_divisors
 
 QTYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1"]
 

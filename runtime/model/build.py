@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from runtime.errors import ModelLoadError
-from runtime.model.config import ModelConfig
+from weights.config import ModelConfig
 from runtime.model.llama import LlamaModel
 from runtime.model.ops import Ops
 from runtime.model.rope import RotaryEmbedding

@@ -7,7 +7,7 @@ import torch
 
 from runtime.kv_cache import KVLedger, allocate_kv_cache, plan_kv_cache
 from runtime.model.build import build_model
-from runtime.model.config import ModelConfig
+from weights.config import ModelConfig
 from runtime.model.ops import select_ops
 from runtime.model_runner import ModelRunner
 

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from runtime.model.attention_batch import AttentionBatch
-from runtime.model.config import ModelConfig
+from weights.config import ModelConfig
 from runtime.model.cpu_linear import linear, pack_linear_weight
 from runtime.model.ops import Ops
 from runtime.model.rope import RotaryEmbedding

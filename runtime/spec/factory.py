@@ -5,8 +5,8 @@ import torch
 
 from runtime.engine_config import EngineConfig
 from runtime.errors import UserError
-from runtime.model.config import ModelConfig
 from runtime.spec.proposer import Proposer
+from weights.config import ModelConfig
 
 
 def make_proposer(config: EngineConfig, target: ModelConfig, device: torch.device,

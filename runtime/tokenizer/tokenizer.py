@@ -10,9 +10,9 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import processors
 
 from runtime.errors import ModelLoadError
-from runtime.jsonfile import read_json_object
 from runtime.tokenizer.chat_template import render_chat_template
-from runtime.tokenizer.gguf_vocab import END_OF_TURN_TOKENS, build_from_gguf_metadata
+from weights.gguf_vocab import END_OF_TURN_TOKENS, build_from_gguf_metadata
+from weights.jsonfile import read_json_object
 
 
 def _never_shortens(spec: dict[str, Any]) -> bool:
@@ -91,7 +91,7 @@ class Tokenizer:
 
     @classmethod
     def from_gguf_metadata(cls, meta: dict[str, Any]) -> "Tokenizer":
-        """From GGUF key/values (runtime.model.gguf_metadata.read_metadata)."""
+        """From GGUF key/values (weights.gguf_metadata.read_metadata)."""
         v = build_from_gguf_metadata(meta)
         tokens = meta["tokenizer.ggml.tokens"]
         bos = (tokens[v.bos_token_id], v.bos_token_id) if v.add_bos and v.bos_token_id is not None else None
@@ -103,7 +103,7 @@ class Tokenizer:
 
     @classmethod
     def from_gguf(cls, path: str) -> "Tokenizer":
-        from runtime.model.gguf_metadata import open_gguf, read_metadata
+        from weights.gguf_metadata import open_gguf, read_metadata
 
         return cls.from_gguf_metadata(read_metadata(open_gguf(path)))
 

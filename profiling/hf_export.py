@@ -1,4 +1,6 @@
-"""Write a Checkpoint as a Hugging Face model folder, so HF-only tools (transformers, vLLM) can run the same weights."""
+"""Write a Checkpoint as a Hugging Face model folder, so HF-only tools (transformers, vLLM) can run the same weights.
+
+Bench-only (bench_offline runs vLLM on the export), so it lives with the benchmarks, not in the engine."""
 from __future__ import annotations
 
 import json
@@ -8,8 +10,8 @@ from typing import Any
 
 import torch
 
-from runtime.model.checkpoint import Checkpoint, expected_shapes
-from runtime.model.config import ModelConfig
+from weights.checkpoint import Checkpoint, expected_shapes
+from weights.config import ModelConfig
 
 _HF_ARCH = {"llama": ("LlamaForCausalLM", "llama"), "qwen2": ("Qwen2ForCausalLM", "qwen2"),
             "qwen3": ("Qwen3ForCausalLM", "qwen3")}

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from runtime.errors import ModelLoadError
+from weights.errors import ModelLoadError
 
 
 def open_gguf(path: str):

@@ -13,7 +13,7 @@ from typing import Any
 from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
-from runtime.errors import ModelLoadError
+from weights.errors import ModelLoadError
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ import json
 import os
 from typing import Any
 
-from runtime.errors import ModelLoadError
+from weights.errors import ModelLoadError
 
 
 def read_json_object(path: str, missing_ok: bool = False) -> dict[str, Any]:

@@ -7,10 +7,10 @@ from typing import Any
 
 import torch
 
-from runtime.errors import ModelLoadError
-from runtime.jsonfile import read_json_object
-from runtime.model.checkpoint import Checkpoint, check_shapes, expected_shapes
-from runtime.model.config import ModelConfig
+from weights.checkpoint import Checkpoint, check_shapes, expected_shapes
+from weights.config import ModelConfig
+from weights.errors import ModelLoadError
+from weights.jsonfile import read_json_object
 
 # HF architecture -> our arch. Mistral is Llama compute (its sliding window is handled below).
 ARCHITECTURES = {

@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from runtime.errors import ModelLoadError
-from runtime.model.checkpoint import Checkpoint, check_shapes, expected_shapes
-from runtime.model.config import ModelConfig
-from runtime.model.gguf_metadata import open_gguf, read_metadata
+from weights.checkpoint import Checkpoint, check_shapes, expected_shapes
+from weights.config import ModelConfig
+from weights.errors import ModelLoadError
+from weights.gguf_metadata import open_gguf, read_metadata
 
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3")  # Mistral/Mixtral-free Llama variants convert as "llama"
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")

@@ -1,14 +1,13 @@
 """A loaded model: config plus float32 weights under Hugging Face Llama names, whatever the file format."""
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from runtime.errors import ModelLoadError
-from runtime.model.config import ModelConfig
+from weights.config import ModelConfig
+from weights.errors import ModelLoadError
 
 
 @dataclass
@@ -64,22 +63,3 @@ def check_shapes(tensors: dict[str, torch.Tensor], config: ModelConfig, path: st
                 f"tensor {describe(name)} has shape {list(t.shape)}, expected {list(shape)} "
                 f"from the model config, in {path}"
             )
-
-
-def load_checkpoint(path: str) -> Checkpoint:
-    """A .gguf file or a Hugging Face folder (config.json + *.safetensors) -> Checkpoint."""
-    if os.path.isdir(path):
-        if not os.path.isfile(os.path.join(path, "config.json")):
-            raise ModelLoadError(
-                f"{path} is a directory without config.json; expected a Hugging Face model folder or a .gguf file"
-            )
-        from runtime.model.load_hf import load_hf
-
-        return load_hf(path)
-    if path.lower().endswith(".gguf"):
-        from runtime.model.load_gguf import load_gguf
-
-        return load_gguf(path)
-    if not os.path.exists(path):
-        raise ModelLoadError(f"model path not found: {path} (expected a .gguf file or a Hugging Face model folder)")
-    raise ModelLoadError(f"unrecognized model path {path}: expected a .gguf file or a folder with config.json")

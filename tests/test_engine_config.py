@@ -1,0 +1,52 @@
+"""The engine flags are generated from EngineConfig's fields: same names, defaults and parsing as the fields say."""
+from __future__ import annotations
+
+import argparse
+from dataclasses import fields
+
+from runtime.engine_config import EngineConfig, add_engine_args, config_from_args, parse_bytes
+
+NOT_FLAGS = {"kv_cache_fraction", "log_ledger"}  # set from Python only (LLM(...), the server's own ledger print)
+FLAGS = ["--model", "--device", "--dtype", "--backend", "--block-size", "--kv-cache-memory",
+         "--max-num-batched-tokens", "--max-num-seqs", "--max-model-len", "--scheduler",
+         "--enable-prefix-caching", "--no-enable-prefix-caching", "--speculative", "--num-speculative-tokens",
+         "--draft-model", "--ngram-min", "--ngram-max", "--engine-seed"]
+
+
+def engine_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Action]]:
+    p = argparse.ArgumentParser()
+    add_engine_args(p)
+    return p, {a.dest: a for a in p._actions if a.dest != "help"}
+
+
+def test_flags_are_exactly_the_cli_contract():
+    _, actions = engine_parser()
+    assert [s for a in actions.values() for s in a.option_strings] == FLAGS
+    assert isinstance(actions["enable_prefix_caching"], argparse.BooleanOptionalAction)
+    assert actions["kv_cache_memory"].type is parse_bytes
+    assert actions["engine_seed"].option_strings == ["--engine-seed"]
+    assert list(actions["dtype"].choices) == ["auto", "float32", "bfloat16", "float16"]
+    assert list(actions["backend"].choices) == ["auto", "torch", "cute"]
+    assert list(actions["scheduler"].choices) == ["continuous", "static"]
+    assert list(actions["speculative"].choices) == ["ngram", "draft"]
+
+
+def test_every_field_but_the_python_only_ones_has_a_flag_with_its_default():
+    _, actions = engine_parser()
+    dest = {"seed": "engine_seed"}
+    for f in fields(EngineConfig):
+        if f.name in NOT_FLAGS:
+            assert dest.get(f.name, f.name) not in actions, f.name
+            continue
+        action = actions[dest.get(f.name, f.name)]
+        assert action.default == f.default, f.name
+        assert action.help, f.name
+
+
+def test_no_flags_give_the_default_config_and_flags_reach_their_fields():
+    p, _ = engine_parser()
+    assert config_from_args(p.parse_args([])) == EngineConfig()
+    args = p.parse_args(["--kv-cache-memory", "2GiB", "--engine-seed", "7", "--no-enable-prefix-caching",
+                         "--speculative", "ngram", "--max-model-len", "256", "--model", "m.gguf"])
+    assert config_from_args(args) == EngineConfig(kv_cache_memory=2 << 30, seed=7, enable_prefix_caching=False,
+                                                  speculative="ngram", max_model_len=256, model="m.gguf")
