@@ -2,7 +2,8 @@
 
 prefill: the cute sm_90a prefill kernel vs torch SDPA (flash backend) on the same inputs, causal
 TFLOP/s (half the square counted) and the fraction of the chip's dense bf16 peak. One row per case;
-`path` says whether the kernel ran JIT-compiled (DSL) or from the AOT library (cute_kernels.kernel_path).
+`path` says whether the kernel ran JIT-compiled (DSL) or from the AOT library
+(cute_kernels.toolchain.kernel_path).
 """
 from __future__ import annotations
 
@@ -67,9 +68,9 @@ def bench_prefill_case(case: PrefillCase) -> dict:
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from cute_kernels.kernel_path import kernel_path
-    from cute_kernels.prefill_host import prepare_prefill_args
-    from cute_kernels.prefill_launch import launch_prefill
+    from cute_kernels.hopper.prefill_host import prepare_prefill_args
+    from cute_kernels.hopper.prefill_launch import launch_prefill
+    from cute_kernels.toolchain.kernel_path import kernel_path
 
     dev, dt = "cuda", torch.bfloat16
     tokens = case.batch * case.seqlen
@@ -100,7 +101,7 @@ def bench_prefill_case(case: PrefillCase) -> dict:
 
 def run_prefill(dry_run: bool) -> list[dict]:
     if dry_run:
-        from cute_kernels.kernel_path import kernel_path
+        from cute_kernels.toolchain.kernel_path import kernel_path
 
         return [{"case": c.name, "path": kernel_path(), "gflop": round(c.causal_flops() / 1e9, 1), "dry_run": True}
                 for c in PREFILL_CASES]

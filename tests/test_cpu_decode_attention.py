@@ -7,8 +7,8 @@ results agree to a few fp32 ulps of the O(1) outputs: 2e-5 absolute is tight and
 import pytest
 import torch
 
-from cute_kernels.attention_ref import decode_attention_ref
-from cute_kernels.cpu_decode_attention import (
+from cute_kernels.reference import decode_attention_ref
+from cute_kernels.cpu.decode_attention import (
     decode_attention_cpu,
     prepare_tables,
     supports,

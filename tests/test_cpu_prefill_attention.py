@@ -7,8 +7,8 @@ few fp32 ulps of the O(1) outputs: 2e-5 absolute is tight and still safe.
 import pytest
 import torch
 
-from cute_kernels.attention_ref import prefill_attention_ref
-from cute_kernels.cpu_prefill_attention import (
+from cute_kernels.reference import prefill_attention_ref
+from cute_kernels.cpu.prefill_attention import (
     prefill_attention_cpu,
     prepare_tables,
     supports,

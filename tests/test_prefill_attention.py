@@ -7,12 +7,12 @@ import math
 import pytest
 import torch
 
-from cute_kernels.attention_ref import prefill_attention_ref
-from cute_kernels.prefill_host import prepare_prefill_args
-from cute_kernels.prefill_schedule import (
+from cute_kernels.reference import prefill_attention_ref
+from cute_kernels.hopper.prefill_host import prepare_prefill_args
+from cute_kernels.hopper.prefill_schedule import (
     ceil_div, key_row_coords, kv_block_range, packed_row_token_head, query_key_position,
 )
-from cute_kernels.prefill_spec import KV_BLOCK_SIZE, TileConfig
+from cute_kernels.hopper.prefill_spec import KV_BLOCK_SIZE, TileConfig
 
 
 def make_batch(q_lens, prefix_lens, heads, kv_heads, d, dtype=torch.float32, device="cpu", seed=0):
@@ -200,7 +200,7 @@ LENGTH_MIX = [1, 17, 128, 1000, 4096]
 @pytest.mark.parametrize("heads,kv_heads", [(9, 3), (32, 8), (8, 1)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_prefill_numerics_gpu(heads, kv_heads, head_dim, with_prefix, dtype):
-    from cute_kernels.prefill_launch import launch_prefill
+    from cute_kernels.hopper.prefill_launch import launch_prefill
 
     prefixes = [0, 33, 16, 0, 700] if with_prefix else [0] * len(LENGTH_MIX)
     x = make_batch(LENGTH_MIX, prefixes, heads, kv_heads, head_dim, dtype=dtype, device="cuda")

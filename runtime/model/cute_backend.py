@@ -27,14 +27,14 @@ def unavailable_reason(device: torch.device | None = None) -> str | None:
     major, minor = torch.cuda.get_device_capability(device)
     if major != 9:
         return f"needs an sm_90 (Hopper) GPU, found sm_{major}{minor}"
-    from cute_kernels.kernel_path import kernels_unavailable_reason
+    from cute_kernels.toolchain.kernel_path import kernels_unavailable_reason
 
     return kernels_unavailable_reason()
 
 
 def kernel_path() -> str:
     """'jit' (DSL installed) or 'aot' (precompiled library): for logs and the GPU suite."""
-    from cute_kernels.kernel_path import kernel_path as path
+    from cute_kernels.toolchain.kernel_path import kernel_path as path
 
     return path()
 
@@ -49,6 +49,6 @@ def prefill_attention(q: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tenso
         if reason is not None:
             raise CuteBackendUnavailable(f"cute prefill attention unavailable: {reason}")
         _ready_devices.add(q.device)
-    from cute_kernels.prefill_launch import prefill_attention as kernel
+    from cute_kernels.hopper.prefill_launch import prefill_attention as kernel
 
     return kernel(q, *args, **kwargs)

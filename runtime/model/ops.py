@@ -1,8 +1,8 @@
 """The backend seam: attention and the fused elementwise ops the model calls, chosen once at start.
 
-`torch` runs the references (cute_kernels/attention_ref.py, cpu_fused_ops.py's *_ref) anywhere,
-except that fp32 on the CPU takes the C kernels (cute_kernels/cpu_prefill_attention.py,
-cpu_decode_attention.py, cpu_fused_ops.py) when they build; `cute` swaps in the Hopper kernels for
+`torch` runs the references (cute_kernels/reference.py) anywhere,
+except that fp32 on the CPU takes the C kernels (cute_kernels/cpu/prefill_attention.py,
+decode_attention.py, fused_ops.py) when they build; `cute` swaps in the Hopper kernels for
 the same contracts on an sm_90 GPU.
 """
 from __future__ import annotations
@@ -12,13 +12,16 @@ from typing import Any, Callable
 
 import torch
 
-from cute_kernels import cpu_decode_attention as cpu_decode
-from cute_kernels import cpu_fused_ops as fused
-from cute_kernels import cpu_prefill_attention as cpu_prefill
-from cute_kernels.attention_ref import (
+from cute_kernels.cpu import decode_attention as cpu_decode
+from cute_kernels.cpu import fused_ops as fused
+from cute_kernels.cpu import prefill_attention as cpu_prefill
+from cute_kernels.reference import (
+    add_rms_norm_ref,
     decode_attention_ref,
     plan_decode,
     prefill_attention_ref,
+    rope_ref,
+    silu_and_mul_ref,
     write_kv,
 )
 from runtime.errors import UserError
@@ -37,9 +40,9 @@ class Ops:
     plan_prefill: Callable[..., Any] | None = None
     write_kv: Callable[..., None] = write_kv
     # (x, residual | None, weight, eps) -> (rms_norm(x + residual) * weight, x + residual)
-    add_rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]] = fused.add_rms_norm_ref
-    silu_and_mul: Callable[[torch.Tensor], torch.Tensor] = fused.silu_and_mul_ref
-    rope: Callable[..., torch.Tensor] = fused.rope_ref  # may rotate x in place: use what it returns
+    add_rms_norm: Callable[..., tuple[torch.Tensor, torch.Tensor]] = add_rms_norm_ref
+    silu_and_mul: Callable[[torch.Tensor], torch.Tensor] = silu_and_mul_ref
+    rope: Callable[..., torch.Tensor] = rope_ref  # may rotate x in place: use what it returns
     label: str = ""  # what runs, for logs and the UI
 
     def describe(self) -> str:

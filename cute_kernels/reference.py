@@ -1,4 +1,5 @@
-"""Torch references for the attention kernels; the CPU backend runs exactly these.
+"""The torch references every backend is tested against: attention (prefill, paged decode, KV write)
+and the fused elementwise ops of a decoder layer. The torch backend runs exactly these.
 
 Layouts (FlashAttention varlen style):
 - q, k, v: packed [total_tokens, heads, head_dim]; sequence b owns rows cu_seqlens[b]:cu_seqlens[b+1].
@@ -140,3 +141,24 @@ def decode_attention_ref(
         full = torch.bmm(scores.softmax(-1), v).view(b, heads, hkv, d)
         out[idx] = full[:, head_of, kv_head_of].to(q.dtype)
     return out
+
+
+# -- fused elementwise ops of a decoder layer ---------------------------------------------------
+
+def add_rms_norm_ref(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x + residual) * weight, x + residual); residual None means zeros."""
+    residual = x if residual is None else x + residual
+    return F.rms_norm(residual, (x.shape[-1],), weight, eps), residual
+
+
+def silu_and_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(first half of the last dim) * second half."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def rope_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [tokens, heads, d] rotated by cos/sin [tokens, 1, d/2] (rotate-half convention)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)

@@ -1,6 +1,6 @@
-"""The CPU backend's varlen prefill attention: csrc/cpu_prefill_attention.c (built by cpu_build.py).
+"""The CPU backend's varlen prefill attention: csrc/cpu_prefill_attention.c (built by build.py).
 
-Same contract as attention_ref.prefill_attention_ref, which is its oracle in the tests: new query
+Same contract as reference.prefill_attention_ref, which is its oracle in the tests: new query
 rows over [paged prefix ; new keys], bottom-right causal alignment. Where the C kernel cannot be
 built the reason is in `unavailable_reason()` and callers keep the torch reference.
 """
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from cute_kernels import cpu_build
+from cute_kernels.cpu import build
 from cute_kernels.paged_tables import as_int32, check_block_ids
 
 MAX_HEAD_DIM = 256  # the kernel's per-thread scratch (MAX_D)
@@ -22,7 +22,7 @@ MAX_GROUP = 64  # query heads per KV head (MV)
 @functools.lru_cache(maxsize=1)
 def _library() -> tuple[ctypes.CDLL | None, str | None]:
     args = [ctypes.c_void_p] * 10 + [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_int]
-    return cpu_build.load_with_signatures("cpu_prefill_attention", {"paged_prefill_attention_f32": (args, ctypes.c_int)})
+    return build.load_with_signatures("cpu_prefill_attention", {"paged_prefill_attention_f32": (args, ctypes.c_int)})
 
 
 def unavailable_reason() -> str | None:
@@ -78,7 +78,7 @@ def prefill_attention_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_
                           k_cache: torch.Tensor | None = None, v_cache: torch.Tensor | None = None,
                           block_tables: torch.Tensor | None = None, prefix_lens: torch.Tensor | None = None,
                           tables: PrefillTables | None = None) -> torch.Tensor:
-    """q [Tq, H, d], k/v [Tk, Hkv, d] (fp32) -> [Tq, H, d]; see attention_ref.prefill_attention_ref.
+    """q [Tq, H, d], k/v [Tk, Hkv, d] (fp32) -> [Tq, H, d]; see reference.prefill_attention_ref.
 
     `tables`: prepare_tables(cu_seqlens_q, cu_seqlens_k, prefix_lens, block_tables, k_cache), when the
     caller already made it."""

@@ -1,6 +1,6 @@
 """Host-side argument preparation for the prefill kernel (pure torch; testable on the CPU).
 
-Turns the attention_ref.prefill_attention_ref arguments into exactly what the kernel reads:
+Turns the reference.prefill_attention_ref arguments into exactly what the kernel reads:
 int32 metadata, a PrefillSpec (the compile key), max_seqlen_q for the grid, and placeholders when
 there is no paged prefix (prefix_lens = 0 means the cache is never read).
 """
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .paged_tables import as_int32
+from cute_kernels.paged_tables import as_int32
 from .prefill_schedule import num_query_tiles
 from .prefill_spec import KV_BLOCK_SIZE, PrefillSpec
 

@@ -1,6 +1,6 @@
-"""The CPU backend's paged decode attention: csrc/cpu_decode_attention.c (built by cpu_build.py).
+"""The CPU backend's paged decode attention: csrc/cpu_decode_attention.c (built by build.py).
 
-Same contract as attention_ref.decode_attention_ref, which is its oracle in the tests. Where the C
+Same contract as reference.decode_attention_ref, which is its oracle in the tests. Where the C
 kernel cannot be built the reason is in `unavailable_reason()` and callers keep the torch reference.
 """
 from __future__ import annotations
@@ -11,14 +11,14 @@ from dataclasses import dataclass
 
 import torch
 
-from cute_kernels import cpu_build
+from cute_kernels.cpu import build
 from cute_kernels.paged_tables import as_int32, check_block_ids
 
 
 @functools.lru_cache(maxsize=1)
 def _library() -> tuple[ctypes.CDLL | None, str | None]:
     args = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6 + [ctypes.c_float]
-    return cpu_build.load_with_signatures("cpu_decode_attention", {"paged_decode_attention_f32": (args, ctypes.c_int)})
+    return build.load_with_signatures("cpu_decode_attention", {"paged_decode_attention_f32": (args, ctypes.c_int)})
 
 
 def unavailable_reason() -> str | None:

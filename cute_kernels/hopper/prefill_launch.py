@@ -1,6 +1,6 @@
 """Torch entry point: run the sm_90a prefill kernel on CUDA tensors.
 
-Same arguments as attention_ref.prefill_attention_ref (plus optional max_seqlen_q to avoid a host
+Same arguments as reference.prefill_attention_ref (plus optional max_seqlen_q to avoid a host
 sync, and return_lse). The kernel comes from the DSL's JIT (each PrefillSpec compiles once per
 process: PREFILL_CACHE) or from the ahead-of-time library (aot_loader): see kernel_path.py.
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .kernel_path import kernel_path
+from cute_kernels.toolchain.kernel_path import kernel_path
 from .prefill_host import PrefillLaunchArgs, prepare_prefill_args
 
 
@@ -28,7 +28,7 @@ _DYNAMIC_MODES = ((0, 1), (0, 1), (0, 1), (0, 2), (0, 2), (0, 1), (0,), (0,), (0
 
 def launch_prefill(args: PrefillLaunchArgs) -> None:
     if kernel_path() == "aot":
-        from .aot_loader import launch_prefill_aot
+        from cute_kernels.toolchain.aot_loader import launch_prefill_aot
 
         return launch_prefill_aot(args)
     _launch_prefill_jit(args)
