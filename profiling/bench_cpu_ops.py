@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from cute_kernels.attention_args import DecodeArgs, PrefillArgs  # noqa: E402
 from cute_kernels.cpu import decode_attention as cpu_decode_attention  # noqa: E402
 from cute_kernels.cpu import prefill_attention as cpu_prefill_attention  # noqa: E402
 from cute_kernels.cpu import fused_ops as fused  # noqa: E402
@@ -65,9 +66,11 @@ def attention_cases(repeats: int) -> list[dict]:
         lens = torch.full((batch,), context, dtype=torch.int32)
         q = torch.randn(batch, heads, d, generator=g)
         # the engine plans once per step for all layers, so neither plan is timed here
-        plan, prepared = plan_decode(tables, lens, k_cache), prepare_tables(tables, lens, k_cache)
-        ref = median_ms(lambda: decode_attention_ref(q, k_cache, v_cache, tables, lens, 0.125, plan), repeats)
-        ours = median_ms(lambda: decode_attention_cpu(q, k_cache, v_cache, tables, lens, 0.125, prepared), repeats)
+        plan, prepared = plan_decode(tables, lens, bs), prepare_tables(tables, lens, *k_cache.shape[:2])
+        ref_args = DecodeArgs(q, k_cache, v_cache, tables, lens, 0.125, plan)
+        ours_args = DecodeArgs(q, k_cache, v_cache, tables, lens, 0.125, prepared)
+        ref = median_ms(lambda: decode_attention_ref(ref_args), repeats)
+        ours = median_ms(lambda: decode_attention_cpu(ours_args), repeats)
         rows.append({"op": "decode attention", "case": f"batch {batch} x context {context}",
                      "torch_ms": ref, "ours_ms": ours, "speedup": ref / ours})
     return rows
@@ -88,9 +91,9 @@ def prefill_cases(repeats: int) -> list[dict]:
         v_cache = torch.randn_like(k_cache)
         tables = torch.arange(len(q_lens) * blocks).view(len(q_lens), blocks).int()
         prefixes = torch.full((len(q_lens),), prefix, dtype=torch.int32) if prefix else None
-        args = (q, k, v, cu, cu, 0.125, True, k_cache, v_cache, tables, prefixes)
-        ref = median_ms(lambda: prefill_attention_ref(*args), repeats)
-        ours = median_ms(lambda: cpu_prefill_attention.prefill_attention_cpu(*args), repeats)
+        args = PrefillArgs(q, k, v, cu, cu, 0.125, True, k_cache, v_cache, tables, prefixes)
+        ref = median_ms(lambda: prefill_attention_ref(args), repeats)
+        ours = median_ms(lambda: cpu_prefill_attention.prefill_attention_cpu(args), repeats)
         rows.append({"op": "prefill attention", "case": name, "torch_ms": ref, "ours_ms": ours, "speedup": ref / ours})
     return rows
 

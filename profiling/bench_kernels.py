@@ -68,6 +68,7 @@ def bench_prefill_case(case: PrefillCase) -> dict:
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    from cute_kernels.attention_args import PrefillArgs
     from cute_kernels.hopper.prefill_host import prepare_prefill_args
     from cute_kernels.hopper.prefill_launch import launch_prefill
     from cute_kernels.toolchain.kernel_path import kernel_path
@@ -79,7 +80,7 @@ def bench_prefill_case(case: PrefillCase) -> dict:
     v = torch.randn_like(k)
     cu = torch.arange(0, tokens + 1, case.seqlen, device=dev, dtype=torch.int32)
     scale = case.head_dim ** -0.5
-    args = prepare_prefill_args(q, k, v, cu, cu, scale, True, max_seqlen_q=case.seqlen)
+    args = prepare_prefill_args(PrefillArgs(q, k, v, cu, cu, scale, True, max_seqlen_q=case.seqlen))
     cute_ms = _time_ms(lambda: launch_prefill(args))
 
     # SDPA on [B, H, L, d]; KV heads expanded outside the timed region.

@@ -17,10 +17,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from cute_kernels.toolchain.aot_loader import AotPrefillKernels, AotUnavailable, PrefillArgsC, open_prefill_kernels, prefill_c_args
-from cute_kernels.toolchain.aot_manifest import ABI_VERSION, kernel_source_hash
+from cute_kernels.attention_args import PrefillArgs
 from cute_kernels.hopper.prefill_host import prepare_prefill_args
 from cute_kernels.hopper.prefill_spec import KV_BLOCK_SIZE, PrefillSpec
+from cute_kernels.toolchain.aot_loader import (
+    AotPrefillKernels, AotUnavailable, PrefillArgsC, open_prefill_kernels, prefill_c_args,
+)
+from cute_kernels.toolchain.aot_manifest import ABI_VERSION, kernel_source_hash
 from tests.test_prefill_attention import make_batch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -30,8 +33,8 @@ LIB_BUDGET = 4 << 20  # two variants + a static cudart stay well under this
 
 def prefix_batch(d=64, dtype=torch.bfloat16, device="cpu"):
     x = make_batch([3, 7], [20, 0], 8, 2, d=d, dtype=dtype, device=device)
-    return x, prepare_prefill_args(x["q"], x["k"], x["v"], x["cu_seqlens_q"], x["cu_seqlens_k"], 0.125, True,
-                                   x["k_cache"], x["v_cache"], x["block_tables"], x["prefix_lens"])
+    return x, prepare_prefill_args(PrefillArgs(x["q"], x["k"], x["v"], x["cu_seqlens_q"], x["cu_seqlens_k"], 0.125,
+                                               True, x["k_cache"], x["v_cache"], x["block_tables"], x["prefix_lens"]))
 
 
 def c_fields(c: PrefillArgsC) -> dict:
@@ -274,7 +277,7 @@ def test_prepare_copies_a_v_split_off_fused_qkv():
     qkv = torch.randn(10, (8 + 2 + 2) * 64).to(torch.bfloat16)
     q, k, v = (t.view(10, -1, 64) for t in qkv.split([8 * 64, 2 * 64, 2 * 64], dim=-1))
     cu = torch.tensor([0, 3, 10], dtype=torch.int32)
-    args = prepare_prefill_args(q, k, v, cu, cu, 0.125)
+    args = prepare_prefill_args(PrefillArgs(q, k, v, cu, cu, 0.125))
     assert args.v.is_contiguous() and torch.equal(args.v, v)
     prefill_c_args(args)  # fits the compiled layout now
 
@@ -346,8 +349,8 @@ def test_aot_prefill_on_a_side_stream_matches_reference_gpu(monkeypatch, dtype, 
 
     x = make_batch([1, 100, 700], [0, 40, 300], heads, kv_heads, head_dim, dtype=dtype, device="cuda")
     scale = head_dim ** -0.5
-    args = prepare_prefill_args(x["q"], x["k"], x["v"], x["cu_seqlens_q"], x["cu_seqlens_k"], scale, True,
-                                x["k_cache"], x["v_cache"], x["block_tables"], x["prefix_lens"])
+    args = prepare_prefill_args(PrefillArgs(x["q"], x["k"], x["v"], x["cu_seqlens_q"], x["cu_seqlens_k"], scale, True,
+                                            x["k_cache"], x["v_cache"], x["block_tables"], x["prefix_lens"]))
     args.out.fill_(float("nan"))
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -355,7 +358,7 @@ def test_aot_prefill_on_a_side_stream_matches_reference_gpu(monkeypatch, dtype, 
         launch_prefill_aot(args)  # must run on `side`, torch's current stream here
     side.synchronize()
     f32 = {k: (t.float() if t.is_floating_point() else t) for k, t in x.items()}
-    ref = prefill_attention_ref(scale=scale, causal=True, **f32)
+    ref = prefill_attention_ref(PrefillArgs(scale=scale, causal=True, **f32))
     assert not args.out.isnan().any() and torch.isfinite(args.lse).all()
     rel = (args.out.float() - ref).norm() / ref.norm()
     assert rel <= 1e-2, f"relative error {rel:.2e}"
@@ -371,8 +374,8 @@ def test_aot_and_jit_kernels_agree_gpu():
     x = make_batch([5, 300], [0, 33], 32, 8, 128, dtype=torch.bfloat16, device="cuda")
     outs = []
     for launch in (launch_prefill_aot, _launch_prefill_jit):
-        args = prepare_prefill_args(x["q"], x["k"], x["v"], x["cu_seqlens_q"], x["cu_seqlens_k"], 0.088, True,
-                                    x["k_cache"], x["v_cache"], x["block_tables"], x["prefix_lens"])
+        args = prepare_prefill_args(PrefillArgs(x["q"], x["k"], x["v"], x["cu_seqlens_q"], x["cu_seqlens_k"], 0.088,
+                                                True, x["k_cache"], x["v_cache"], x["block_tables"], x["prefix_lens"]))
         launch(args)
         outs.append(args.out)
     torch.cuda.synchronize()

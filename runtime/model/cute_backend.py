@@ -8,9 +8,9 @@ the DSL nor usable AOT kernels); callers pick the torch backend in that case.
 """
 from __future__ import annotations
 
-from typing import Any
-
 import torch
+
+from cute_kernels.attention_args import PrefillArgs
 
 
 class CuteBackendUnavailable(RuntimeError):
@@ -42,13 +42,13 @@ def kernel_path() -> str:
 _ready_devices: set[torch.device] = set()  # checked once each: the check is not free, the call is per layer
 
 
-def prefill_attention(q: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-    """attention_ref.prefill_attention_ref's arguments, run by the sm_90a kernel."""
-    if q.device not in _ready_devices:
-        reason = unavailable_reason(q.device)
+def prefill_attention(args: PrefillArgs) -> torch.Tensor:
+    """reference.prefill_attention_ref's contract, run by the sm_90a kernel."""
+    if args.q.device not in _ready_devices:
+        reason = unavailable_reason(args.q.device)
         if reason is not None:
             raise CuteBackendUnavailable(f"cute prefill attention unavailable: {reason}")
-        _ready_devices.add(q.device)
+        _ready_devices.add(args.q.device)
     from cute_kernels.hopper.prefill_launch import prefill_attention as kernel
 
-    return kernel(q, *args, **kwargs)
+    return kernel(args)

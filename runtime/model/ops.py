@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 import torch
 
+from cute_kernels.attention_args import DecodeArgs, PrefillArgs
 from cute_kernels.cpu import decode_attention as cpu_decode
 from cute_kernels.cpu import fused_ops as fused
 from cute_kernels.cpu import prefill_attention as cpu_prefill
@@ -65,33 +66,39 @@ class Ops:
                  v_cache: torch.Tensor, batch: AttentionBatch, scale: float) -> torch.Tensor:
         prefix = batch.prefill_prefix_lens if batch.max_prefix_len else None
         cu, tables = batch.cu_seqlens_q, batch.prefill_block_tables
-        args = (q, k, v, cu, cu, scale, True, k_cache, v_cache, tables, prefix)
-        if self.plan_prefill is None:
-            return self.prefill_attention(*args)
-        if batch.prefill_plan is None:  # the same for every layer of the step
-            batch.prefill_plan = self.plan_prefill(cu, cu, prefix, tables, k_cache)
-        return self.prefill_attention(*args, tables=batch.prefill_plan)
+        args = PrefillArgs(q, k, v, cu, cu, scale, True, k_cache, v_cache, tables, prefix)
+        if self.plan_prefill is not None and batch.prefill_plan is None:  # the same for every layer of the step
+            batch.prefill_plan = self.plan_prefill(cu, cu, prefix, tables, tuple(k_cache.shape[:2]))
+        args.plan = batch.prefill_plan
+        return self.prefill_attention(args)
 
     def _decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: AttentionBatch,
                 scale: float) -> torch.Tensor:
         if batch.decode_plan is None:  # the same for every layer of the step
             batch.decode_plan = self.plan_decode(batch.decode_block_tables, batch.decode_context_lens, k_cache)
-        return self.decode_attention(q, k_cache, v_cache, batch.decode_block_tables, batch.decode_context_lens,
-                                     scale, batch.decode_plan)
+        return self.decode_attention(DecodeArgs(q, k_cache, v_cache, batch.decode_block_tables,
+                                                batch.decode_context_lens, scale, batch.decode_plan))
 
 
-def _prefill_cpu_or_ref(q: torch.Tensor, k: torch.Tensor, *args: Any,
-                        tables: cpu_prefill.PrefillTables | None = None) -> torch.Tensor:
+def _prefill_cpu_or_ref(args: PrefillArgs) -> torch.Tensor:
     """The C prefill kernel where it takes the shapes (head_dim a multiple of 16), else the reference."""
-    if cpu_prefill.supports(q, k):
-        return cpu_prefill.prefill_attention_cpu(q, k, *args, tables=tables)
-    return prefill_attention_ref(q, k, *args)
+    if cpu_prefill.supports(args.q, args.k):
+        return cpu_prefill.prefill_attention_cpu(args)
+    return prefill_attention_ref(args)
+
+
+def _plan_decode_ref(block_tables: torch.Tensor, context_lens: torch.Tensor, k_cache: torch.Tensor) -> Any:
+    return plan_decode(block_tables, context_lens, k_cache.shape[1])
+
+
+def _plan_decode_cpu(block_tables: torch.Tensor, context_lens: torch.Tensor, k_cache: torch.Tensor) -> Any:
+    return cpu_decode.prepare_tables(block_tables, context_lens, k_cache.shape[0], k_cache.shape[1])
 
 
 def torch_ops(device: torch.device = torch.device("cpu"), dtype: torch.dtype = torch.float32,
               cpu_kernels: bool = True) -> Ops:
     """The references; for fp32 on the CPU (and cpu_kernels) the C kernels, where they build."""
-    ops = Ops(prefill_attention_ref, decode_attention_ref, plan_decode, label="torch reference")
+    ops = Ops(prefill_attention_ref, decode_attention_ref, _plan_decode_ref, label="torch reference")
     if not (cpu_kernels and device.type == "cpu" and dtype == torch.float32):
         return ops
     built = []
@@ -99,7 +106,7 @@ def torch_ops(device: torch.device = torch.device("cpu"), dtype: torch.dtype = t
         ops.prefill_attention, ops.plan_prefill = _prefill_cpu_or_ref, cpu_prefill.prepare_tables
         built.append("prefill")
     if cpu_decode.unavailable_reason() is None:
-        ops.decode_attention, ops.plan_decode = cpu_decode.decode_attention_cpu, cpu_decode.prepare_tables
+        ops.decode_attention, ops.plan_decode = cpu_decode.decode_attention_cpu, _plan_decode_cpu
         built.append("paged decode")
     if built:
         ops.label += f" + C {' and '.join(built)} attention"
@@ -126,4 +133,4 @@ def select_ops(name: str, device: torch.device, dtype: torch.dtype = torch.float
         if name == "cute":
             raise UserError(f"the cute backend cannot run here: {reason}")
         return torch_ops(device, dtype)
-    return Ops(cute_backend.prefill_attention, decode_attention_ref, plan_decode, label="CuTe kernels (sm_90a)")
+    return Ops(cute_backend.prefill_attention, decode_attention_ref, _plan_decode_ref, label="CuTe kernels (sm_90a)")
