@@ -16,7 +16,9 @@ from cute_kernels.cpu.decode_attention import (
 )
 from cute_kernels.reference import decode_attention_ref
 from runtime.llm import LLM
-from runtime.model.ops import torch_ops
+from runtime.model.cpu_backend import CpuBackend
+from runtime.model.select_backend import select_backend
+from runtime.model.torch_backend import TorchBackend
 from runtime.sampling_params import SamplingParams
 from tests.tiny_engine import tiny_engine
 
@@ -80,12 +82,13 @@ def test_engine_output_is_the_same_with_the_reference_decode():
     outputs = []
     for c_kernel in (True, False):
         engine = tiny_engine()
-        assert engine.runner.model.ops.decode_attention is decode_attention_cpu  # on by default here
-        engine.runner.model.ops = torch_ops(cpu_kernels=c_kernel)
+        backend = engine.runner.model.backend
+        assert isinstance(backend, CpuBackend) and backend.c_decode  # on by default here
+        engine.runner.model.backend = CpuBackend() if c_kernel else TorchBackend()
         outputs.append([o.outputs[0].token_ids for o in LLM.from_engine(engine).generate(prompts, params,
                                                                                            use_tqdm=False)])
     assert outputs[0] == outputs[1]
-    assert torch_ops(dtype=torch.bfloat16).decode_attention is decode_attention_ref  # the kernel is fp32-only
+    assert type(select_backend("torch", torch.device("cpu"), torch.bfloat16)) is TorchBackend  # the kernel is fp32-only
 
 
 def test_loading_the_kernel_keeps_denormals_for_everyone_else():

@@ -78,12 +78,30 @@ def test_model_logits_are_the_same_with_the_references(monkeypatch):
     torch.testing.assert_close(fast, logits(), **TOL)
 
 
-def test_the_backend_seam_picks_the_fused_ops_once():
-    from runtime.model.ops import torch_ops
+def _fused_routes(backend, monkeypatch) -> list[str]:
+    """Which implementation each fused op of `backend` calls, on inputs the C code takes."""
+    seen = []
+    for module, names in ((fused, ("add_rms_norm", "silu_and_mul", "rope_")),
+                          (ref, ("add_rms_norm_ref", "silu_and_mul_ref", "rope_ref"))):
+        for name in names:
+            real = getattr(module, name)
+            monkeypatch.setattr(module, name, lambda *a, _real=real, _name=name: seen.append(_name) or _real(*a))
+    x, w, gate_up = torch.randn(4, 64), torch.randn(64), torch.randn(4, 128)
+    qk, cos, sin = torch.randn(4, 3, 64), torch.randn(4, 1, 32), torch.randn(4, 1, 32)
+    backend.add_rms_norm(x, None, w, 1e-6)
+    backend.silu_and_mul(gate_up)
+    backend.rope(qk, cos, sin)
+    monkeypatch.undo()
+    return seen
 
-    ops = torch_ops()
-    assert (ops.add_rms_norm, ops.silu_and_mul, ops.rope) == (fused.add_rms_norm, fused.silu_and_mul, fused.rope_)
-    assert "fused norm/rope/silu" in ops.describe()
-    for off in (torch_ops(cpu_kernels=False), torch_ops(dtype=torch.bfloat16)):
-        assert (off.add_rms_norm, off.silu_and_mul, off.rope) == (ref.add_rms_norm_ref, ref.silu_and_mul_ref,
-                                                                  ref.rope_ref)
+
+def test_the_backend_seam_picks_the_fused_ops_once(monkeypatch):
+    from runtime.model.select_backend import select_backend
+    from runtime.model.torch_backend import TorchBackend
+
+    cpu = torch.device("cpu")
+    backend = select_backend("torch", cpu)
+    assert _fused_routes(backend, monkeypatch) == ["add_rms_norm", "silu_and_mul", "rope_"]
+    assert "fused norm/rope/silu" in backend.describe()
+    for off in (TorchBackend(), select_backend("torch", cpu, torch.bfloat16)):
+        assert _fused_routes(off, monkeypatch) == ["add_rms_norm_ref", "silu_and_mul_ref", "rope_ref"]

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from cute_kernels.attention_args import PrefillArgs
+from cute_kernels.cpu import prefill_attention as cpu_prefill
 from cute_kernels.cpu.prefill_attention import (
     prefill_attention_cpu,
     prepare_tables,
@@ -15,7 +16,9 @@ from cute_kernels.cpu.prefill_attention import (
     unavailable_reason,
 )
 from cute_kernels.reference import prefill_attention_ref
-from runtime.model.ops import _prefill_cpu_or_ref, torch_ops
+from runtime.model.cpu_backend import CpuBackend
+from runtime.model.select_backend import select_backend
+from runtime.model.torch_backend import TorchBackend
 
 
 def varlen_case(q_lens, prefixes, heads, kv_heads, d, bs=16, seed=0):
@@ -99,26 +102,37 @@ def test_bad_inputs_raise_instead_of_reading_stray_memory():
                                           plan=prepared))
 
 
-def test_shapes_the_kernel_does_not_take_run_the_reference():
+def test_shapes_the_kernel_does_not_take_run_the_reference(monkeypatch):
     q, k, v, cu, *_ = varlen_case([5, 30], [0, 0], 6, 3, 12)  # head_dim 12: not a multiple of 16
     assert not supports(q, k) and not supports(q.bfloat16(), k.bfloat16())
-    torch.testing.assert_close(_prefill_cpu_or_ref(PrefillArgs(q, k, v, cu, cu, 0.3, True)),
-                               prefill_attention_ref(PrefillArgs(q, k, v, cu, cu, 0.3, True)), rtol=0, atol=0)
-    assert torch_ops().prefill_attention is _prefill_cpu_or_ref
-    assert "C prefill and paged decode attention" in torch_ops().describe()
-    assert torch_ops(dtype=torch.bfloat16).prefill_attention is prefill_attention_ref
+    backend = select_backend("torch", torch.device("cpu"))
+    assert isinstance(backend, CpuBackend) and backend.c_prefill
+    assert "C prefill and paged decode attention" in backend.describe()
+    kernel_calls = []
+    monkeypatch.setattr(cpu_prefill, "prefill_attention_cpu",
+                        lambda args: kernel_calls.append(args) or prefill_attention_cpu(args))
+    args = PrefillArgs(q, k, v, cu, cu, 0.3, True)
+    torch.testing.assert_close(backend.prefill(args), prefill_attention_ref(args), rtol=0, atol=0)
+    assert kernel_calls == []  # the reference ran
+    q16, k16, v16, cu16, *_ = varlen_case([5, 30], [0, 0], 6, 3, 16)
+    backend.prefill(PrefillArgs(q16, k16, v16, cu16, cu16, 0.3, True))
+    assert len(kernel_calls) == 1  # a shape the kernel takes goes to the kernel
+    assert type(select_backend("torch", torch.device("cpu"), torch.bfloat16)) is TorchBackend
 
 
-def test_the_engine_plans_a_step_once_for_all_layers():
+def test_the_engine_plans_a_step_once_for_all_layers(monkeypatch):
     from runtime.sampling_params import SamplingParams
     from tests.tiny_engine import tiny_engine
 
     engine = tiny_engine()
-    ops = engine.runner.model.ops
-    assert ops.plan_prefill is prepare_tables
-    calls = []
-    ops.plan_prefill = lambda *args: calls.append(1) or prepare_tables(*args)
+    backend = engine.runner.model.backend
+    assert isinstance(backend, CpuBackend) and backend.c_prefill
+    calls, plans = [], []
+    monkeypatch.setattr(cpu_prefill, "prepare_tables", lambda *args: calls.append(1) or prepare_tables(*args))
+    monkeypatch.setattr(cpu_prefill, "prefill_attention_cpu",
+                        lambda args: plans.append(args.plan) or prefill_attention_cpu(args))
     engine.add_request("a", list(range(3, 40)), SamplingParams(temperature=0, max_tokens=2))
     engine.add_request("b", list(range(5, 25)), SamplingParams(temperature=0, max_tokens=2))
     engine.step()  # both prompts in one prefill step through every layer
     assert len(engine.runner.model.layers) > 1 and len(calls) == 1
+    assert len(plans) == len(engine.runner.model.layers) and all(plan is plans[0] for plan in plans)

@@ -179,11 +179,11 @@ def test_prepare_args_rejects_bad_inputs():
 
 
 def test_cute_backend_refuses_cpu_tensors_clearly():
-    from runtime.model.cute_backend import CuteBackendUnavailable, prefill_attention
+    from runtime.model.cute_backend import CuteBackend, CuteBackendUnavailable
 
     x = make_batch([4], [0], 4, 4, d=64, dtype=torch.bfloat16)
     with pytest.raises(CuteBackendUnavailable, match="unavailable"):
-        prefill_attention(PrefillArgs(x["q"], x["k"], x["v"], x["cu_seqlens_q"], x["cu_seqlens_k"], 0.125))
+        CuteBackend().prefill(PrefillArgs(x["q"], x["k"], x["v"], x["cu_seqlens_q"], x["cu_seqlens_k"], 0.125))
 
 
 # ---------------------------------------------------------------------------------------------- GPU

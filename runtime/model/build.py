@@ -4,9 +4,9 @@ from __future__ import annotations
 import torch
 
 from runtime.errors import ModelLoadError
+from runtime.model.attention_backend import AttentionBackend
 from runtime.model.config import ModelConfig
 from runtime.model.llama import LlamaModel
-from runtime.model.ops import Ops
 from runtime.model.rope import RotaryEmbedding
 
 
@@ -19,14 +19,14 @@ def _take(tensors: dict[str, torch.Tensor], name: str, shape: tuple[int, ...]) -
     return t
 
 
-def build_model(cfg: ModelConfig, tensors: dict[str, torch.Tensor], ops: Ops,
+def build_model(cfg: ModelConfig, tensors: dict[str, torch.Tensor], backend: AttentionBackend,
                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> LlamaModel:
     """Consumes `tensors` (entries are popped) and returns the model on `device` in `dtype`."""
     # fp32 tables: bf16 angles lose precision at long positions.
     rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling,
                            device=device, dtype=torch.float32)
     with torch.device("meta"):
-        model = LlamaModel(cfg, ops, rope)
+        model = LlamaModel(cfg, backend, rope)
     h, q, kv, i = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size
     params: dict[str, torch.Tensor] = {"embed": _take(tensors, "model.embed_tokens.weight", (cfg.vocab_size, h)),
                                        "norm": _take(tensors, "model.norm.weight", (h,))}
