@@ -9,7 +9,8 @@ def as_int32(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.int32).contiguous()
 
 
-def check_block_ids(tables: torch.Tensor, max_len: int, k_cache: torch.Tensor, what: str) -> None:
-    """Raise ValueError unless max_len tokens fit the tables' width and every block id is in the cache."""
-    if max_len > tables.shape[1] * k_cache.shape[1] or int(tables.min()) < 0 or int(tables.max()) >= k_cache.shape[0]:
+def check_block_ids(tables: torch.Tensor, max_len: int, num_blocks: int, block_size: int, what: str) -> None:
+    """Raise ValueError unless max_len tokens fit the tables' width and every block id is in a cache
+    of num_blocks blocks (the cache's geometry only: one check serves every layer's cache)."""
+    if max_len > tables.shape[1] * block_size or int(tables.min()) < 0 or int(tables.max()) >= num_blocks:
         raise ValueError(f"{what} or block ids out of range of the block tables / cache")

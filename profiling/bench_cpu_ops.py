@@ -2,11 +2,11 @@
 
     python profiling/bench_cpu_ops.py [--repeats 20] [--json PATH]
 
-- decode attention: the C paged kernel (cute_kernels/cpu_decode_attention.py) vs the torch
+- decode attention: the C paged kernel (cute_kernels/cpu/decode_attention.py) vs the torch
   reference decode_attention_ref, SmolLM2-135M shapes (9 query / 3 KV heads, d 64), batch x context.
-- prefill attention: the C varlen kernel (cute_kernels/cpu_prefill_attention.py) vs
+- prefill attention: the C varlen kernel (cute_kernels/cpu/prefill_attention.py) vs
   prefill_attention_ref (torch SDPA per sequence), whole prompts and a chunk after a cached prefix.
-- fused elementwise ops (cute_kernels/cpu_fused_ops.py) vs their torch references, by rows.
+- fused elementwise ops (cute_kernels/cpu/fused_ops.py) vs their torch references, by rows.
 - linear: oneDNN with the weight packed once (runtime/model/cpu_linear.py) vs F.linear, the model's
   four layer shapes and its LM head, by rows (decode batch sizes up to prefill chunks).
 - sampling: runtime/sampler.py's sample() vs transformers' recipe (sort-based top-k/top-p warpers,
@@ -27,14 +27,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from cute_kernels import cpu_decode_attention, cpu_prefill_attention  # noqa: E402
-from cute_kernels import cpu_fused_ops as fused  # noqa: E402
-from cute_kernels.attention_ref import (  # noqa: E402
+from cute_kernels.attention_args import DecodeArgs, PrefillArgs  # noqa: E402
+from cute_kernels.cpu import decode_attention as cpu_decode_attention  # noqa: E402
+from cute_kernels.cpu import prefill_attention as cpu_prefill_attention  # noqa: E402
+from cute_kernels.cpu import fused_ops as fused  # noqa: E402
+from cute_kernels.reference import (  # noqa: E402
+    add_rms_norm_ref,
     decode_attention_ref,
     plan_decode,
     prefill_attention_ref,
+    rope_ref,
+    silu_and_mul_ref,
 )
-from cute_kernels.cpu_decode_attention import decode_attention_cpu, prepare_tables  # noqa: E402
+from cute_kernels.cpu.decode_attention import decode_attention_cpu, prepare_tables  # noqa: E402
 from runtime.host_allocator import tune_host_allocator  # noqa: E402
 from runtime.model.cpu_linear import pack_linear_weight, packed_linear  # noqa: E402
 
@@ -61,9 +66,11 @@ def attention_cases(repeats: int) -> list[dict]:
         lens = torch.full((batch,), context, dtype=torch.int32)
         q = torch.randn(batch, heads, d, generator=g)
         # the engine plans once per step for all layers, so neither plan is timed here
-        plan, prepared = plan_decode(tables, lens, k_cache), prepare_tables(tables, lens, k_cache)
-        ref = median_ms(lambda: decode_attention_ref(q, k_cache, v_cache, tables, lens, 0.125, plan), repeats)
-        ours = median_ms(lambda: decode_attention_cpu(q, k_cache, v_cache, tables, lens, 0.125, prepared), repeats)
+        plan, prepared = plan_decode(tables, lens, bs), prepare_tables(tables, lens, *k_cache.shape[:2])
+        ref_args = DecodeArgs(q, k_cache, v_cache, tables, lens, 0.125, plan)
+        ours_args = DecodeArgs(q, k_cache, v_cache, tables, lens, 0.125, prepared)
+        ref = median_ms(lambda: decode_attention_ref(ref_args), repeats)
+        ours = median_ms(lambda: decode_attention_cpu(ours_args), repeats)
         rows.append({"op": "decode attention", "case": f"batch {batch} x context {context}",
                      "torch_ms": ref, "ours_ms": ours, "speedup": ref / ours})
     return rows
@@ -84,9 +91,9 @@ def prefill_cases(repeats: int) -> list[dict]:
         v_cache = torch.randn_like(k_cache)
         tables = torch.arange(len(q_lens) * blocks).view(len(q_lens), blocks).int()
         prefixes = torch.full((len(q_lens),), prefix, dtype=torch.int32) if prefix else None
-        args = (q, k, v, cu, cu, 0.125, True, k_cache, v_cache, tables, prefixes)
-        ref = median_ms(lambda: prefill_attention_ref(*args), repeats)
-        ours = median_ms(lambda: cpu_prefill_attention.prefill_attention_cpu(*args), repeats)
+        args = PrefillArgs(q, k, v, cu, cu, 0.125, True, k_cache, v_cache, tables, prefixes)
+        ref = median_ms(lambda: prefill_attention_ref(args), repeats)
+        ours = median_ms(lambda: cpu_prefill_attention.prefill_attention_cpu(args), repeats)
         rows.append({"op": "prefill attention", "case": name, "torch_ms": ref, "ours_ms": ours, "speedup": ref / ours})
     return rows
 
@@ -100,9 +107,9 @@ def fused_cases(repeats: int) -> list[dict]:
         qk = torch.randn(m, heads * d + 3 * d)[:, : heads * d].view(m, heads, d)  # a view into the qkv rows
         cos, sin = torch.randn(m, 1, d // 2), torch.randn(m, 1, d // 2)
         for name, ref_fn, fn in [
-            ("add + rms_norm", lambda: fused.add_rms_norm_ref(x, res, w, 1e-5), lambda: fused.add_rms_norm(x, res, w, 1e-5)),
-            ("silu_and_mul", lambda: fused.silu_and_mul_ref(gate_up), lambda: fused.silu_and_mul(gate_up)),
-            ("rope (q and k)", lambda: fused.rope_ref(qk, cos, sin), lambda: fused.rope_(qk, cos, sin)),
+            ("add + rms_norm", lambda: add_rms_norm_ref(x, res, w, 1e-5), lambda: fused.add_rms_norm(x, res, w, 1e-5)),
+            ("silu_and_mul", lambda: silu_and_mul_ref(gate_up), lambda: fused.silu_and_mul(gate_up)),
+            ("rope (q and k)", lambda: rope_ref(qk, cos, sin), lambda: fused.rope_(qk, cos, sin)),
         ]:
             ref, ours = median_ms(ref_fn, repeats), median_ms(fn, repeats)
             rows.append({"op": name, "case": f"{m} rows", "torch_ms": ref, "ours_ms": ours, "speedup": ref / ours})

@@ -2,7 +2,8 @@
 
 prefill: the cute sm_90a prefill kernel vs torch SDPA (flash backend) on the same inputs, causal
 TFLOP/s (half the square counted) and the fraction of the chip's dense bf16 peak. One row per case;
-`path` says whether the kernel ran JIT-compiled (DSL) or from the AOT library (cute_kernels.kernel_path).
+`path` says whether the kernel ran JIT-compiled (DSL) or from the AOT library
+(cute_kernels.toolchain.kernel_path).
 """
 from __future__ import annotations
 
@@ -67,9 +68,10 @@ def bench_prefill_case(case: PrefillCase) -> dict:
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from cute_kernels.kernel_path import kernel_path
-    from cute_kernels.prefill_host import prepare_prefill_args
-    from cute_kernels.prefill_launch import launch_prefill
+    from cute_kernels.attention_args import PrefillArgs
+    from cute_kernels.hopper.prefill_host import prepare_prefill_args
+    from cute_kernels.hopper.prefill_launch import launch_prefill
+    from cute_kernels.toolchain.kernel_path import kernel_path
 
     dev, dt = "cuda", torch.bfloat16
     tokens = case.batch * case.seqlen
@@ -78,7 +80,7 @@ def bench_prefill_case(case: PrefillCase) -> dict:
     v = torch.randn_like(k)
     cu = torch.arange(0, tokens + 1, case.seqlen, device=dev, dtype=torch.int32)
     scale = case.head_dim ** -0.5
-    args = prepare_prefill_args(q, k, v, cu, cu, scale, True, max_seqlen_q=case.seqlen)
+    args = prepare_prefill_args(PrefillArgs(q, k, v, cu, cu, scale, True, max_seqlen_q=case.seqlen))
     cute_ms = _time_ms(lambda: launch_prefill(args))
 
     # SDPA on [B, H, L, d]; KV heads expanded outside the timed region.
@@ -100,7 +102,7 @@ def bench_prefill_case(case: PrefillCase) -> dict:
 
 def run_prefill(dry_run: bool) -> list[dict]:
     if dry_run:
-        from cute_kernels.kernel_path import kernel_path
+        from cute_kernels.toolchain.kernel_path import kernel_path
 
         return [{"case": c.name, "path": kernel_path(), "gflop": round(c.causal_flops() / 1e9, 1), "dry_run": True}
                 for c in PREFILL_CASES]

@@ -226,7 +226,7 @@ class LLMEngine:
         return {"model": f"{cfg.name} ({cfg.arch}, {cfg.num_layers} layers, "
                          f"{cfg.num_parameters() / 1e6:.1f}M parameters, context {self.max_model_len})",
                 "dtype": str(self.dtype).replace("torch.", ""), "device": str(self.device),
-                "backend": self.runner.model.ops.describe(), "block size": str(self.config.block_size),
+                "backend": self.runner.model.backend.describe(), "block size": str(self.config.block_size),
                 "scheduler": self.config.scheduler,
                 "prefix caching": "on" if self.config.enable_prefix_caching else "off",
                 "speculative": (self.config.speculative or "on") if self.proposer else "off", "memory ledger": self.ledger.describe()}

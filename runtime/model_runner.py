@@ -57,7 +57,8 @@ class ModelRunner:
         bs = self.block_size
         slots = tables[row_seq, positions // bs].astype(np.int64) * bs + positions % bs
         nd = int((lens == 1).sum())
-        batch = AttentionBatch(slot_mapping=self._tensor(slots), num_decode_tokens=nd)
+        batch = AttentionBatch(slot_mapping=self._tensor(slots), num_blocks=self.kv_caches[0][0].shape[0],
+                               block_size=bs, num_decode_tokens=nd)
         if nd:
             batch.decode_block_tables = self._tensor(tables[:nd])
             batch.decode_context_lens = self._tensor((starts[:nd] + 1).astype(np.int32))
@@ -67,6 +68,7 @@ class ModelRunner:
             batch.prefill_prefix_lens = self._tensor(starts[nd:].astype(np.int32))
             batch.prefill_block_tables = self._tensor(tables[nd:])
             batch.max_prefix_len = int(starts[nd:].max())
+            batch.max_seqlen_q = int(lens[nd:].max())
         # rows whose logits are wanted, in the callers' chunk order
         where = np.empty(len(chunks), dtype=np.int64)
         where[order] = np.arange(len(chunks))

@@ -17,10 +17,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from cute_kernels.aot_loader import AotPrefillKernels, AotUnavailable, PrefillArgsC, open_prefill_kernels, prefill_c_args
-from cute_kernels.aot_manifest import ABI_VERSION, kernel_source_hash
-from cute_kernels.prefill_host import prepare_prefill_args
-from cute_kernels.prefill_spec import KV_BLOCK_SIZE, PrefillSpec
+from cute_kernels.attention_args import PrefillArgs
+from cute_kernels.hopper.prefill_host import prepare_prefill_args
+from cute_kernels.hopper.prefill_spec import KV_BLOCK_SIZE, PrefillSpec
+from cute_kernels.toolchain.aot_loader import (
+    AotPrefillKernels, AotUnavailable, PrefillArgsC, open_prefill_kernels, prefill_c_args,
+)
+from cute_kernels.toolchain.aot_manifest import ABI_VERSION, kernel_source_hash
 from tests.test_prefill_attention import make_batch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -30,8 +33,8 @@ LIB_BUDGET = 4 << 20  # two variants + a static cudart stay well under this
 
 def prefix_batch(d=64, dtype=torch.bfloat16, device="cpu"):
     x = make_batch([3, 7], [20, 0], 8, 2, d=d, dtype=dtype, device=device)
-    return x, prepare_prefill_args(x["q"], x["k"], x["v"], x["cu_seqlens_q"], x["cu_seqlens_k"], 0.125, True,
-                                   x["k_cache"], x["v_cache"], x["block_tables"], x["prefix_lens"])
+    return x, prepare_prefill_args(PrefillArgs(x["q"], x["k"], x["v"], x["cu_seqlens_q"], x["cu_seqlens_k"], 0.125,
+                                               True, x["k_cache"], x["v_cache"], x["block_tables"], x["prefix_lens"]))
 
 
 def c_fields(c: PrefillArgsC) -> dict:
@@ -42,7 +45,7 @@ def c_fields(c: PrefillArgsC) -> dict:
 # ----------------------------------------------------------------------------- build (DSL + toolkit)
 @pytest.fixture(scope="module")
 def toolkit():
-    from cute_kernels.aot_link import find_cuda_toolkit
+    from cute_kernels.toolchain.aot_link import find_cuda_toolkit
 
     kit = find_cuda_toolkit()
     if kit is None:
@@ -53,7 +56,7 @@ def toolkit():
 @pytest.fixture(scope="module")
 def built(tmp_path_factory, toolkit):
     pytest.importorskip("cutlass", reason="needs nvidia-cutlass-dsl (the hopper extra)")
-    from cute_kernels.aot import build
+    from cute_kernels.toolchain.aot_build import build
 
     out = tmp_path_factory.mktemp("aot")
     with pytest.MonkeyPatch.context() as mp:
@@ -67,7 +70,7 @@ def _nm(*args: str) -> list[str]:
 
 
 def test_build_writes_every_variant_and_a_manifest(built):
-    from cute_kernels.aot_manifest import read_manifest
+    from cute_kernels.toolchain.aot_manifest import read_manifest
 
     out, manifest = built
     assert set(manifest["variants"]) == {s.name for s in VARIANTS}
@@ -78,7 +81,7 @@ def test_build_writes_every_variant_and_a_manifest(built):
 
 
 def test_libraries_are_small_x86_64_and_export_only_the_c_api(built):
-    from cute_kernels.aot_link import inspect_library
+    from cute_kernels.toolchain.aot_link import inspect_library
 
     out, manifest = built
     expected = {"cute_aot_abi_version", "cute_aot_prefill_args_size", "cute_aot_error_name", "cute_aot_error_string"}
@@ -92,7 +95,7 @@ def test_libraries_are_small_x86_64_and_export_only_the_c_api(built):
 
 def test_static_library_needs_nothing_but_libc(built):
     out, _ = built
-    from cute_kernels.aot_link import inspect_library
+    from cute_kernels.toolchain.aot_link import inspect_library
 
     so = out / "libcute_prefill_static.so"
     assert set(inspect_library(so).needed) <= {"libc.so.6", "ld-linux-x86-64.so.2"}
@@ -102,7 +105,7 @@ def test_static_library_needs_nothing_but_libc(built):
 
 
 def test_shared_library_resolves_against_libcudart_only(built, toolkit):
-    from cute_kernels.aot_link import ALLOWED_NEEDED, CUDART_SONAME, inspect_library
+    from cute_kernels.toolchain.aot_link import ALLOWED_NEEDED, CUDART_SONAME, inspect_library
 
     out, _ = built
     info = inspect_library(out / "libcute_prefill_shared.so")
@@ -119,8 +122,8 @@ _LOAD_WITHOUT_DSL = r"""
 import ctypes, sys
 from pathlib import Path
 sys.modules["cutlass"] = None  # any DSL import now fails
-from cute_kernels.aot_loader import AotPrefillKernels
-from cute_kernels.aot_manifest import read_manifest
+from cute_kernels.toolchain.aot_loader import AotPrefillKernels
+from cute_kernels.toolchain.aot_manifest import read_manifest
 aot_dir, so, variant, preload = sys.argv[1:5]
 if preload:
     ctypes.CDLL(preload, mode=ctypes.RTLD_GLOBAL)  # as torch cu13x does for libcudart.so.13
@@ -188,7 +191,7 @@ const char *cudaGetErrorString(cudaError_t e) { return "mock"; }
 def test_shim_packs_the_dsl_descriptors(built, toolkit, tmp_path):
     """The real shim, compiled against the real exported header, linked to mocks of the DSL's entry
     points: a launch from torch tensors must reach the DSL function with exactly these descriptors."""
-    from cute_kernels.aot_link import _cc, _cflags, compile_common, compile_shim
+    from cute_kernels.toolchain.aot_link import _cc, _cflags, compile_common, compile_shim
 
     out, _ = built
     name = VARIANTS[1].name  # fp16, d=64, 8 query heads over 2 KV heads like prefix_batch()
@@ -274,7 +277,7 @@ def test_prepare_copies_a_v_split_off_fused_qkv():
     qkv = torch.randn(10, (8 + 2 + 2) * 64).to(torch.bfloat16)
     q, k, v = (t.view(10, -1, 64) for t in qkv.split([8 * 64, 2 * 64, 2 * 64], dim=-1))
     cu = torch.tensor([0, 3, 10], dtype=torch.int32)
-    args = prepare_prefill_args(q, k, v, cu, cu, 0.125)
+    args = prepare_prefill_args(PrefillArgs(q, k, v, cu, cu, 0.125))
     assert args.v.is_contiguous() and torch.equal(args.v, v)
     prefill_c_args(args)  # fits the compiled layout now
 
@@ -318,7 +321,7 @@ def test_launch_errors_name_the_cuda_error():
 
 
 def test_kernel_path_selection(monkeypatch):
-    from cute_kernels import kernel_path as kp
+    from cute_kernels.toolchain import kernel_path as kp
 
     monkeypatch.setenv("CUTE_KERNELS_PATH", "aot")
     assert kp.kernel_path() == "aot"
@@ -341,13 +344,13 @@ gpu = pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU")
 @gpu
 @pytest.mark.parametrize("dtype,head_dim,heads,kv_heads", [(torch.bfloat16, 128, 32, 8), (torch.float16, 64, 9, 3)])
 def test_aot_prefill_on_a_side_stream_matches_reference_gpu(monkeypatch, dtype, head_dim, heads, kv_heads):
-    from cute_kernels.aot_loader import launch_prefill_aot
-    from cute_kernels.attention_ref import prefill_attention_ref
+    from cute_kernels.toolchain.aot_loader import launch_prefill_aot
+    from cute_kernels.reference import prefill_attention_ref
 
     x = make_batch([1, 100, 700], [0, 40, 300], heads, kv_heads, head_dim, dtype=dtype, device="cuda")
     scale = head_dim ** -0.5
-    args = prepare_prefill_args(x["q"], x["k"], x["v"], x["cu_seqlens_q"], x["cu_seqlens_k"], scale, True,
-                                x["k_cache"], x["v_cache"], x["block_tables"], x["prefix_lens"])
+    args = prepare_prefill_args(PrefillArgs(x["q"], x["k"], x["v"], x["cu_seqlens_q"], x["cu_seqlens_k"], scale, True,
+                                            x["k_cache"], x["v_cache"], x["block_tables"], x["prefix_lens"]))
     args.out.fill_(float("nan"))
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -355,7 +358,7 @@ def test_aot_prefill_on_a_side_stream_matches_reference_gpu(monkeypatch, dtype, 
         launch_prefill_aot(args)  # must run on `side`, torch's current stream here
     side.synchronize()
     f32 = {k: (t.float() if t.is_floating_point() else t) for k, t in x.items()}
-    ref = prefill_attention_ref(scale=scale, causal=True, **f32)
+    ref = prefill_attention_ref(PrefillArgs(scale=scale, causal=True, **f32))
     assert not args.out.isnan().any() and torch.isfinite(args.lse).all()
     rel = (args.out.float() - ref).norm() / ref.norm()
     assert rel <= 1e-2, f"relative error {rel:.2e}"
@@ -365,14 +368,14 @@ def test_aot_prefill_on_a_side_stream_matches_reference_gpu(monkeypatch, dtype, 
 @gpu
 def test_aot_and_jit_kernels_agree_gpu():
     pytest.importorskip("cutlass", reason="the JIT path needs nvidia-cutlass-dsl")
-    from cute_kernels.aot_loader import launch_prefill_aot
-    from cute_kernels.prefill_launch import _launch_prefill_jit
+    from cute_kernels.toolchain.aot_loader import launch_prefill_aot
+    from cute_kernels.hopper.prefill_launch import _launch_prefill_jit
 
     x = make_batch([5, 300], [0, 33], 32, 8, 128, dtype=torch.bfloat16, device="cuda")
     outs = []
     for launch in (launch_prefill_aot, _launch_prefill_jit):
-        args = prepare_prefill_args(x["q"], x["k"], x["v"], x["cu_seqlens_q"], x["cu_seqlens_k"], 0.088, True,
-                                    x["k_cache"], x["v_cache"], x["block_tables"], x["prefix_lens"])
+        args = prepare_prefill_args(PrefillArgs(x["q"], x["k"], x["v"], x["cu_seqlens_q"], x["cu_seqlens_k"], 0.088,
+                                                True, x["k_cache"], x["v_cache"], x["block_tables"], x["prefix_lens"]))
         launch(args)
         outs.append(args.out)
     torch.cuda.synchronize()

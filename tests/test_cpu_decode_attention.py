@@ -7,15 +7,18 @@ results agree to a few fp32 ulps of the O(1) outputs: 2e-5 absolute is tight and
 import pytest
 import torch
 
-from cute_kernels.attention_ref import decode_attention_ref
-from cute_kernels.cpu_decode_attention import (
+from cute_kernels.attention_args import DecodeArgs
+from cute_kernels.cpu.decode_attention import (
     decode_attention_cpu,
     prepare_tables,
     supports,
     unavailable_reason,
 )
+from cute_kernels.reference import decode_attention_ref
 from runtime.llm import LLM
-from runtime.model.ops import torch_ops
+from runtime.model.cpu_backend import CpuBackend
+from runtime.model.select_backend import select_backend
+from runtime.model.torch_backend import TorchBackend
 from runtime.sampling_params import SamplingParams
 from tests.tiny_engine import tiny_engine
 
@@ -42,35 +45,35 @@ def test_matches_reference(heads, kv_heads, d, bs):
     lens = [1, bs - 1, bs, bs + 1, 3 * bs, 200, 517]
     q, k_cache, v_cache, tables, ctx = paged_case(lens, heads, kv_heads, d, bs)
     scale = d ** -0.5
-    want = decode_attention_ref(q, k_cache, v_cache, tables, ctx, scale)
-    got = decode_attention_cpu(q, k_cache, v_cache, tables, ctx, scale)
+    want = decode_attention_ref(DecodeArgs(q, k_cache, v_cache, tables, ctx, scale))
+    got = decode_attention_cpu(DecodeArgs(q, k_cache, v_cache, tables, ctx, scale))
     torch.testing.assert_close(got, want, rtol=0, atol=2e-5)
-    prepared = prepare_tables(tables, ctx, k_cache)  # what the engine does once per step
-    torch.testing.assert_close(decode_attention_cpu(q, k_cache, v_cache, tables, ctx, scale, prepared), got)
+    prepared = prepare_tables(tables, ctx, *k_cache.shape[:2])  # what the engine does once per step
+    torch.testing.assert_close(decode_attention_cpu(DecodeArgs(q, k_cache, v_cache, tables, ctx, scale, prepared)), got)
 
 
 def test_reads_only_its_own_blocks_and_length():
     q, k_cache, v_cache, tables, ctx = paged_case([20, 33], 6, 2, 64)
-    before = decode_attention_cpu(q, k_cache, v_cache, tables, ctx, 0.125)
+    before = decode_attention_cpu(DecodeArgs(q, k_cache, v_cache, tables, ctx, 0.125))
     used = set(tables[0, :2].tolist()) | set(tables[1, :3].tolist())
     for blk in set(range(k_cache.shape[0])) - used:  # blocks nobody owns
         k_cache[blk] = float("nan")
         v_cache[blk] = float("nan")
     k_cache[tables[0, 1], 4:] = float("nan")  # past sequence 0's 20 tokens in its last block
-    torch.testing.assert_close(decode_attention_cpu(q, k_cache, v_cache, tables, ctx, 0.125), before)
+    torch.testing.assert_close(decode_attention_cpu(DecodeArgs(q, k_cache, v_cache, tables, ctx, 0.125)), before)
 
 
 def test_bad_inputs_raise_instead_of_reading_stray_memory():
     q, k_cache, v_cache, tables, ctx = paged_case([20, 33], 6, 2, 64)
     with pytest.raises(ValueError, match="out of range"):
-        decode_attention_cpu(q, k_cache, v_cache, tables, torch.tensor([20, 33 + 16], dtype=torch.int32), 0.1)
+        decode_attention_cpu(DecodeArgs(q, k_cache, v_cache, tables, torch.tensor([20, 33 + 16], dtype=torch.int32), 0.1))
     with pytest.raises(ValueError, match="out of range"):
-        decode_attention_cpu(q, k_cache, v_cache, tables + k_cache.shape[0], ctx, 0.1)
+        decode_attention_cpu(DecodeArgs(q, k_cache, v_cache, tables + k_cache.shape[0], ctx, 0.1))
     with pytest.raises(ValueError, match="out of range"):
-        decode_attention_cpu(q, k_cache, v_cache, tables, torch.tensor([0, 5], dtype=torch.int32), 0.1)
+        decode_attention_cpu(DecodeArgs(q, k_cache, v_cache, tables, torch.tensor([0, 5], dtype=torch.int32), 0.1))
     assert not supports(q.bfloat16(), k_cache.bfloat16())  # bf16 stays on the reference
     with pytest.raises(ValueError, match="unsupported"):
-        decode_attention_cpu(q.bfloat16(), k_cache.bfloat16(), v_cache.bfloat16(), tables, ctx, 0.1)
+        decode_attention_cpu(DecodeArgs(q.bfloat16(), k_cache.bfloat16(), v_cache.bfloat16(), tables, ctx, 0.1))
 
 
 def test_engine_output_is_the_same_with_the_reference_decode():
@@ -79,12 +82,13 @@ def test_engine_output_is_the_same_with_the_reference_decode():
     outputs = []
     for c_kernel in (True, False):
         engine = tiny_engine()
-        assert engine.runner.model.ops.decode_attention is decode_attention_cpu  # on by default here
-        engine.runner.model.ops = torch_ops(cpu_kernels=c_kernel)
+        backend = engine.runner.model.backend
+        assert isinstance(backend, CpuBackend) and backend.c_decode  # on by default here
+        engine.runner.model.backend = CpuBackend() if c_kernel else TorchBackend()
         outputs.append([o.outputs[0].token_ids for o in LLM.from_engine(engine).generate(prompts, params,
                                                                                            use_tqdm=False)])
     assert outputs[0] == outputs[1]
-    assert torch_ops(dtype=torch.bfloat16).decode_attention is decode_attention_ref  # the kernel is fp32-only
+    assert type(select_backend("torch", torch.device("cpu"), torch.bfloat16)) is TorchBackend  # the kernel is fp32-only
 
 
 def test_loading_the_kernel_keeps_denormals_for_everyone_else():

@@ -7,7 +7,8 @@ absolute (outputs here are O(1) to O(100)).
 import pytest
 import torch
 
-from cute_kernels import cpu_fused_ops as fused
+from cute_kernels import reference as ref
+from cute_kernels.cpu import fused_ops as fused
 from tests.tiny_engine import tiny_engine
 
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -23,7 +24,7 @@ def test_add_rms_norm(rows, dim):
     x, residual, weight = (torch.randn(rows, dim, generator=g) * 3, torch.randn(rows, dim, generator=g),
                            torch.randn(dim, generator=g))
     for res in (residual, None):  # None: the first layer, whose residual is x itself
-        got, want = fused.add_rms_norm(x, res, weight, 1e-5), fused.add_rms_norm_ref(x, res, weight, 1e-5)
+        got, want = fused.add_rms_norm(x, res, weight, 1e-5), ref.add_rms_norm_ref(x, res, weight, 1e-5)
         torch.testing.assert_close(got, want, **TOL)
     assert fused.add_rms_norm(x, None, weight, 1e-5)[1] is x
 
@@ -34,7 +35,7 @@ def test_silu_and_mul(rows, inter):
     gate_up[0, :4] = torch.tensor([-200.0, -88.0, 88.0, 200.0])  # where a plain exp over- or underflows
     got = fused.silu_and_mul(gate_up)
     assert torch.isfinite(got).all()
-    torch.testing.assert_close(got, fused.silu_and_mul_ref(gate_up), **TOL)
+    torch.testing.assert_close(got, ref.silu_and_mul_ref(gate_up), **TOL)
 
 
 @pytest.mark.parametrize("tokens", [1, 5, 1000])
@@ -45,7 +46,7 @@ def test_rope_in_place_on_the_fused_qkv_rows(tokens):
     v_before = qkv[:, (heads + kv) * d:].clone()
     qk = qkv[:, : (heads + kv) * d].view(tokens, heads + kv, d)  # rows strided by the whole qkv row
     cos, sin = torch.randn(tokens, 1, d // 2, generator=g), torch.randn(tokens, 1, d // 2, generator=g)
-    want = fused.rope_ref(qk.clone(), cos, sin)
+    want = ref.rope_ref(qk.clone(), cos, sin)
     got = fused.rope_(qk, cos, sin)
     assert got.data_ptr() == qkv.data_ptr()  # rotated where it lies
     torch.testing.assert_close(got, want, **TOL)
@@ -55,12 +56,12 @@ def test_rope_in_place_on_the_fused_qkv_rows(tokens):
 def test_inputs_the_kernels_do_not_take_run_the_references():
     x = torch.randn(4, 64, dtype=torch.bfloat16)
     w = torch.randn(64, dtype=torch.bfloat16)
-    torch.testing.assert_close(fused.add_rms_norm(x, x, w, 1e-6), fused.add_rms_norm_ref(x, x, w, 1e-6))
+    torch.testing.assert_close(fused.add_rms_norm(x, x, w, 1e-6), ref.add_rms_norm_ref(x, x, w, 1e-6))
     strided = torch.randn(64, 4).t()
-    torch.testing.assert_close(fused.silu_and_mul(strided), fused.silu_and_mul_ref(strided))
+    torch.testing.assert_close(fused.silu_and_mul(strided), ref.silu_and_mul_ref(strided))
     qk = torch.randn(3, 2, 8).transpose(0, 1)  # heads not contiguous
     cos, sin = torch.randn(2, 1, 4), torch.randn(2, 1, 4)
-    torch.testing.assert_close(fused.rope_(qk, cos, sin), fused.rope_ref(qk, cos, sin))
+    torch.testing.assert_close(fused.rope_(qk, cos, sin), ref.rope_ref(qk, cos, sin))
 
 
 def test_model_logits_are_the_same_with_the_references(monkeypatch):
@@ -77,12 +78,30 @@ def test_model_logits_are_the_same_with_the_references(monkeypatch):
     torch.testing.assert_close(fast, logits(), **TOL)
 
 
-def test_the_backend_seam_picks_the_fused_ops_once():
-    from runtime.model.ops import torch_ops
+def _fused_routes(backend, monkeypatch) -> list[str]:
+    """Which implementation each fused op of `backend` calls, on inputs the C code takes."""
+    seen = []
+    for module, names in ((fused, ("add_rms_norm", "silu_and_mul", "rope_")),
+                          (ref, ("add_rms_norm_ref", "silu_and_mul_ref", "rope_ref"))):
+        for name in names:
+            real = getattr(module, name)
+            monkeypatch.setattr(module, name, lambda *a, _real=real, _name=name: seen.append(_name) or _real(*a))
+    x, w, gate_up = torch.randn(4, 64), torch.randn(64), torch.randn(4, 128)
+    qk, cos, sin = torch.randn(4, 3, 64), torch.randn(4, 1, 32), torch.randn(4, 1, 32)
+    backend.add_rms_norm(x, None, w, 1e-6)
+    backend.silu_and_mul(gate_up)
+    backend.rope(qk, cos, sin)
+    monkeypatch.undo()
+    return seen
 
-    ops = torch_ops()
-    assert (ops.add_rms_norm, ops.silu_and_mul, ops.rope) == (fused.add_rms_norm, fused.silu_and_mul, fused.rope_)
-    assert "fused norm/rope/silu" in ops.describe()
-    for off in (torch_ops(cpu_kernels=False), torch_ops(dtype=torch.bfloat16)):
-        assert (off.add_rms_norm, off.silu_and_mul, off.rope) == (fused.add_rms_norm_ref, fused.silu_and_mul_ref,
-                                                                  fused.rope_ref)
+
+def test_the_backend_seam_picks_the_fused_ops_once(monkeypatch):
+    from runtime.model.select_backend import select_backend
+    from runtime.model.torch_backend import TorchBackend
+
+    cpu = torch.device("cpu")
+    backend = select_backend("torch", cpu)
+    assert _fused_routes(backend, monkeypatch) == ["add_rms_norm", "silu_and_mul", "rope_"]
+    assert "fused norm/rope/silu" in backend.describe()
+    for off in (TorchBackend(), select_backend("torch", cpu, torch.bfloat16)):
+        assert _fused_routes(off, monkeypatch) == ["add_rms_norm_ref", "silu_and_mul_ref", "rope_ref"]

@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from runtime.llm import LLM
-from runtime.model.cpu_linear import PACKED_MAX_ROWS, linear, pack_linear_weight
+from runtime.model.cpu_linear import PACKED_MAX_ROWS, PackedCpuLinear, pack_linear_weight
+from runtime.model.linear import DenseLinear
 from runtime.sampling_params import SamplingParams
 from tests.tiny_engine import tiny_engine
 
@@ -17,10 +18,12 @@ def test_packed_linear_matches_f_linear_on_both_sides_of_the_switch():
     w, b = torch.randn(300, 576, generator=g), torch.randn(300, generator=g)
     packed = pack_linear_weight(w)
     assert packed is not None  # CI's torch has oneDNN: the fast path must not silently vanish
+    with_bias, without = PackedCpuLinear(w, b, packed), PackedCpuLinear(w, None, packed)
     for rows in (1, 7, 63, PACKED_MAX_ROWS - 1, PACKED_MAX_ROWS, 700):
         x = torch.randn(rows, 576, generator=g)
-        torch.testing.assert_close(linear(x, w, b, packed), F.linear(x, w, b), rtol=0, atol=1e-4)
-        torch.testing.assert_close(linear(x, w, None, packed), F.linear(x, w), rtol=0, atol=1e-4)
+        torch.testing.assert_close(with_bias(x), F.linear(x, w, b), rtol=0, atol=1e-4)
+        torch.testing.assert_close(without(x), F.linear(x, w), rtol=0, atol=1e-4)
+    assert with_bias.weight_bytes() == (w.numel() + b.numel()) * 4 + packed.numel() * packed.element_size()
 
 
 def test_only_fp32_cpu_weights_are_packed():
@@ -33,11 +36,13 @@ def test_the_model_packs_every_linear_and_output_is_unchanged():
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     packed_engine, plain_engine = tiny_engine(), tiny_engine()
     model = packed_engine.runner.model
-    assert all(set(layer.packed) == set(layer.LINEARS) for layer in model.layers) and model.packed_head is not None
+    assert all(isinstance(linear, PackedCpuLinear) for linear in model.linears())  # every layer's and the head
+    assert len(model.linears()) == 4 * len(model.layers) + 1
     plain = plain_engine.runner.model
     for layer in plain.layers:
-        layer.packed.clear()
-    plain.packed_head = None
+        for name in layer.LINEARS:
+            setattr(layer, name, DenseLinear(getattr(layer, name).weight, getattr(layer, name).bias))
+    plain.head = DenseLinear(plain.head.weight)
     outs = [[o.outputs[0].token_ids for o in LLM.from_engine(e).generate(prompts, params, use_tqdm=False)]
             for e in (packed_engine, plain_engine)]
     assert outs[0] == outs[1]

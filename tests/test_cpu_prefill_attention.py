@@ -7,14 +7,18 @@ few fp32 ulps of the O(1) outputs: 2e-5 absolute is tight and still safe.
 import pytest
 import torch
 
-from cute_kernels.attention_ref import prefill_attention_ref
-from cute_kernels.cpu_prefill_attention import (
+from cute_kernels.attention_args import PrefillArgs
+from cute_kernels.cpu import prefill_attention as cpu_prefill
+from cute_kernels.cpu.prefill_attention import (
     prefill_attention_cpu,
     prepare_tables,
     supports,
     unavailable_reason,
 )
-from runtime.model.ops import _prefill_cpu_or_ref, torch_ops
+from cute_kernels.reference import prefill_attention_ref
+from runtime.model.cpu_backend import CpuBackend
+from runtime.model.select_backend import select_backend
+from runtime.model.torch_backend import TorchBackend
 
 
 def varlen_case(q_lens, prefixes, heads, kv_heads, d, bs=16, seed=0):
@@ -47,30 +51,30 @@ PREFIXES = [0, 17, 0, 16, 100, 0, 333]
 def test_matches_reference(heads, kv_heads, d, bs):
     q, k, v, cu, k_cache, v_cache, tables, prefix = varlen_case(Q_LENS, PREFIXES, heads, kv_heads, d, bs)
     args = (q, k, v, cu, cu, d ** -0.5, True, k_cache, v_cache, tables, prefix)
-    got = prefill_attention_cpu(*args)
-    torch.testing.assert_close(got, prefill_attention_ref(*args), rtol=0, atol=2e-5)
-    prepared = prepare_tables(cu, cu, prefix, tables, k_cache)  # what the engine does once per step
-    torch.testing.assert_close(prefill_attention_cpu(*args, tables=prepared), got)
+    got = prefill_attention_cpu(PrefillArgs(*args))
+    torch.testing.assert_close(got, prefill_attention_ref(PrefillArgs(*args)), rtol=0, atol=2e-5)
+    prepared = prepare_tables(cu, cu, prefix, tables, k_cache.shape[:2])  # what the engine does once per step
+    torch.testing.assert_close(prefill_attention_cpu(PrefillArgs(*args, plan=prepared)), got)
 
 
 def test_without_a_prefix_and_without_causality():
     q, k, v, cu, *_ = varlen_case([3, 70, 129], [0, 0, 0], 6, 2, 64)
     for causal in (True, False):
-        args = (q, k, v, cu, cu, 0.125, causal)
-        torch.testing.assert_close(prefill_attention_cpu(*args), prefill_attention_ref(*args), rtol=0, atol=2e-5)
+        args = PrefillArgs(q, k, v, cu, cu, 0.125, causal)
+        torch.testing.assert_close(prefill_attention_cpu(args), prefill_attention_ref(args), rtol=0, atol=2e-5)
 
 
 def test_reads_only_its_own_blocks_and_prefix():
     q, k, v, cu, k_cache, v_cache, tables, prefix = varlen_case([7, 40], [20, 33], 6, 2, 64)
-    args = (q, k, v, cu, cu, 0.125, True, k_cache, v_cache, tables, prefix)
-    before = prefill_attention_cpu(*args)
+    args = PrefillArgs(q, k, v, cu, cu, 0.125, True, k_cache, v_cache, tables, prefix)
+    before = prefill_attention_cpu(args)
     used = set(tables[0, :2].tolist()) | set(tables[1, :3].tolist())
     for blk in set(range(k_cache.shape[0])) - used:  # blocks nobody owns
         k_cache[blk] = float("nan")
         v_cache[blk] = float("nan")
     k_cache[tables[0, 1], 4:] = float("nan")  # past sequence 0's 20-token prefix: its new rows come from k/v
     v_cache[tables[1, 2], 1:] = float("nan")
-    torch.testing.assert_close(prefill_attention_cpu(*args), before)
+    torch.testing.assert_close(prefill_attention_cpu(args), before)
 
 
 def test_bad_inputs_raise_instead_of_reading_stray_memory():
@@ -85,38 +89,50 @@ def test_bad_inputs_raise_instead_of_reading_stray_memory():
     for what, (cu_k, pre, tab, rows) in cases.items():
         kv = torch.randn(rows, *k.shape[1:])
         with pytest.raises(ValueError):
-            prefill_attention_cpu(q, kv, kv, cu, cu_k, 0.1, True, k_cache, v_cache, tab, pre)
+            prefill_attention_cpu(PrefillArgs(q, kv, kv, cu, cu_k, 0.1, True, k_cache, v_cache, tab, pre))
             pytest.fail(what)
     with pytest.raises(ValueError, match="unsupported"):
-        prefill_attention_cpu(q.bfloat16(), k.bfloat16(), v.bfloat16(), cu, cu, 0.1)
-    prepared = prepare_tables(cu, cu, prefix, tables, k_cache)
+        prefill_attention_cpu(PrefillArgs(q.bfloat16(), k.bfloat16(), v.bfloat16(), cu, cu, 0.1))
+    prepared = prepare_tables(cu, cu, prefix, tables, k_cache.shape[:2])
     with pytest.raises(ValueError, match="another cache"):  # a plan only holds for the cache it was checked on
-        prefill_attention_cpu(q, k, v, cu, cu, 0.1, True, k_cache[:-1], v_cache[:-1], tables, prefix, tables=prepared)
+        prefill_attention_cpu(PrefillArgs(q, k, v, cu, cu, 0.1, True, k_cache[:-1], v_cache[:-1], tables, prefix,
+                                          plan=prepared))
     with pytest.raises(ValueError, match="do not describe"):  # nor for other rows
-        prefill_attention_cpu(q[:-1], k[:-1], v[:-1], cu, cu, 0.1, True, k_cache, v_cache, tables, prefix,
-                              tables=prepared)
+        prefill_attention_cpu(PrefillArgs(q[:-1], k[:-1], v[:-1], cu, cu, 0.1, True, k_cache, v_cache, tables, prefix,
+                                          plan=prepared))
 
 
-def test_shapes_the_kernel_does_not_take_run_the_reference():
+def test_shapes_the_kernel_does_not_take_run_the_reference(monkeypatch):
     q, k, v, cu, *_ = varlen_case([5, 30], [0, 0], 6, 3, 12)  # head_dim 12: not a multiple of 16
     assert not supports(q, k) and not supports(q.bfloat16(), k.bfloat16())
-    torch.testing.assert_close(_prefill_cpu_or_ref(q, k, v, cu, cu, 0.3, True),
-                               prefill_attention_ref(q, k, v, cu, cu, 0.3, True), rtol=0, atol=0)
-    assert torch_ops().prefill_attention is _prefill_cpu_or_ref
-    assert "C prefill and paged decode attention" in torch_ops().describe()
-    assert torch_ops(dtype=torch.bfloat16).prefill_attention is prefill_attention_ref
+    backend = select_backend("torch", torch.device("cpu"))
+    assert isinstance(backend, CpuBackend) and backend.c_prefill
+    assert "C prefill and paged decode attention" in backend.describe()
+    kernel_calls = []
+    monkeypatch.setattr(cpu_prefill, "prefill_attention_cpu",
+                        lambda args: kernel_calls.append(args) or prefill_attention_cpu(args))
+    args = PrefillArgs(q, k, v, cu, cu, 0.3, True)
+    torch.testing.assert_close(backend.prefill(args), prefill_attention_ref(args), rtol=0, atol=0)
+    assert kernel_calls == []  # the reference ran
+    q16, k16, v16, cu16, *_ = varlen_case([5, 30], [0, 0], 6, 3, 16)
+    backend.prefill(PrefillArgs(q16, k16, v16, cu16, cu16, 0.3, True))
+    assert len(kernel_calls) == 1  # a shape the kernel takes goes to the kernel
+    assert type(select_backend("torch", torch.device("cpu"), torch.bfloat16)) is TorchBackend
 
 
-def test_the_engine_plans_a_step_once_for_all_layers():
+def test_the_engine_plans_a_step_once_for_all_layers(monkeypatch):
     from runtime.sampling_params import SamplingParams
     from tests.tiny_engine import tiny_engine
 
     engine = tiny_engine()
-    ops = engine.runner.model.ops
-    assert ops.plan_prefill is prepare_tables
-    calls = []
-    ops.plan_prefill = lambda *args: calls.append(1) or prepare_tables(*args)
+    backend = engine.runner.model.backend
+    assert isinstance(backend, CpuBackend) and backend.c_prefill
+    calls, plans = [], []
+    monkeypatch.setattr(cpu_prefill, "prepare_tables", lambda *args: calls.append(1) or prepare_tables(*args))
+    monkeypatch.setattr(cpu_prefill, "prefill_attention_cpu",
+                        lambda args: plans.append(args.plan) or prefill_attention_cpu(args))
     engine.add_request("a", list(range(3, 40)), SamplingParams(temperature=0, max_tokens=2))
     engine.add_request("b", list(range(5, 25)), SamplingParams(temperature=0, max_tokens=2))
     engine.step()  # both prompts in one prefill step through every layer
     assert len(engine.runner.model.layers) > 1 and len(calls) == 1
+    assert len(plans) == len(engine.runner.model.layers) and all(plan is plans[0] for plan in plans)

@@ -22,16 +22,16 @@ def _private_tmpdir(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def compiled_bf16_d128_gqa4():
-    from cute_kernels.prefill_compile import compile_prefill
-    from cute_kernels.prefill_spec import PrefillSpec
+    from cute_kernels.hopper.prefill_compile import compile_prefill
+    from cute_kernels.hopper.prefill_spec import PrefillSpec
 
     spec = PrefillSpec("bfloat16", 128, 4)
     return spec, compile_prefill(spec, keep_artifacts=True)
 
 
 def test_prefill_compiles_to_hgmma_with_cp_async(compiled_bf16_d128_gqa4):
-    from cute_kernels.check import required_hgmma_shapes
-    from cute_kernels.sass import find_nvdisasm, sass_stats
+    from cute_kernels.toolchain.check import required_hgmma_shapes
+    from cute_kernels.toolchain.sass import find_nvdisasm, sass_stats
 
     spec, compiled = compiled_bf16_d128_gqa4
     assert "wgmma.mma_async" in compiled.artifacts["ptx"]
@@ -47,8 +47,8 @@ def test_prefill_compiles_to_hgmma_with_cp_async(compiled_bf16_d128_gqa4):
 
 
 def test_compile_cache_compiles_each_spec_once():
-    from cute_kernels.compile_cache import CompileCache, CompiledKernel
-    from cute_kernels.prefill_spec import PrefillSpec
+    from cute_kernels.toolchain.compile_cache import CompileCache, CompiledKernel
+    from cute_kernels.hopper.prefill_spec import PrefillSpec
 
     calls = []
     cache = CompileCache(lambda spec: calls.append(spec) or CompiledKernel(object(), 0.0))
@@ -60,9 +60,9 @@ def test_compile_cache_compiles_each_spec_once():
 
 @pytest.mark.slow
 def test_real_compile_cache_reuses_the_kernel():
-    from cute_kernels.compile_cache import CompileCache
-    from cute_kernels.prefill_compile import compile_prefill
-    from cute_kernels.prefill_spec import PrefillSpec
+    from cute_kernels.toolchain.compile_cache import CompileCache
+    from cute_kernels.hopper.prefill_compile import compile_prefill
+    from cute_kernels.hopper.prefill_spec import PrefillSpec
 
     cache = CompileCache(compile_prefill)
     first = cache.get(PrefillSpec("float16", 64, 1))
@@ -70,7 +70,8 @@ def test_real_compile_cache_reuses_the_kernel():
 
 
 def test_check_reports_and_fails_on_a_broken_variant(monkeypatch, capsys):
-    from cute_kernels import check, prefill_compile
+    from cute_kernels.hopper import prefill_compile
+    from cute_kernels.toolchain import check
 
     def broken(spec, keep_artifacts=False):
         raise RuntimeError("boom")
@@ -81,9 +82,10 @@ def test_check_reports_and_fails_on_a_broken_variant(monkeypatch, capsys):
 
 
 def test_check_flags_missing_hgmma(monkeypatch):
-    from cute_kernels import check, prefill_compile, sass
-    from cute_kernels.compile_cache import CompiledKernel
-    from cute_kernels.prefill_spec import PrefillSpec
+    from cute_kernels.hopper import prefill_compile
+    from cute_kernels.toolchain import check, sass
+    from cute_kernels.toolchain.compile_cache import CompiledKernel
+    from cute_kernels.hopper.prefill_spec import PrefillSpec
 
     monkeypatch.setattr(prefill_compile, "compile_prefill",
                         lambda spec, keep_artifacts=False: CompiledKernel(None, 0.1, {"cubin": b"", "ptx": ""}))
@@ -94,7 +96,7 @@ def test_check_flags_missing_hgmma(monkeypatch):
 
 def test_check_cli_one_variant():
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    out = subprocess.run([sys.executable, "-m", "cute_kernels.check", "--only", "bfloat16_d64_g1_causal"],
+    out = subprocess.run([sys.executable, "-m", "cute_kernels.toolchain.check", "--only", "bfloat16_d64_g1_causal"],
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "prefill_bfloat16_d64_g1_causal" in out.stdout and " ok" in out.stdout
@@ -102,13 +104,13 @@ def test_check_cli_one_variant():
 
 
 def test_check_fails_a_variant_that_does_not_export(monkeypatch):
-    from cute_kernels import aot, check
-    from cute_kernels.prefill_spec import PrefillSpec
+    from cute_kernels.toolchain import aot_build, check
+    from cute_kernels.hopper.prefill_spec import PrefillSpec
 
     def broken(spec, compiled, work):
         raise RuntimeError("Failed to dump object file with PIC relocation")
 
-    monkeypatch.setattr(aot, "link_one", broken)
+    monkeypatch.setattr(aot_build, "link_one", broken)
     report = check.check_prefill_variant(PrefillSpec("bfloat16", 64, 1))
     assert report.aot == "FAIL" and "aot export failed: RuntimeError: Failed to dump" in report.problems
 

@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+from runtime.model.cpu_linear import PackedCpuLinear
 from runtime.model.factory import make_runner
 from runtime.model_runner import SeqChunk
 from tests.hf_tiny import our_config, state_dict, tiny_hf_model
@@ -41,9 +42,10 @@ def test_kv_budget_is_read_after_the_weights_are_resident_and_the_ledger_counts_
 
     runner, ledger = make_runner(cfg, tensors, budget, backend="torch")
     assert seen == [0]
-    params = sum(p.numel() * 4 for p in runner.model.parameters())
-    packed = runner.model.packed_head is not None
-    assert ledger.weight_bytes >= params and (ledger.weight_bytes > params) == packed
+    params = cfg.num_parameters() * 4  # what the checkpoint holds, fp32
+    packed = sum(linear.packed.numel() * 4 for linear in runner.model.linears() if isinstance(linear, PackedCpuLinear))
+    assert ledger.weight_bytes == params + packed  # the packed copies count too
+    assert isinstance(runner.model.head, PackedCpuLinear) and packed > 0  # fp32 on the CPU: every linear is packed
     assert ledger.num_blocks == (1 << 20) // (ledger.bytes_per_token * 16)
     assert f"weights {ledger.weight_bytes / 2**20:.1f} MiB" in ledger.describe()
 

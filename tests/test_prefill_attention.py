@@ -7,12 +7,13 @@ import math
 import pytest
 import torch
 
-from cute_kernels.attention_ref import prefill_attention_ref
-from cute_kernels.prefill_host import prepare_prefill_args
-from cute_kernels.prefill_schedule import (
+from cute_kernels.attention_args import PrefillArgs
+from cute_kernels.hopper.prefill_host import prepare_prefill_args
+from cute_kernels.hopper.prefill_schedule import (
     ceil_div, key_row_coords, kv_block_range, packed_row_token_head, query_key_position,
 )
-from cute_kernels.prefill_spec import KV_BLOCK_SIZE, TileConfig
+from cute_kernels.hopper.prefill_spec import KV_BLOCK_SIZE, TileConfig
+from cute_kernels.reference import prefill_attention_ref
 
 
 def make_batch(q_lens, prefix_lens, heads, kv_heads, d, dtype=torch.float32, device="cpu", seed=0):
@@ -113,7 +114,7 @@ def test_kernel_schedule_matches_reference(q_lens, prefix_lens, heads, kv_heads,
     has_prefix = any(prefix_lens)
     kw = {} if has_prefix else dict(k_cache=None, v_cache=None, block_tables=None, prefix_lens=None)
     args = {**batch, **kw}
-    ref = prefill_attention_ref(scale=scale, causal=causal, **args)
+    ref = prefill_attention_ref(PrefillArgs(scale=scale, causal=causal, **args))
     emu = emulate_kernel(scale=scale, causal=causal, **batch) if has_prefix else emulate_kernel(
         scale=scale, causal=causal, **{**batch, "prefix_lens": torch.zeros(len(q_lens), dtype=torch.int32)})
     assert not emu.isnan().any(), "kernel emulation left output rows unwritten"
@@ -142,8 +143,8 @@ def test_causal_tiles_skip_the_future():
 
 def test_prepare_args_without_prefix():
     batch = make_batch([3, 7], [0, 0], 8, 2, d=128, dtype=torch.bfloat16)
-    args = prepare_prefill_args(batch["q"], batch["k"], batch["v"], batch["cu_seqlens_q"].long(),
-                                batch["cu_seqlens_k"].long(), 0.1)
+    args = prepare_prefill_args(PrefillArgs(batch["q"], batch["k"], batch["v"], batch["cu_seqlens_q"].long(),
+                                            batch["cu_seqlens_k"].long(), 0.1))
     assert args.spec.qheads_per_kvhead == 4 and args.spec.head_dim == 128 and args.spec.dtype == "bfloat16"
     assert args.max_seqlen_q == 7
     assert args.grid == (1, 2, 2)  # ceil(7 * 4 / 128) query tiles, 2 KV heads, 2 sequences
@@ -158,30 +159,31 @@ def test_prepare_args_spec_ignores_runtime_sizes():
     """Batches of other lengths, head counts and cache sizes share one compile key."""
     a = make_batch([3, 7], [5, 0], 8, 2, d=64, dtype=torch.float16)
     b = make_batch([100], [40], 16, 4, d=64, dtype=torch.float16)
-    specs = {prepare_prefill_args(x["q"], x["k"], x["v"], x["cu_seqlens_q"], x["cu_seqlens_k"], 0.1, True,
-                                  x["k_cache"], x["v_cache"], x["block_tables"], x["prefix_lens"]).spec for x in (a, b)}
+    specs = {prepare_prefill_args(PrefillArgs(x["q"], x["k"], x["v"], x["cu_seqlens_q"], x["cu_seqlens_k"], 0.1, True,
+                                              x["k_cache"], x["v_cache"], x["block_tables"], x["prefix_lens"])).spec
+             for x in (a, b)}
     assert len(specs) == 1
 
 
 def test_prepare_args_rejects_bad_inputs():
     x = make_batch([4], [0], 6, 4, d=64, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="query heads"):
-        prepare_prefill_args(x["q"], x["k"], x["v"], x["cu_seqlens_q"], x["cu_seqlens_k"], 0.1)
+        prepare_prefill_args(PrefillArgs(x["q"], x["k"], x["v"], x["cu_seqlens_q"], x["cu_seqlens_k"], 0.1))
     y = make_batch([4], [3], 4, 4, d=64, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="needs k_cache"):
-        prepare_prefill_args(y["q"], y["k"], y["v"], y["cu_seqlens_q"], y["cu_seqlens_k"], 0.1,
-                             prefix_lens=y["prefix_lens"])
+        prepare_prefill_args(PrefillArgs(y["q"], y["k"], y["v"], y["cu_seqlens_q"], y["cu_seqlens_k"], 0.1,
+                                         prefix_lens=y["prefix_lens"]))
     with pytest.raises(ValueError, match="head_dim 96"):
         z = make_batch([4], [0], 4, 4, d=96, dtype=torch.bfloat16)
-        prepare_prefill_args(z["q"], z["k"], z["v"], z["cu_seqlens_q"], z["cu_seqlens_k"], 0.1)
+        prepare_prefill_args(PrefillArgs(z["q"], z["k"], z["v"], z["cu_seqlens_q"], z["cu_seqlens_k"], 0.1))
 
 
 def test_cute_backend_refuses_cpu_tensors_clearly():
-    from runtime.model.cute_backend import CuteBackendUnavailable, prefill_attention
+    from runtime.model.cute_backend import CuteBackend, CuteBackendUnavailable
 
     x = make_batch([4], [0], 4, 4, d=64, dtype=torch.bfloat16)
     with pytest.raises(CuteBackendUnavailable, match="unavailable"):
-        prefill_attention(x["q"], x["k"], x["v"], x["cu_seqlens_q"], x["cu_seqlens_k"], 0.125)
+        CuteBackend().prefill(PrefillArgs(x["q"], x["k"], x["v"], x["cu_seqlens_q"], x["cu_seqlens_k"], 0.125))
 
 
 # ---------------------------------------------------------------------------------------------- GPU
@@ -200,14 +202,15 @@ LENGTH_MIX = [1, 17, 128, 1000, 4096]
 @pytest.mark.parametrize("heads,kv_heads", [(9, 3), (32, 8), (8, 1)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_prefill_numerics_gpu(heads, kv_heads, head_dim, with_prefix, dtype):
-    from cute_kernels.prefill_launch import launch_prefill
+    from cute_kernels.hopper.prefill_launch import launch_prefill
 
     prefixes = [0, 33, 16, 0, 700] if with_prefix else [0] * len(LENGTH_MIX)
     x = make_batch(LENGTH_MIX, prefixes, heads, kv_heads, head_dim, dtype=dtype, device="cuda")
     scale = head_dim ** -0.5
     cache_kw = dict(k_cache=x["k_cache"], v_cache=x["v_cache"], block_tables=x["block_tables"],
                     prefix_lens=x["prefix_lens"]) if with_prefix else {}
-    args = prepare_prefill_args(x["q"], x["k"], x["v"], x["cu_seqlens_q"], x["cu_seqlens_k"], scale, True, **cache_kw)
+    args = prepare_prefill_args(PrefillArgs(x["q"], x["k"], x["v"], x["cu_seqlens_q"], x["cu_seqlens_k"], scale, True,
+                                            **cache_kw))
     args.out.fill_(float("nan"))  # poisoned: unwritten elements fail
     args.lse.fill_(float("nan"))
     launch_prefill(args)
@@ -215,7 +218,7 @@ def test_prefill_numerics_gpu(heads, kv_heads, head_dim, with_prefix, dtype):
     f32 = {k: (t.float() if t.is_floating_point() else t) for k, t in x.items()}
     if not with_prefix:
         f32.update(k_cache=None, v_cache=None, block_tables=None, prefix_lens=None)
-    ref = prefill_attention_ref(scale=scale, causal=True, **f32)
+    ref = prefill_attention_ref(PrefillArgs(scale=scale, causal=True, **f32))
     assert not args.out.isnan().any() and not args.lse.isnan().any()
     rel = (args.out.float() - ref).norm() / ref.norm()
     assert rel <= 1e-2, f"relative error {rel:.2e}"

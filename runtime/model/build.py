@@ -1,13 +1,16 @@
-"""Turn a loaded checkpoint (HF-named float tensors) into a LlamaModel with fused weights."""
+"""Turn a loaded checkpoint (HF-named float tensors) into a LlamaModel with fused weights, each linear
+weight behind the Linear seam."""
 from __future__ import annotations
 
 import torch
 
 from runtime.errors import ModelLoadError
-from weights.config import ModelConfig
-from runtime.model.llama import LlamaModel
-from runtime.model.ops import Ops
+from runtime.model.attention_backend import AttentionBackend
+from runtime.model.cpu_linear import PackedCpuLinear, pack_linear_weight
+from runtime.model.linear import DenseLinear, Linear
+from runtime.model.llama import DecoderLayer, LlamaModel
 from runtime.model.rope import RotaryEmbedding
+from weights.config import ModelConfig
 
 
 def _take(tensors: dict[str, torch.Tensor], name: str, shape: tuple[int, ...]) -> torch.Tensor:
@@ -19,14 +22,14 @@ def _take(tensors: dict[str, torch.Tensor], name: str, shape: tuple[int, ...]) -
     return t
 
 
-def build_model(cfg: ModelConfig, tensors: dict[str, torch.Tensor], ops: Ops,
-                device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> LlamaModel:
-    """Consumes `tensors` (entries are popped) and returns the model on `device` in `dtype`."""
-    # fp32 tables: bf16 angles lose precision at long positions.
-    rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling,
-                           device=device, dtype=torch.float32)
-    with torch.device("meta"):
-        model = LlamaModel(cfg, ops, rope)
+def make_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Linear:
+    """The linear for this weight: oneDNN-packed where that applies (fp32 on the CPU), else dense."""
+    packed = pack_linear_weight(weight)
+    return DenseLinear(weight, bias) if packed is None else PackedCpuLinear(weight, bias, packed)
+
+
+def _checkpoint_params(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Our names -> checkpoint tensors (q/k/v and gate/up concatenated); pops what it takes."""
     h, q, kv, i = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size
     params: dict[str, torch.Tensor] = {"embed": _take(tensors, "model.embed_tokens.weight", (cfg.vocab_size, h)),
                                        "norm": _take(tensors, "model.norm.weight", (h,))}
@@ -52,8 +55,27 @@ def build_model(cfg: ModelConfig, tensors: dict[str, torch.Tensor], ops: Ops,
         params[f"layers.{n}.gate_up"] = torch.cat([_take(tensors, m + "gate_proj.weight", (i, h)),
                                                    _take(tensors, m + "up_proj.weight", (i, h))])
         params[f"layers.{n}.down"] = _take(tensors, m + "down_proj.weight", (h, i))
-    state = {k: v.to(device=device, dtype=dtype).contiguous() for k, v in params.items()}
-    model.load_state_dict(state, strict=True, assign=True)
+    return params
+
+
+_LINEAR_NAMES = (*DecoderLayer.LINEARS, "qkv_bias", "lm_head")
+
+
+def build_model(cfg: ModelConfig, tensors: dict[str, torch.Tensor], backend: AttentionBackend,
+                device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> LlamaModel:
+    """Consumes `tensors` (entries are popped) and returns the model on `device` in `dtype`."""
+    # fp32 tables: bf16 angles lose precision at long positions.
+    rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling,
+                           device=device, dtype=torch.float32)
+    with torch.device("meta"):
+        model = LlamaModel(cfg, backend, rope)
+    state = {k: v.to(device=device, dtype=dtype).contiguous() for k, v in _checkpoint_params(cfg, tensors).items()}
+    linear = {k: state.pop(k) for k in list(state) if k.rsplit(".", 1)[-1] in _LINEAR_NAMES}
+    model.load_state_dict(state, strict=True, assign=True)  # the norms and the embedding table
     model.eval().requires_grad_(False)
-    model.pack_linears()
+    for n, layer in enumerate(model.layers):
+        for name in layer.LINEARS:
+            weight, bias = linear.pop(f"layers.{n}.{name}"), linear.pop(f"layers.{n}.{name}_bias", None)
+            setattr(layer, name, make_linear(weight, bias))
+    model.head = make_linear(linear.pop("lm_head", model.embed))
     return model

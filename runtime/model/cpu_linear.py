@@ -3,13 +3,15 @@
 F.linear hands the weight to MKL's sgemm, which repacks it on every call. At decode batch sizes that
 repacking is a large part of the product: oneDNN with a weight packed once is about 2x faster at 8
 rows, 5-30% at 64 rows and 1.5x for the LM head at 64 rows (profiling/bench_cpu_ops.py). From a few
-hundred rows on (prefill chunks) plain F.linear is as fast or faster, so the model keeps both and
+hundred rows on (prefill chunks) plain F.linear is as fast or faster, so the layer keeps both and
 picks by row count; the packed copies cost one more copy of the linear weights in host memory.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from runtime.model.linear import DenseLinear, tensor_bytes
 
 PACKED_MAX_ROWS = 256  # at and above this many rows F.linear is as fast (measured on AVX2 and AVX-512)
 
@@ -37,9 +39,17 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           packed: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear, through the packed weight when there is one and x has few rows."""
-    if packed is not None and x.dim() == 2 and x.shape[0] < PACKED_MAX_ROWS:
-        return packed_linear(x, packed, bias)
-    return F.linear(x, weight, bias)
+class PackedCpuLinear(DenseLinear):
+    """F.linear, through the packed weight when x has few rows."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, packed: torch.Tensor) -> None:
+        super().__init__(weight, bias)
+        self.packed = packed
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2 and x.shape[0] < PACKED_MAX_ROWS:
+            return packed_linear(x, self.packed, self.bias)
+        return super().__call__(x)
+
+    def weight_bytes(self) -> int:
+        return super().weight_bytes() + tensor_bytes(self.packed)

@@ -1,16 +1,17 @@
-"""The `cute` attention backend: CuTe DSL kernels on Hopper (sm_90), same contract as the torch reference.
+"""The `cute` backend: CuTe DSL kernels on Hopper (sm_90), same contracts as the torch reference.
 
-prefill_attention(...) takes exactly attention_ref.prefill_attention_ref's arguments. It runs the
-sm_90a kernel, JIT-compiled when nvidia-cutlass-dsl is installed, else the ahead-of-time library
-built by `python -m cute_kernels.aot` (build/aot or $CUTE_AOT_DIR; $CUTE_KERNELS_PATH forces one).
-It raises CuteBackendUnavailable, saying why, anywhere else (CPU tensors, a non-Hopper GPU, neither
-the DSL nor usable AOT kernels); callers pick the torch backend in that case.
+Prefill runs the sm_90a kernel, JIT-compiled when nvidia-cutlass-dsl is installed, else the
+ahead-of-time library built by `python -m cute_kernels.aot` (build/aot or $CUTE_AOT_DIR;
+$CUTE_KERNELS_PATH forces one); decode and the elementwise ops are still the references. prefill
+raises CuteBackendUnavailable, saying why, anywhere else (CPU tensors, a non-Hopper GPU, neither the
+DSL nor usable AOT kernels); select_backend picks the torch backend in that case.
 """
 from __future__ import annotations
 
-from typing import Any
-
 import torch
+
+from cute_kernels.attention_args import PrefillArgs
+from runtime.model.torch_backend import TorchBackend
 
 
 class CuteBackendUnavailable(RuntimeError):
@@ -27,28 +28,29 @@ def unavailable_reason(device: torch.device | None = None) -> str | None:
     major, minor = torch.cuda.get_device_capability(device)
     if major != 9:
         return f"needs an sm_90 (Hopper) GPU, found sm_{major}{minor}"
-    from cute_kernels.kernel_path import kernels_unavailable_reason
+    from cute_kernels.toolchain.kernel_path import kernels_unavailable_reason
 
     return kernels_unavailable_reason()
 
 
-def kernel_path() -> str:
-    """'jit' (DSL installed) or 'aot' (precompiled library): for logs and the GPU suite."""
-    from cute_kernels.kernel_path import kernel_path as path
+class CuteBackend(TorchBackend):
+    name = "cute"
 
-    return path()
+    def __init__(self) -> None:
+        # each device is checked once: the check is not free, and prefill runs once per layer
+        self._ready_devices: set[torch.device] = set()
 
+    def describe(self) -> str:
+        return "CuTe kernels (sm_90a)"
 
-_ready_devices: set[torch.device] = set()  # checked once each: the check is not free, the call is per layer
+    def prefill(self, args: PrefillArgs) -> torch.Tensor:
+        """The sm_90a kernel; args.max_seqlen_q (from the runner) spares it a device sync per layer."""
+        device = args.q.device
+        if device not in self._ready_devices:
+            reason = unavailable_reason(device)
+            if reason is not None:
+                raise CuteBackendUnavailable(f"cute prefill attention unavailable: {reason}")
+            self._ready_devices.add(device)
+        from cute_kernels.hopper.prefill_launch import prefill_attention
 
-
-def prefill_attention(q: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-    """attention_ref.prefill_attention_ref's arguments, run by the sm_90a kernel."""
-    if q.device not in _ready_devices:
-        reason = unavailable_reason(q.device)
-        if reason is not None:
-            raise CuteBackendUnavailable(f"cute prefill attention unavailable: {reason}")
-        _ready_devices.add(q.device)
-    from cute_kernels.prefill_launch import prefill_attention as kernel
-
-    return kernel(q, *args, **kwargs)
+        return prefill_attention(args)

@@ -1,4 +1,4 @@
-"""Assemble a ready-to-run model (weights, backend ops, paged KV cache, runner) from tensors."""
+"""Assemble a ready-to-run model (weights, kernel backend, paged KV cache, runner) from tensors."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -7,9 +7,9 @@ import torch
 
 from runtime.kv_cache import KVLedger, allocate_kv_cache, plan_kv_cache
 from runtime.model.build import build_model
-from weights.config import ModelConfig
-from runtime.model.ops import select_ops
+from runtime.model.select_backend import select_backend
 from runtime.model_runner import ModelRunner
+from weights.config import ModelConfig
 
 
 def default_dtype(device: torch.device) -> torch.dtype:
@@ -23,8 +23,7 @@ def make_runner(cfg: ModelConfig, tensors: dict[str, torch.Tensor], kv_budget_by
     """A callable budget is asked only once the weights are in place, so free memory it reads excludes them."""
     device = torch.device(device)
     dtype = dtype or default_dtype(device)
-    ops = select_ops(backend, device, dtype)
-    model = build_model(cfg, tensors, ops, device, dtype)
+    model = build_model(cfg, tensors, select_backend(backend, device, dtype), device, dtype)
     budget = kv_budget_bytes() if callable(kv_budget_bytes) else kv_budget_bytes
     ledger = plan_kv_cache(cfg, budget, block_size, dtype, model.weight_bytes())
     caches = allocate_kv_cache(cfg, ledger, device, dtype)

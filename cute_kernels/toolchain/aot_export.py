@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .prefill_spec import PrefillSpec
+from cute_kernels.hopper.prefill_spec import PrefillSpec
 
 # What csrc/prefill_aot_shim.c packs for each tensor argument: (dynamic shape modes, dynamic stride
 # modes). A kernel change that alters these must change the shim too; export refuses otherwise.
@@ -74,7 +74,7 @@ def check_shim_abi(fake_args: tuple) -> None:
 def export_prefill(spec: PrefillSpec, out_dir: Path, compiled: Any = None) -> ExportedVariant:
     """Write out_dir/<spec.name>.{h,o} (symbols prefixed by spec.name), compiling for sm_90a unless
     `compiled` (a CompiledKernel of this spec) is given."""
-    from .prefill_compile import compile_prefill, fake_prefill_arguments
+    from cute_kernels.hopper.prefill_compile import compile_prefill, fake_prefill_arguments
 
     preload_dsl_runtime()
     check_shim_abi(fake_prefill_arguments(spec))

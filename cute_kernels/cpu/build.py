@@ -1,4 +1,4 @@
-"""Builds the CPU backend's C kernels (cute_kernels/csrc/*.c) with the system C compiler on first
+"""Builds the CPU backend's C kernels (cute_kernels/cpu/csrc/*.c) with the system C compiler on first
 use and loads them through ctypes: no torch headers, so a kernel builds in about a second.
 
 A built library is cached per source, compiler, flags and CPU (it is built with -march=native).

@@ -1,7 +1,7 @@
-"""The CPU backend's paged decode attention: csrc/cpu_decode_attention.c (built by cpu_build.py).
+"""The CPU backend's paged decode attention: csrc/cpu_decode_attention.c (built by build.py).
 
-Same contract as attention_ref.decode_attention_ref, which is its oracle in the tests. Where the C
-kernel cannot be built the reason is in `unavailable_reason()` and callers keep the torch reference.
+Same contract (DecodeArgs) as reference.decode_attention_ref, which is its oracle in the tests. Where
+the C kernel cannot be built the reason is in `unavailable_reason()` and callers keep the reference.
 """
 from __future__ import annotations
 
@@ -11,14 +11,15 @@ from dataclasses import dataclass
 
 import torch
 
-from cute_kernels import cpu_build
+from cute_kernels.attention_args import DecodeArgs
+from cute_kernels.cpu import build
 from cute_kernels.paged_tables import as_int32, check_block_ids
 
 
 @functools.lru_cache(maxsize=1)
 def _library() -> tuple[ctypes.CDLL | None, str | None]:
     args = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6 + [ctypes.c_float]
-    return cpu_build.load_with_signatures("cpu_decode_attention", {"paged_decode_attention_f32": (args, ctypes.c_int)})
+    return build.load_with_signatures("cpu_decode_attention", {"paged_decode_attention_f32": (args, ctypes.c_int)})
 
 
 def unavailable_reason() -> str | None:
@@ -43,21 +44,24 @@ class DecodeTables:
     num_blocks: int
 
 
-def prepare_tables(block_tables: torch.Tensor, context_lens: torch.Tensor, k_cache: torch.Tensor) -> DecodeTables:
-    """Raises ValueError for lengths or block ids outside the tables / cache (the C code reads raw memory)."""
+def prepare_tables(block_tables: torch.Tensor, context_lens: torch.Tensor, num_blocks: int,
+                   block_size: int) -> DecodeTables:
+    """Raises ValueError for lengths or block ids outside the tables / a cache of num_blocks blocks of
+    block_size tokens (the C code reads raw memory)."""
     tables, lens = as_int32(block_tables), as_int32(context_lens)
     if lens.numel():
         if int(lens.min()) < 1:
             raise ValueError("context lengths out of range of the block tables / cache")
-        check_block_ids(tables, int(lens.max()), k_cache, "context lengths")
-    return DecodeTables(tables, lens, k_cache.shape[1], k_cache.shape[0])
+        check_block_ids(tables, int(lens.max()), num_blocks, block_size, "context lengths")
+    return DecodeTables(tables, lens, block_size, num_blocks)
 
 
-def decode_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-                         context_lens: torch.Tensor, scale: float, tables: DecodeTables | None = None) -> torch.Tensor:
+def decode_attention_cpu(args: DecodeArgs) -> torch.Tensor:
     """q [B, H, d] over each sequence's first context_lens[b] cached tokens -> [B, H, d] (fp32).
 
-    `tables`: prepare_tables(block_tables, context_lens, k_cache), when the caller already made it."""
+    args.plan: the DecodeTables of prepare_tables(block_tables, context_lens, *k_cache.shape[:2]),
+    when the caller already made them; else they are made here."""
+    q, k_cache, v_cache = args.q, args.k_cache, args.v_cache
     lib, reason = _library()
     if lib is None:
         raise RuntimeError(reason)
@@ -66,7 +70,7 @@ def decode_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
                          f"{k_cache.dtype} cache {tuple(k_cache.shape)}")
     if not (k_cache.is_contiguous() and v_cache.is_contiguous() and v_cache.shape == k_cache.shape):
         raise ValueError("the KV caches must be contiguous and of one shape")
-    tables = tables or prepare_tables(block_tables, context_lens, k_cache)
+    tables = args.plan or prepare_tables(args.block_tables, args.context_lens, k_cache.shape[0], k_cache.shape[1])
     if (tables.block_size, tables.num_blocks) != (k_cache.shape[1], k_cache.shape[0]):
         raise ValueError("the prepared tables were checked against another cache")
     q = q.contiguous()
@@ -75,7 +79,7 @@ def decode_attention_cpu(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     status = lib.paged_decode_attention_f32(
         q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.block_tables.data_ptr(),
         tables.context_lens.data_ptr(), out.data_ptr(), batch, heads, k_cache.shape[2], d, tables.block_size,
-        tables.block_tables.shape[1], scale)
+        tables.block_tables.shape[1], args.scale)
     if status:
         raise RuntimeError("CPU decode attention: " + ("bad sizes" if status == 1 else "out of memory"))
     return out

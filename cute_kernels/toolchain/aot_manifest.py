@@ -11,12 +11,13 @@ import json
 import os
 from pathlib import Path
 
-ABI_VERSION = 1  # csrc/prefill_aot.h CUTE_AOT_PREFILL_ABI
+ABI_VERSION = 1  # toolchain/csrc/prefill_aot.h CUTE_AOT_PREFILL_ABI
 MANIFEST = "manifest.json"
-PACKAGE = Path(__file__).resolve().parent
-KERNEL_SOURCES = (
-    "prefill_attention.py", "prefill_schedule.py", "prefill_spec.py", "prefill_compile.py", "wgmma_layouts.py",
-    "aot_export.py", "csrc/prefill_aot.h", "csrc/prefill_aot_shim.c", "csrc/aot_common.c",
+PACKAGE = Path(__file__).resolve().parents[1]  # cute_kernels/
+KERNEL_SOURCES = (  # relative to PACKAGE
+    "hopper/prefill_attention.py", "hopper/prefill_schedule.py", "hopper/prefill_spec.py",
+    "hopper/prefill_compile.py", "hopper/wgmma_layouts.py", "toolchain/aot_export.py",
+    "toolchain/csrc/prefill_aot.h", "toolchain/csrc/prefill_aot_shim.c", "toolchain/csrc/aot_common.c",
 )
 
 

@@ -1,6 +1,6 @@
 """FlashAttention-style varlen prefill attention for Hopper (sm_90a), in the CuTe DSL.
 
-Contract: the same as attention_ref.prefill_attention_ref (packed [tokens, heads, d] q/k/v,
+Contract: the same as reference.prefill_attention_ref (packed [tokens, heads, d] q/k/v,
 cu_seqlens, paged prefix through 16-token block tables, bottom-right causal, GQA by head ratio),
 plus an fp32 LSE [total_q, heads] output.
 

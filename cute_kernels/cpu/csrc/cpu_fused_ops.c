@@ -3,7 +3,7 @@
  * Why they exist: in torch each of these is two to six ops, every one a full pass over a
  * [tokens, hidden] or [tokens, intermediate] buffer with a temporary in between (silu of the gate
  * half alone takes a strided slow path). Together they were ~8% of a 4096-token prefill step and
- * ~10% of a batch-64 decode step on 2 cores. References: cute_kernels/cpu_fused_ops.py.
+ * ~10% of a batch-64 decode step on 2 cores. References: cute_kernels/cpu/fused_ops.py.
  * Rows are split over OpenMP threads; small inputs stay on the calling thread.
  */
 #include <math.h>

@@ -12,7 +12,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
 
-from .compile_cache import CompileCache, CompiledKernel, timed
+from cute_kernels.toolchain.compile_cache import CompileCache, CompiledKernel, timed
 from .prefill_attention import DTYPES, PrefillAttentionSm90
 from .prefill_spec import KV_BLOCK_SIZE, PrefillSpec
 

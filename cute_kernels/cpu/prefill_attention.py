@@ -1,6 +1,6 @@
-"""The CPU backend's varlen prefill attention: csrc/cpu_prefill_attention.c (built by cpu_build.py).
+"""The CPU backend's varlen prefill attention: csrc/cpu_prefill_attention.c (built by build.py).
 
-Same contract as attention_ref.prefill_attention_ref, which is its oracle in the tests: new query
+Same contract (PrefillArgs) as reference.prefill_attention_ref, which is its oracle in the tests: new query
 rows over [paged prefix ; new keys], bottom-right causal alignment. Where the C kernel cannot be
 built the reason is in `unavailable_reason()` and callers keep the torch reference.
 """
@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from cute_kernels import cpu_build
+from cute_kernels.attention_args import PrefillArgs
+from cute_kernels.cpu import build
 from cute_kernels.paged_tables import as_int32, check_block_ids
 
 MAX_HEAD_DIM = 256  # the kernel's per-thread scratch (MAX_D)
@@ -22,7 +23,7 @@ MAX_GROUP = 64  # query heads per KV head (MV)
 @functools.lru_cache(maxsize=1)
 def _library() -> tuple[ctypes.CDLL | None, str | None]:
     args = [ctypes.c_void_p] * 10 + [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_int]
-    return cpu_build.load_with_signatures("cpu_prefill_attention", {"paged_prefill_attention_f32": (args, ctypes.c_int)})
+    return build.load_with_signatures("cpu_prefill_attention", {"paged_prefill_attention_f32": (args, ctypes.c_int)})
 
 
 def unavailable_reason() -> str | None:
@@ -52,8 +53,9 @@ class PrefillTables:
 
 
 def prepare_tables(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, prefix_lens: torch.Tensor | None,
-                   block_tables: torch.Tensor | None, k_cache: torch.Tensor | None) -> PrefillTables:
-    """Raises ValueError for offsets, lengths or block ids the C code would read out of bounds."""
+                   block_tables: torch.Tensor | None, cache_shape: tuple[int, int] | None) -> PrefillTables:
+    """Raises ValueError for offsets, lengths or block ids the C code would read out of bounds.
+    cache_shape: (num_blocks, block_size) of the KV caches, None without caches."""
     cu_q, cu_k = as_int32(cu_seqlens_q), as_int32(cu_seqlens_k)
     batch = cu_q.numel() - 1
     prefix = as_int32(prefix_lens) if prefix_lens is not None else torch.zeros(batch, dtype=torch.int32)
@@ -64,24 +66,21 @@ def prepare_tables(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, prefi
     if (int(cu_q[0]) != 0 or int(cu_k[0]) != 0 or bool((q_lens < 0).any()) or bool((k_lens < 0).any())
             or bool((prefix < 0).any()) or bool((q_lens > prefix + k_lens).any())):
         raise ValueError("cu_seqlens / prefix lengths do not describe the q and k rows")
-    cache_shape = None
+    checked = None
     if batch and int(prefix.max()) > 0:
-        if k_cache is None or tables.dim() != 2 or tables.shape[0] != batch:
+        if cache_shape is None or tables.dim() != 2 or tables.shape[0] != batch:
             raise ValueError("a cached prefix needs the KV caches and one block table per sequence")
-        cache_shape = (k_cache.shape[0], k_cache.shape[1])
-        check_block_ids(tables, int(prefix.max()), k_cache, "prefix lengths")
-    return PrefillTables(cu_q, cu_k, prefix, tables, int(cu_q[-1]), int(cu_k[-1]), cache_shape)
+        checked = (int(cache_shape[0]), int(cache_shape[1]))
+        check_block_ids(tables, int(prefix.max()), *checked, "prefix lengths")
+    return PrefillTables(cu_q, cu_k, prefix, tables, int(cu_q[-1]), int(cu_k[-1]), checked)
 
 
-def prefill_attention_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                          cu_seqlens_k: torch.Tensor, scale: float, causal: bool = True,
-                          k_cache: torch.Tensor | None = None, v_cache: torch.Tensor | None = None,
-                          block_tables: torch.Tensor | None = None, prefix_lens: torch.Tensor | None = None,
-                          tables: PrefillTables | None = None) -> torch.Tensor:
-    """q [Tq, H, d], k/v [Tk, Hkv, d] (fp32) -> [Tq, H, d]; see attention_ref.prefill_attention_ref.
+def prefill_attention_cpu(args: PrefillArgs) -> torch.Tensor:
+    """q [Tq, H, d], k/v [Tk, Hkv, d] (fp32) -> [Tq, H, d]; see reference.prefill_attention_ref.
 
-    `tables`: prepare_tables(cu_seqlens_q, cu_seqlens_k, prefix_lens, block_tables, k_cache), when the
-    caller already made it."""
+    args.plan: the PrefillTables of prepare_tables(cu_seqlens_q, cu_seqlens_k, prefix_lens,
+    block_tables, k_cache.shape[:2]), when the caller already made them; else they are made here."""
+    q, k, v, k_cache, v_cache = args.q, args.k, args.v, args.k_cache, args.v_cache
     lib, reason = _library()
     if lib is None:
         raise RuntimeError(reason)
@@ -93,8 +92,8 @@ def prefill_attention_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_
                           and k_cache.dtype == v_cache.dtype == torch.float32
                           and tuple(k_cache.shape[2:]) == tuple(k.shape[1:])):
         raise ValueError("the KV caches must be contiguous fp32 [blocks, block_size, kv_heads, head_dim]")
-    tables = tables or prepare_tables(cu_seqlens_q, cu_seqlens_k, prefix_lens, block_tables,
-                                      k_cache if has_cache else None)
+    tables = args.plan or prepare_tables(args.cu_seqlens_q, args.cu_seqlens_k, args.prefix_lens, args.block_tables,
+                                         tuple(k_cache.shape[:2]) if has_cache else None)
     if (tables.q_rows, tables.k_rows) != (q.shape[0], k.shape[0]):
         raise ValueError("cu_seqlens / prefix lengths do not describe the q and k rows")
     if tables.cache_shape is not None and (not has_cache or tables.cache_shape != tuple(k_cache.shape[:2])):
@@ -108,7 +107,7 @@ def prefill_attention_cpu(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_
         q.data_ptr(), k.data_ptr(), v.data_ptr(), k_cache_ptr, v_cache_ptr, tables.block_tables.data_ptr(),
         tables.cu_q.data_ptr(), tables.cu_k.data_ptr(), tables.prefix_lens.data_ptr(), out.data_ptr(),
         tables.prefix_lens.numel(), q.shape[1], k.shape[1], q.shape[2], block_size, tables.block_tables.shape[1],
-        scale, int(causal))
+        args.scale, int(args.causal))
     if status:
         raise RuntimeError("CPU prefill attention: " + ("bad sizes" if status == 1 else "out of memory"))
     return out

@@ -5,7 +5,7 @@
  * each (sequence, KV head) task reads its K and V rows once, straight from the paged cache, and
  * scores all query heads of its GQA group against each K row while it is in registers.
  *
- * Layouts (as cute_kernels/attention_ref.py): q/out [B, H, D]; k/v cache [num_blocks, BS, HKV, D];
+ * Layouts (as cute_kernels/reference.py): q/out [B, H, D]; k/v cache [num_blocks, BS, HKV, D];
  * block_tables [B, max_blocks] int32; context_lens [B] int32 (tokens to attend, >= 1).
  * Threads: OpenMP over B * HKV tasks; it shares the one libgomp torch has loaded.
  */

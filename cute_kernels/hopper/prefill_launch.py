@@ -1,14 +1,17 @@
 """Torch entry point: run the sm_90a prefill kernel on CUDA tensors.
 
-Same arguments as attention_ref.prefill_attention_ref (plus optional max_seqlen_q to avoid a host
-sync, and return_lse). The kernel comes from the DSL's JIT (each PrefillSpec compiles once per
-process: PREFILL_CACHE) or from the ahead-of-time library (aot_loader): see kernel_path.py.
+Takes the PrefillArgs record of reference.prefill_attention_ref (its max_seqlen_q spares a host
+sync; return_lse also returns the LSE). The kernel comes from the DSL's JIT (each PrefillSpec
+compiles once per process: PREFILL_CACHE) or from the ahead-of-time library (toolchain/aot_loader):
+see toolchain/kernel_path.py.
 """
 from __future__ import annotations
 
 import torch
 
-from .kernel_path import kernel_path
+from cute_kernels.attention_args import PrefillArgs
+from cute_kernels.toolchain.kernel_path import kernel_path
+
 from .prefill_host import PrefillLaunchArgs, prepare_prefill_args
 
 
@@ -28,7 +31,7 @@ _DYNAMIC_MODES = ((0, 1), (0, 1), (0, 1), (0, 2), (0, 2), (0, 1), (0,), (0,), (0
 
 def launch_prefill(args: PrefillLaunchArgs) -> None:
     if kernel_path() == "aot":
-        from .aot_loader import launch_prefill_aot
+        from cute_kernels.toolchain.aot_loader import launch_prefill_aot
 
         return launch_prefill_aot(args)
     _launch_prefill_jit(args)
@@ -46,26 +49,13 @@ def _launch_prefill_jit(args: PrefillLaunchArgs) -> None:
     compiled.fn(*tensors, cutlass.Float32(args.softmax_scale_log2), cutlass.Int32(args.max_seqlen_q), stream)
 
 
-def prefill_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    cu_seqlens_k: torch.Tensor,
-    scale: float,
-    causal: bool = True,
-    k_cache: torch.Tensor | None = None,
-    v_cache: torch.Tensor | None = None,
-    block_tables: torch.Tensor | None = None,
-    prefix_lens: torch.Tensor | None = None,
-    *,
-    max_seqlen_q: int | None = None,
-    return_lse: bool = False,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    if not q.is_cuda:
+def prefill_attention(args: PrefillArgs, *,
+                      return_lse: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """reference.prefill_attention_ref's contract on CUDA tensors (and the fp32 LSE [tokens, heads]
+    with return_lse); args.max_seqlen_q, when given, spares a device sync."""
+    if not args.q.is_cuda:
         raise ValueError("prefill_attention (cute): tensors must be on a CUDA device")
-    args = prepare_prefill_args(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, causal, k_cache, v_cache,
-                                block_tables, prefix_lens, max_seqlen_q)
-    if args.max_seqlen_q > 0:
-        launch_prefill(args)
-    return (args.out, args.lse) if return_lse else args.out
+    launch_args = prepare_prefill_args(args)
+    if launch_args.max_seqlen_q > 0:
+        launch_prefill(launch_args)
+    return (launch_args.out, launch_args.lse) if return_lse else launch_args.out

@@ -1,5 +1,5 @@
-"""Fused elementwise ops of a decoder layer: csrc/cpu_fused_ops.c (built by cpu_build.py) for fp32
-CPU tensors, and the torch references they are tested against, which run everywhere else.
+"""Fused elementwise ops of a decoder layer: csrc/cpu_fused_ops.c (built by build.py) for fp32 CPU
+tensors. Their torch references (cute_kernels.reference) are their oracles and run everywhere else.
 
 Each public op takes the C path when the library is built and the tensors are fp32, on the CPU and
 laid out as the kernel reads them; otherwise it runs its reference, so callers need no checks.
@@ -10,16 +10,16 @@ import ctypes
 import functools
 
 import torch
-import torch.nn.functional as F
 
-from cute_kernels import cpu_build
+from cute_kernels.cpu import build
+from cute_kernels.reference import add_rms_norm_ref, rope_ref, silu_and_mul_ref
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 
 
 @functools.lru_cache(maxsize=1)
 def _library() -> tuple[ctypes.CDLL | None, str | None]:
-    return cpu_build.load_with_signatures("cpu_fused_ops", {
+    return build.load_with_signatures("cpu_fused_ops", {
         "add_rms_norm_f32": ([_P] * 5 + [_I, _I, _F], None),
         "silu_and_mul_f32": ([_P, _P, _I, _I], None),
         "rope_f32": ([_P] * 3 + [_I] * 4, None),
@@ -35,29 +35,6 @@ def _c_ready(*tensors: torch.Tensor) -> bool:
     return (all(t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors)
             and unavailable_reason() is None)
 
-
-# -- references --------------------------------------------------------------------------------
-
-def add_rms_norm_ref(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
-                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(rms_norm(x + residual) * weight, x + residual); residual None means zeros."""
-    residual = x if residual is None else x + residual
-    return F.rms_norm(residual, (x.shape[-1],), weight, eps), residual
-
-
-def silu_and_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
-    """silu(first half of the last dim) * second half."""
-    gate, up = gate_up.chunk(2, dim=-1)
-    return F.silu(gate) * up
-
-
-def rope_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [tokens, heads, d] rotated by cos/sin [tokens, 1, d/2] (rotate-half convention)."""
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
-
-
-# -- dispatch ----------------------------------------------------------------------------------
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:

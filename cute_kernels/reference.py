@@ -1,4 +1,5 @@
-"""Torch references for the attention kernels; the CPU backend runs exactly these.
+"""The torch references every backend is tested against: attention (prefill, paged decode, KV write)
+and the fused elementwise ops of a decoder layer. The torch backend runs exactly these.
 
 Layouts (FlashAttention varlen style):
 - q, k, v: packed [total_tokens, heads, head_dim]; sequence b owns rows cu_seqlens[b]:cu_seqlens[b+1].
@@ -10,6 +11,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from cute_kernels.attention_args import DecodeArgs, PrefillArgs
 
 
 def write_kv(
@@ -41,35 +44,25 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor 
     return out.transpose(1, 2)
 
 
-def prefill_attention_ref(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    cu_seqlens_k: torch.Tensor,
-    scale: float,
-    causal: bool = True,
-    k_cache: torch.Tensor | None = None,
-    v_cache: torch.Tensor | None = None,
-    block_tables: torch.Tensor | None = None,
-    prefix_lens: torch.Tensor | None = None,
-) -> torch.Tensor:
+def prefill_attention_ref(args: PrefillArgs) -> torch.Tensor:
     """Varlen attention of new queries over [paged prefix ; new keys].
 
     Sequence b's keys are its first prefix_lens[b] tokens read from the paged cache through
     block_tables[b], followed by k/v rows cu_seqlens_k[b]:cu_seqlens_k[b+1]. Query row i of sequence
     b sits at key position prefix_len + (new_k_len - q_len) + i (bottom-right causal alignment).
+    max_seqlen_q and plan are not needed here.
     """
+    q, k, v, causal, scale = args.q, args.k, args.v, args.causal, args.scale
     out = torch.empty_like(q)
-    cq = cu_seqlens_q.tolist()
-    ck = cu_seqlens_k.tolist()
-    prefixes = prefix_lens.tolist() if prefix_lens is not None else [0] * (len(cq) - 1)
+    cq = args.cu_seqlens_q.tolist()
+    ck = args.cu_seqlens_k.tolist()
+    prefixes = args.prefix_lens.tolist() if args.prefix_lens is not None else [0] * (len(cq) - 1)
     for b in range(len(cq) - 1):
         qb = q[cq[b] : cq[b + 1]]
         kb, vb = k[ck[b] : ck[b + 1]], v[ck[b] : ck[b + 1]]
         if prefixes[b]:
-            kb = torch.cat([gather_paged(k_cache, block_tables[b], prefixes[b]), kb])
-            vb = torch.cat([gather_paged(v_cache, block_tables[b], prefixes[b]), vb])
+            kb = torch.cat([gather_paged(args.k_cache, args.block_tables[b], prefixes[b]), kb])
+            vb = torch.cat([gather_paged(args.v_cache, args.block_tables[b], prefixes[b]), vb])
         lq, lk = qb.shape[0], kb.shape[0]
         mask = None
         if causal and 1 < lq < lk:  # a chunk after a prefix: bottom-right aligned mask
@@ -82,7 +75,7 @@ def prefill_attention_ref(
 DecodePlan = list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]
 
 
-def plan_decode(block_tables: torch.Tensor, context_lens: torch.Tensor, k_cache: torch.Tensor,
+def plan_decode(block_tables: torch.Tensor, context_lens: torch.Tensor, block_size: int,
                 seqs_per_bucket: int = 8) -> DecodePlan:
     """Group sequences of similar length and precompute their flat cache slots.
 
@@ -91,7 +84,6 @@ def plan_decode(block_tables: torch.Tensor, context_lens: torch.Tensor, k_cache:
     cache between the ops that use them. The plan depends only on the block tables, so one plan
     serves every layer of a step. Returns (seq indices, flat slots [b * L], valid [b, 1, L] or None).
     """
-    block_size = k_cache.shape[1]
     order = torch.argsort(context_lens, descending=True)
     plan = []
     for idx in torch.split(order, seqs_per_bucket):
@@ -104,15 +96,7 @@ def plan_decode(block_tables: torch.Tensor, context_lens: torch.Tensor, k_cache:
     return plan
 
 
-def decode_attention_ref(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    context_lens: torch.Tensor,
-    scale: float,
-    plan: DecodePlan | None = None,
-) -> torch.Tensor:
+def decode_attention_ref(args: DecodeArgs) -> torch.Tensor:
     """One query token per sequence over its whole paged context: q [B, H, d] -> [B, H, d].
 
     K/V rows are gathered whole ([L, Hkv * d], one contiguous copy, never repeated per query head);
@@ -120,7 +104,8 @@ def decode_attention_ref(
     [Hkv * d, L] scores every head against its own KV head (zeros elsewhere). That orientation is
     several times faster on CPU BLAS than [L, .] x [., H], and the softmax runs on contiguous rows.
     """
-    plan = plan if plan is not None else plan_decode(block_tables, context_lens, k_cache)
+    q, k_cache, v_cache, scale = args.q, args.k_cache, args.v_cache, args.scale
+    plan = args.plan if args.plan is not None else plan_decode(args.block_tables, args.context_lens, k_cache.shape[1])
     hkv, d = k_cache.shape[2], k_cache.shape[3]
     heads = q.shape[1]
     head_of = torch.arange(heads, device=q.device)
@@ -140,3 +125,24 @@ def decode_attention_ref(
         full = torch.bmm(scores.softmax(-1), v).view(b, heads, hkv, d)
         out[idx] = full[:, head_of, kv_head_of].to(q.dtype)
     return out
+
+
+# -- fused elementwise ops of a decoder layer ---------------------------------------------------
+
+def add_rms_norm_ref(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(x + residual) * weight, x + residual); residual None means zeros."""
+    residual = x if residual is None else x + residual
+    return F.rms_norm(residual, (x.shape[-1],), weight, eps), residual
+
+
+def silu_and_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(first half of the last dim) * second half."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def rope_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [tokens, heads, d] rotated by cos/sin [tokens, 1, d/2] (rotate-half convention)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)

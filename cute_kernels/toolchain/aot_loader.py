@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .aot_manifest import ABI_VERSION, default_aot_dir, read_manifest
-from .prefill_spec import KV_BLOCK_SIZE
+from cute_kernels.hopper.prefill_spec import KV_BLOCK_SIZE
 
 _c_int64_2 = ctypes.c_int64 * 2
 

@@ -10,7 +10,7 @@
  * straight from the cache rows, the softmax runs down key rows with vertical vector ops (no
  * horizontal sums), and O^T[i][m] += V[key][i] * P^T[key][m] reuses the same register tile shape.
  *
- * Layouts (as cute_kernels/attention_ref.py): q [Tq, H, d]; k, v [Tk, HKV, d]; caches
+ * Layouts (as cute_kernels/reference.py): q [Tq, H, d]; k, v [Tk, HKV, d]; caches
  * [num_blocks, BS, HKV, d]; block_tables [B, max_blocks] int32; cu_q, cu_k [B + 1] int32;
  * prefix_lens [B] int32. Query row r of sequence b sits at key position prefix + new_k - q_len + r.
  */

@@ -1,0 +1,40 @@
+"""One argument record per attention kind, taken by every implementation of it: the torch reference,
+the C CPU kernel and the CuTe (Hopper) host. Layouts: see cute_kernels/reference.py."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass
+class PrefillArgs:
+    """New query rows of several sequences over [paged prefix ; new keys], bottom-right causal."""
+
+    q: torch.Tensor            # new tokens, packed [tokens, heads, d]
+    k: torch.Tensor            # [tokens, kv_heads, d]
+    v: torch.Tensor
+    cu_seqlens_q: torch.Tensor # int32 [n + 1]
+    cu_seqlens_k: torch.Tensor # int32 [n + 1] (of the new keys)
+    scale: float
+    causal: bool = True
+    k_cache: torch.Tensor | None = None   # paged [num_blocks, block_size, kv_heads, d]
+    v_cache: torch.Tensor | None = None
+    block_tables: torch.Tensor | None = None  # int32 [n, max_blocks]
+    prefix_lens: torch.Tensor | None = None   # int32 [n] cached tokens before each chunk; None = no prefix
+    max_seqlen_q: int | None = None           # from the step plan, so no backend syncs to learn it
+    plan: Any = None   # backend precomputation shared by every layer of one step (e.g. C tables)
+
+
+@dataclass
+class DecodeArgs:
+    """One new query token per sequence over its whole paged context."""
+
+    q: torch.Tensor            # [batch, heads, d]
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    block_tables: torch.Tensor # int32 [batch, max_blocks]
+    context_lens: torch.Tensor # int32 [batch], including the new token
+    scale: float
+    plan: Any = None

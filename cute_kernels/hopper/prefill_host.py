@@ -1,0 +1,123 @@
+"""Host-side argument preparation for the prefill kernel (pure torch; testable on the CPU).
+
+Turns a PrefillArgs record (the contract of reference.prefill_attention_ref) into exactly what the
+kernel reads: int32 metadata, a PrefillSpec (the compile key), max_seqlen_q for the grid, and
+placeholders when there is no paged prefix (prefix_lens = 0 means the cache is never read).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from cute_kernels.attention_args import PrefillArgs
+from cute_kernels.paged_tables import as_int32
+
+from .prefill_schedule import num_query_tiles
+from .prefill_spec import KV_BLOCK_SIZE, PrefillSpec
+
+_DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+@dataclass
+class PrefillLaunchArgs:
+    spec: PrefillSpec
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    block_tables: torch.Tensor  # int32 [B, max_blocks]
+    prefix_lens: torch.Tensor  # int32 [B]
+    cu_seqlens_q: torch.Tensor  # int32 [B + 1]
+    cu_seqlens_k: torch.Tensor  # int32 [B + 1]
+    out: torch.Tensor  # like q
+    lse: torch.Tensor  # fp32 [total_q, H]
+    softmax_scale_log2: float
+    max_seqlen_q: int
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        tiles = num_query_tiles(self.max_seqlen_q, self.spec.qheads_per_kvhead, self.spec.tile.tile_m)
+        return tiles, self.k.shape[1], self.cu_seqlens_q.numel() - 1
+
+    def kernel_tensors(self) -> tuple[torch.Tensor, ...]:
+        """Tensors in the argument order of PrefillAttentionSm90.__call__."""
+        return (self.q, self.k, self.v, self.k_cache, self.v_cache, self.block_tables, self.prefix_lens,
+                self.cu_seqlens_q, self.cu_seqlens_k, self.out, self.lse)
+
+
+def _compact_strides(shape: torch.Size) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= size
+    return tuple(reversed(strides))
+
+
+def _rows_ready(x: torch.Tensor, name: str) -> torch.Tensor:
+    """The kernels are compiled for compact row-major layouts (the JIT path's DLPack view rejects
+    others) and copy 16-byte row chunks: copy anything else, e.g. a v split off a fused qkv."""
+    if x.stride() != _compact_strides(x.shape) or x.data_ptr() % 16:
+        x = torch.empty(x.shape, dtype=x.dtype, device=x.device).copy_(x)
+    if x.data_ptr() % 16:
+        raise ValueError(f"prefill attention: {name} must be 16-byte aligned")
+    return x
+
+
+def _spec(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> PrefillSpec:
+    """The compile key of these inputs; ValueError for inputs no variant takes."""
+    if q.dim() != 3 or k.dim() != 3 or v.shape != k.shape:
+        raise ValueError(f"prefill attention: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: "
+                         "expected packed [tokens, heads, head_dim] with k and v alike")
+    if q.dtype not in _DTYPE_NAMES or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"prefill attention: dtypes {q.dtype}/{k.dtype}/{v.dtype}; need bf16 or fp16, all equal")
+    heads, head_dim, kv_heads = q.shape[1], q.shape[2], k.shape[1]
+    if k.shape[2] != head_dim or heads % kv_heads:
+        raise ValueError(f"prefill attention: {heads} query heads over {kv_heads} KV heads, "
+                         f"head_dim {head_dim} vs {k.shape[2]}")
+    return PrefillSpec(_DTYPE_NAMES[q.dtype], head_dim, heads // kv_heads, causal)
+
+
+def _paged_prefix(args: PrefillArgs, batch: int) -> tuple[torch.Tensor, ...]:
+    """(k_cache, v_cache, block_tables, prefix_lens) as the kernel reads them: checked, or tiny
+    placeholders without a prefix (prefix 0 means the cache is never read; the signature stays fixed)."""
+    q, kv_heads, head_dim = args.q, args.k.shape[1], args.q.shape[2]
+    if args.prefix_lens is None:
+        placeholder = torch.zeros(1, KV_BLOCK_SIZE, kv_heads, head_dim, dtype=q.dtype, device=q.device)
+        return (placeholder, placeholder, torch.zeros(batch, 1, dtype=torch.int32, device=q.device),
+                torch.zeros(batch, dtype=torch.int32, device=q.device))
+    k_cache, v_cache, block_tables = args.k_cache, args.v_cache, args.block_tables
+    if k_cache is None or v_cache is None or block_tables is None:
+        raise ValueError("prefill attention: prefix_lens needs k_cache, v_cache and block_tables")
+    expected = (KV_BLOCK_SIZE, kv_heads, head_dim)
+    if tuple(k_cache.shape[1:]) != expected or v_cache.shape != k_cache.shape or k_cache.dtype != q.dtype:
+        raise ValueError(f"prefill attention: caches {tuple(k_cache.shape)}/{tuple(v_cache.shape)} "
+                         f"{k_cache.dtype}, expected [num_blocks, {', '.join(map(str, expected))}] {q.dtype}")
+    if block_tables.dim() != 2 or block_tables.shape[0] != batch:
+        raise ValueError(f"prefill attention: block_tables {tuple(block_tables.shape)}, expected [{batch}, max_blocks]")
+    return k_cache, v_cache, block_tables, args.prefix_lens
+
+
+def prepare_prefill_args(args: PrefillArgs) -> PrefillLaunchArgs:
+    """What the kernel reads for `args`; args.max_seqlen_q (else one device sync here) sizes the grid."""
+    spec = _spec(args.q, args.k, args.v, args.causal)
+    cu_q, cu_k = args.cu_seqlens_q, args.cu_seqlens_k
+    batch = cu_q.numel() - 1
+    if cu_k.numel() != batch + 1:
+        raise ValueError("prefill attention: cu_seqlens_q and cu_seqlens_k differ in batch size")
+    k_cache, v_cache, block_tables, prefix_lens = _paged_prefix(args, batch)
+    max_seqlen_q = args.max_seqlen_q
+    if max_seqlen_q is None:
+        max_seqlen_q = int((cu_q[1:] - cu_q[:-1]).max()) if batch > 0 else 0
+
+    q = _rows_ready(args.q, "q")
+    return PrefillLaunchArgs(
+        spec=spec, q=q, k=_rows_ready(args.k, "k"), v=_rows_ready(args.v, "v"),
+        k_cache=_rows_ready(k_cache, "k_cache"), v_cache=_rows_ready(v_cache, "v_cache"),
+        block_tables=as_int32(block_tables), prefix_lens=as_int32(prefix_lens),
+        cu_seqlens_q=as_int32(cu_q), cu_seqlens_k=as_int32(cu_k),
+        out=torch.empty_like(q), lse=torch.empty(q.shape[0], q.shape[1], dtype=torch.float32, device=q.device),
+        softmax_scale_log2=args.scale * math.log2(math.e), max_seqlen_q=max_seqlen_q,
+    )

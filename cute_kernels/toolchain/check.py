@@ -1,0 +1,120 @@
+"""`python -m cute_kernels.check`: compile every kernel variant the runtime uses for sm_90a (no GPU
+needed) and print one row per variant: compile seconds, HGMMA count and shapes, TMA / cp.async
+loads, registers and spills, and whether it exports ahead of time (aot: the .so it links to alone,
+or the .o without a CUDA toolkit). Exits non-zero when a variant fails to compile or export, or its
+SASS lacks the tensor-core instructions its design relies on (the kernel fell off the fast path).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from cute_kernels.hopper.prefill_spec import selected_specs
+
+
+@dataclass
+class VariantReport:
+    name: str
+    compile_s: float | None
+    hgmma: int = 0
+    hgmma_shapes: str = ""
+    tma_loads: int = 0
+    cp_async: int = 0
+    hmma: int = 0
+    registers: int | None = None
+    spills: int = 0
+    aot: str = "-"  # "so:NNNK" / "o:NNNK" when the variant exports and links, else "FAIL"
+    problems: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def required_hgmma_shapes(spec) -> set[str]:
+    """S = Q K^T is m64 x tile_n, O += P V is m64 x head_dim, both k16 into fp32."""
+    return {f"64x{spec.tile.tile_n}x16.F32", f"64x{spec.head_dim}x16.F32"}
+
+
+def check_prefill_variant(spec) -> VariantReport:
+    from cute_kernels.hopper.prefill_compile import compile_prefill
+
+    from .sass import sass_stats
+
+    try:
+        compiled = compile_prefill(spec, keep_artifacts=True)
+    except Exception as exc:  # report every variant, then fail
+        return VariantReport(spec.name, None, problems=f"compile failed: {type(exc).__name__}: {exc}"[:300])
+    stats = sass_stats(compiled.artifacts["cubin"])
+    problems = []
+    missing = required_hgmma_shapes(spec) - set(stats.hgmma_shapes)
+    if missing:
+        problems.append(f"no HGMMA {sorted(missing)}")
+    if stats.hmma:
+        problems.append(f"{stats.hmma} HMMA (warp-level MMA fallback)")
+    if not stats.cp_async:
+        problems.append("no cp.async (LDGSTS) loads")
+    aot = check_aot_export(spec, compiled, problems)
+    return VariantReport(
+        spec.name, compiled.compile_seconds, stats.hgmma, ",".join(stats.hgmma_shapes), stats.tma_load,
+        stats.cp_async, stats.hmma, stats.registers, stats.spills, aot, "; ".join(problems),
+    )
+
+
+def check_aot_export(spec, compiled, problems: list[str]) -> str:
+    """Export + link this variant alone, as `python -m cute_kernels.aot` would; size or FAIL."""
+    from .aot_build import link_one
+
+    try:
+        with tempfile.TemporaryDirectory(prefix="cute_aot_check_") as work:
+            o_bytes, so_bytes = link_one(spec, compiled, Path(work))
+    except Exception as exc:  # noqa: BLE001 - reported in the table
+        problems.append(f"aot export failed: {type(exc).__name__}: {exc}"[:300])
+        return "FAIL"
+    return f"so:{so_bytes // 1024}K" if so_bytes is not None else f"o:{o_bytes // 1024}K"
+
+
+def format_table(reports: list[VariantReport]) -> str:
+    header = (f"{'variant':<36} {'compile_s':>9} {'HGMMA':>5} {'shapes':<34} {'TMA':>4} {'cp.async':>8} {'regs':>4} "
+              f"{'spills':>6} {'aot':>8}  status")
+    lines = [header, "-" * len(header)]
+    for r in reports:
+        secs = f"{r.compile_s:.1f}" if r.compile_s is not None else "-"
+        regs = str(r.registers) if r.registers is not None else "?"
+        status = "ok" if r.ok else f"FAIL: {r.problems}"
+        lines.append(f"{r.name:<36} {secs:>9} {r.hgmma:>5} {r.hgmma_shapes:<34} {r.tma_loads:>4} "
+                     f"{r.cp_async:>8} {regs:>4} {r.spills:>6} {r.aot:>8}  {status}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--all", action="store_true", help="also the variants the runtime does not use today")
+    parser.add_argument("--only", nargs="*", help="substrings of variant names to keep")
+    parser.add_argument("--json", help="also write the reports as JSON to this path")
+    args = parser.parse_args(argv)
+
+    # The DSL writes its cache under $TMPDIR; keep it out of shared temp dirs.
+    os.environ.setdefault("TMPDIR", tempfile.mkdtemp(prefix="cute_check_"))
+    reports = []
+    for spec in selected_specs(args.all, args.only):
+        reports.append(check_prefill_variant(spec))
+        print(f"  compiled {spec.name}", file=sys.stderr, flush=True)
+    print(format_table(reports))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([asdict(r) | {"ok": r.ok} for r in reports], f, indent=1)
+    failed = [r.name for r in reports if not r.ok]
+    if failed or not reports:
+        print(f"FAILED: {failed or 'no variants selected'}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""The kernel seam the model calls: attention over the paged KV cache and the fused elementwise ops of
+a decoder layer, one object chosen once at start (select_backend.py). Implementations: TorchBackend
+(the references, runs anywhere), CpuBackend (the C kernels, fp32 on the CPU), CuteBackend (Hopper).
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+from cute_kernels.attention_args import DecodeArgs, PrefillArgs
+from runtime.model.attention_batch import AttentionBatch
+
+
+class AttentionBackend(ABC):
+    name: str  # a short id for logs: "torch", "cpu", "cute"
+
+    @abstractmethod
+    def describe(self) -> str:
+        """What runs, in one line, for logs and the UI."""
+
+    @abstractmethod
+    def plan(self, batch: AttentionBatch) -> None:
+        """Per-step precomputation shared by every layer: fills batch.decode_plan / batch.prefill_plan
+        (where still None), which the layers' DecodeArgs / PrefillArgs then carry."""
+
+    @abstractmethod
+    def prefill(self, args: PrefillArgs) -> torch.Tensor:
+        """New query rows over [paged prefix ; new keys]: reference.prefill_attention_ref's contract."""
+
+    @abstractmethod
+    def decode(self, args: DecodeArgs) -> torch.Tensor:
+        """One query per sequence over its paged context: reference.decode_attention_ref's contract."""
+
+    @abstractmethod
+    def write_kv(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 slot_mapping: torch.Tensor) -> None:
+        """Scatter new k/v [tokens, kv_heads, d] into the caches at flat slots (block * bs + offset)."""
+
+    @abstractmethod
+    def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rms_norm(x + residual) * weight, x + residual); residual None means zeros."""
+
+    @abstractmethod
+    def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """silu(first half of the last dim) * second half."""
+
+    @abstractmethod
+    def rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x [tokens, heads, d] rotated by cos/sin [tokens, 1, d/2]; may rotate x in place: use the result."""
+
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                  v_cache: torch.Tensor, batch: AttentionBatch, scale: float) -> torch.Tensor:
+        """Write the step's new k/v into the paged cache, then attend decodes and prefill chunks."""
+        self.write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
+        nd = batch.num_decode_tokens
+        if nd == q.shape[0]:
+            return self.decode(batch.decode_args(q, k_cache, v_cache, scale))
+        out = torch.empty_like(q)
+        if nd:
+            out[:nd] = self.decode(batch.decode_args(q[:nd], k_cache, v_cache, scale))
+        out[nd:] = self.prefill(batch.prefill_args(q[nd:], k[nd:], v[nd:], k_cache, v_cache, scale))
+        return out
