@@ -9,7 +9,7 @@ import itertools
 from dataclasses import dataclass
 from typing import AsyncIterator
 
-from runtime.async_engine import AsyncEngine, EngineRequest, QueueFullError
+from runtime.api.async_engine import AsyncEngine, EngineRequest, QueueFullError
 from runtime.errors import UserError
 from runtime.outputs import RequestOutput
 from runtime.sampling_params import SamplingParams

@@ -9,7 +9,7 @@ import numpy as np
 
 from app.block_map import render
 from app.latency_window import LatencyWindow
-from runtime.async_engine import AsyncEngine
+from runtime.api.async_engine import AsyncEngine
 from runtime.api.metrics import ServerMetrics
 
 

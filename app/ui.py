@@ -9,7 +9,7 @@ import pandas as pd
 from app.block_map import STATE_COLORS, STATE_NAMES
 from app.chat import ChatSessions, ChatSettings, reply
 from app.panel import LivePanel
-from runtime.async_engine import AsyncEngine
+from runtime.api.async_engine import AsyncEngine
 from runtime.api.metrics import ServerMetrics
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")

@@ -19,7 +19,7 @@ from runtime.engine_config import add_engine_args, config_from_args
 from runtime.errors import UserError
 
 if TYPE_CHECKING:
-    from runtime.async_engine import AsyncEngine
+    from runtime.api.async_engine import AsyncEngine
 
 DEFAULT_MAX_QUEUE = 1024
 
@@ -55,7 +55,7 @@ def build_engine(args: argparse.Namespace) -> tuple["AsyncEngine", str]:
 
     (Heavy imports live here and in main, so --help and a taken port answer at once.)
     """
-    from runtime.async_engine import AsyncEngine
+    from runtime.api.async_engine import AsyncEngine
     from runtime.engine import LLMEngine
     from runtime.llm import LLM
     from runtime.load import load_model

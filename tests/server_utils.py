@@ -15,7 +15,7 @@ import uvicorn
 
 from profiling.bench_serving import BenchError, start_server, stop_server
 from runtime.api.app import create_app
-from runtime.async_engine import AsyncEngine
+from runtime.api.async_engine import AsyncEngine
 from runtime.engine import LLMEngine
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

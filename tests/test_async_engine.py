@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from runtime.async_engine import AsyncEngine, EngineRequest, EngineStepError, EngineUnavailableError, QueueFullError
+from runtime.api.async_engine import AsyncEngine, EngineRequest, EngineStepError, EngineUnavailableError, QueueFullError
 from runtime.errors import RequestError
 from runtime.llm import LLM
 from runtime.sampling_params import SamplingParams

@@ -14,7 +14,7 @@ from runtime.api.errors import install_error_handlers
 from runtime.api.logprobs import LogprobFormatter
 from runtime.api.openapi import document_streams
 from runtime.api.state import ServerState
-from runtime.async_engine import AsyncEngine
+from runtime.api.async_engine import AsyncEngine
 from runtime.api.metrics import ServerMetrics
 
 MountUI = Callable[[FastAPI, AsyncEngine], FastAPI]

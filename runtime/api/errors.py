@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from runtime.api.protocol import ErrorResponse
-from runtime.async_engine import EngineStepError, EngineUnavailableError, QueueFullError
+from runtime.api.async_engine import EngineStepError, EngineUnavailableError, QueueFullError
 from runtime.errors import RequestError
 
 log = logging.getLogger("cute_serve")

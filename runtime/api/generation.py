@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, Response
 
 from runtime.api.errors import APIError
 from runtime.api.logprobs import LogprobFormatter
-from runtime.async_engine import EngineRequest, RequestStream
+from runtime.api.async_engine import EngineRequest, RequestStream
 from runtime.outputs import RequestOutput
 
 CLIENT_CLOSED = 499  # nginx's code for "client closed the request"; nobody is left to read it

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from runtime.async_engine import AsyncEngine
+from runtime.api.async_engine import AsyncEngine
 from runtime.outputs import RequestOutput
 
 PREFIX = "cute_serve:"

@@ -15,7 +15,7 @@ from runtime.api.errors import APIError
 from runtime.api.generation import Generation, PreparedPrompt
 from runtime.api.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from runtime.api.state import ServerState
-from runtime.async_engine import AsyncEngine, EngineRequest, RequestStream
+from runtime.api.async_engine import AsyncEngine, EngineRequest, RequestStream
 from runtime.errors import RequestError
 from runtime.request_limits import RequestLimits
 from runtime.sampling_params import SamplingParams

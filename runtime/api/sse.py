@@ -14,7 +14,7 @@ from runtime.api.generation import Generation, json_response
 from runtime.api.prepare import start_generation
 from runtime.api.protocol import SamplingFields
 from runtime.api.state import ServerState
-from runtime.async_engine import RequestStream
+from runtime.api.async_engine import RequestStream
 from runtime.outputs import CompletionOutput, RequestOutput
 
 DONE = "data: [DONE]\n\n"

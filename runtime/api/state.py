@@ -8,7 +8,7 @@ from fastapi import Request
 
 from runtime.api.errors import APIError
 from runtime.api.logprobs import LogprobFormatter
-from runtime.async_engine import AsyncEngine
+from runtime.api.async_engine import AsyncEngine
 from runtime.api.metrics import ServerMetrics
 
 
