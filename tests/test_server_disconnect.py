@@ -23,7 +23,7 @@ def test_stream_cut_midway_aborts_and_frees_the_pool(server):
         events = 0
         for line in r.iter_lines():
             events += line.startswith("data: ")
-            if events == 5:
+            if events == 2:  # early: a loaded machine may read slower than the engine decodes
                 break
         assert engine.pool.num_used > 0
     # the connection is closed here, mid-stream
