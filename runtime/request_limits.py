@@ -27,6 +27,11 @@ class RequestLimits:
     def check(self, prompt_ids: list[int], params: SamplingParams) -> None:
         """Raise RequestError (naming the field) for a request the engine cannot serve."""
         params.validate(self.vocab_size)
+        if params.structured is not None:  # compiled here (cached), so a bad schema fails before enqueueing
+            try:
+                params.structured.compile(self.tokenizer, self.vocab_size)
+            except ValueError as exc:
+                raise RequestError.invalid(params.structured.param, str(exc)) from None
         if not prompt_ids:
             raise RequestError("the prompt is empty")
         bad = next((t for t in prompt_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size), None)

@@ -14,6 +14,7 @@ from starlette.concurrency import run_in_threadpool
 from runtime.api.errors import APIError
 from runtime.api.generation import Generation, PreparedPrompt
 from runtime.api.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from runtime.api.response_format import structured_output
 from runtime.api.state import ServerState
 from runtime.api.async_engine import AsyncEngine, EngineRequest, RequestStream
 from runtime.errors import RequestError
@@ -108,7 +109,8 @@ def sampling_params(req: SamplingFields, prompt_len: int, max_request_tokens: in
         min_p=req.min_p, repetition_penalty=req.repetition_penalty, presence_penalty=req.presence_penalty,
         frequency_penalty=req.frequency_penalty, seed=req.seed, stop=req.stop if req.stop is not None else [],
         stop_token_ids=list(req.stop_token_ids or []), ignore_eos=req.ignore_eos, logprobs=logprobs,
-        logit_bias=_logit_bias(req.logit_bias), skip_special_tokens=req.skip_special_tokens)
+        logit_bias=_logit_bias(req.logit_bias), skip_special_tokens=req.skip_special_tokens,
+        structured=structured_output(req))
 
 
 def requested_logprobs(req: SamplingFields) -> int | None:
