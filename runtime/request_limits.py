@@ -57,9 +57,9 @@ class RequestLimits:
                                code="context_length_exceeded")
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
-    def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
-        """The chat template rendered with the assistant's turn opened, then encode_text."""
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    def encode_chat(self, messages: list[dict[str, Any]], **variables: Any) -> list[int]:
+        """The chat template rendered with the assistant's turn opened (variables: e.g. tools), then encode_text."""
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, **variables)
         return self.encode_text(text, add_special_tokens=False)  # the template writes BOS itself
 
     def encode_prompt(self, prompt: str | list[int]) -> list[int]:
