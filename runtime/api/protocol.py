@@ -42,14 +42,14 @@ Str = Annotated[str, Strict(), AfterValidator(_unicode)]
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")
     include_usage: Bool = False
 
 
 class SamplingFields(BaseModel):
     """Knobs shared by both routes: OpenAI's names, then vLLM-style extras."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")
 
     model: Str | None = Field(None, description="the served model's id (GET /v1/models); omit for the only one")
     max_tokens: Int | None = Field(None, ge=1, description="default: the rest of the context")
@@ -88,7 +88,7 @@ Prompt = PromptText | TokenIds | Annotated[list[PromptText], Field(min_length=1,
 
 
 class CompletionRequest(SamplingFields):
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+    model_config = ConfigDict(extra="allow", json_schema_extra={"examples": [
         {"prompt": "Once upon a time", "max_tokens": 16, "temperature": 0},
         {"prompt": ["The sky is", "Water is"], "n": 2, "max_tokens": 4, "stream": True,
          "stream_options": {"include_usage": True}, "logprobs": 2},
@@ -99,13 +99,13 @@ class CompletionRequest(SamplingFields):
 
 
 class TextPart(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")
     type: Literal["text"]
     text: Str
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Str | list[TextPart] | None = None
     name: Str | None = None
@@ -133,7 +133,7 @@ def _json_or_text(text: str) -> Any:
 
 
 class ChatCompletionRequest(SamplingFields):
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+    model_config = ConfigDict(extra="allow", json_schema_extra={"examples": [
         {"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 32,
          "temperature": 0},
         {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}], "n": 2,

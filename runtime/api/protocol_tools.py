@@ -10,7 +10,7 @@ Name = Annotated[str, Strict(), StringConstraints(min_length=1, max_length=64, p
 
 
 class JsonSchemaFormat(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
     name: Name
     description: str | None = None
     json_schema: dict[str, Any] = Field(default_factory=dict, alias="schema")
@@ -18,13 +18,13 @@ class JsonSchemaFormat(BaseModel):
 
 
 class ResponseFormat(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
 
 
 class FunctionDefinition(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")
     name: Name
     description: str | None = None
     parameters: dict[str, Any] | None = None
@@ -32,18 +32,18 @@ class FunctionDefinition(BaseModel):
 
 
 class Tool(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")
     type: Literal["function"] = "function"
     function: FunctionDefinition
 
 
 class FunctionName(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")
     name: Name
 
 
 class NamedToolChoice(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")
     type: Literal["function"] = "function"
     function: FunctionName
 
