@@ -36,7 +36,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         f"(default: {DEFAULT_MAX_QUEUE})")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--tool-call-parser", default="hermes", choices=["hermes", "json"],
-                   help="how tool calls are read from text with tool_choice auto (default: hermes, <tool_call>{json}</tool_call>)")
+                   help="how tool_choice auto reads calls from text (default: hermes, <tool_call>{json}</tool_call>)")
     p.add_argument("--strict-api", action="store_true",
                    help="answer unknown request fields with HTTP 400 (default: ignore them, named in a warning)")
     add_engine_args(p)

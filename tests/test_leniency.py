@@ -39,7 +39,8 @@ def test_unknown_fields_are_ignored_and_named_or_refused_when_strict(server, str
     assert any(named in rec.getMessage() for rec in caplog.records)
 
 
-@pytest.mark.parametrize("body, param", [({"audio": {"voice": "x"}}, "audio"), ({"modalities": ["audio"]}, "modalities"),
+@pytest.mark.parametrize("body, param", [({"audio": {"voice": "x"}}, "audio"),
+                                         ({"modalities": ["audio"]}, "modalities"),
                                          ({"functions": [{"name": "f"}]}, "functions")])
 def test_openai_fields_the_server_cannot_honour_are_400(server, body, param):
     url, _ = server
