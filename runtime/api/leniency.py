@@ -5,6 +5,7 @@ defines that this server cannot honour are always a 400."""
 from __future__ import annotations
 
 import logging
+from urllib.parse import quote
 
 from pydantic import BaseModel
 
@@ -13,6 +14,7 @@ from runtime.api.errors import APIError
 log = logging.getLogger("cute_serve")
 
 IGNORED_HEADER = "X-Ignored-Fields"
+MAX_NAMED = 32  # fields named in the header and the log line (a body can hold thousands)
 UNSUPPORTED = ("audio", "prediction", "web_search_options", "functions", "function_call")
 
 
@@ -41,5 +43,11 @@ def check_fields(body: BaseModel, strict: bool) -> list[str]:
     if unknown and strict:
         raise APIError(400, f"unrecognized request argument supplied: '{unknown[0]}'", unknown[0], "unknown_parameter")
     if unknown:
-        log.warning("ignoring unknown request fields: %s", ", ".join(unknown))
+        log.warning("ignoring unknown request fields: %s", ", ".join(map(repr, unknown[:MAX_NAMED])))
     return unknown
+
+
+def header_value(names: list[str]) -> str:
+    """The names, percent-encoded where not plain ASCII (headers are latin-1), the first MAX_NAMED only."""
+    shown = [quote(n, safe="._-[]")[:100] for n in names[:MAX_NAMED]]
+    return ", ".join(shown) + (f", ... ({len(names)} in all)" if len(names) > MAX_NAMED else "")

@@ -11,7 +11,7 @@ from starlette.background import BackgroundTask
 
 from runtime.api.errors import as_api_error, error_body
 from runtime.api.generation import Generation, json_response
-from runtime.api.leniency import IGNORED_HEADER, check_fields
+from runtime.api.leniency import IGNORED_HEADER, check_fields, header_value
 from runtime.api.prepare import start_generation
 from runtime.api.protocol import SamplingFields
 from runtime.api.state import ServerState
@@ -115,5 +115,5 @@ async def answer(state: ServerState, body: SamplingFields, request: Request, id_
     else:
         response = await json_response(request, stream, lambda finals: json_body(gen, finals))
     if ignored:
-        response.headers[IGNORED_HEADER] = ", ".join(ignored)
+        response.headers[IGNORED_HEADER] = header_value(ignored)
     return response
