@@ -176,7 +176,7 @@ class LLMEngine:
         t1 = time.perf_counter()
         logits = self.runner.forward(*prepared)
         t2 = time.perf_counter()
-        sampled = sample_step(rows_of, logits, drafts, self.output.eos_ids)
+        sampled = sample_step(rows_of, logits, drafts, self.output.eos_ids, self.output.grammar_of)
         t3 = time.perf_counter()
         updates, changed = [], set()
         for s in sampled:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from runtime.engine_stats import EngineStats
 from runtime.outputs import CompletionOutput, RequestOutput
@@ -27,6 +28,7 @@ class Choice:
     logprobs: list = field(default_factory=list)
     num_emitted_chars: int = 0  # of text, already streamed out
     num_emitted_tokens: int = 0
+    grammar: Any = None  # a structured request's GrammarProcessor: masks its row, advances on kept tokens
 
     @property
     def output_ids(self) -> list[int]:
@@ -56,7 +58,8 @@ class OutputProcessor:
         self._choices: dict[Sequence, Choice] = {}
 
     def add(self, request_id: str, prompt_ids: list[int], seqs: list[Sequence]) -> None:
-        choices = [Choice(s, i, IncrementalDetokenizer(self.tokenizer, prompt_ids, s.params.skip_special_tokens))
+        choices = [Choice(s, i, IncrementalDetokenizer(self.tokenizer, prompt_ids, s.params.skip_special_tokens),
+                          grammar=s.params.structured.processor(self.eos_ids) if s.params.structured else None)
                    for i, s in enumerate(seqs)]
         self._choices.update((c.seq, c) for c in choices)
         self.requests[request_id] = RequestState(request_id, prompt_ids, choices, seqs[0].metrics)
@@ -64,6 +67,10 @@ class OutputProcessor:
 
     def state_of(self, seq: Sequence) -> RequestState:
         return self.requests[seq.request_id]
+
+    def grammar_of(self, seq: Sequence) -> Any:
+        choice = self._choices.get(seq)
+        return choice.grammar if choice is not None else None
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """End a choice from outside the step's tokens (an abort, a sequence that can never fit)."""
@@ -94,6 +101,10 @@ class OutputProcessor:
         p = c.seq.params
         c.num_tokens += 1
         n_out = c.num_tokens
+        if c.grammar is not None and not c.grammar.accept(token):  # a masked token: end, never feed it on
+            c.finish_reason, c.stop_reason = "error", f"grammar rejected token {token}"
+            c.text += c.detokenizer.flush()
+            return
         stop_id = (not p.ignore_eos and token in self.eos_ids) or token in p.stop_token_ids
         if stop_id and n_out >= p.min_tokens:
             c.finish_reason, c.stop_reason = "stop", (token if token in p.stop_token_ids else None)

@@ -27,6 +27,11 @@ class RequestLimits:
     def check(self, prompt_ids: list[int], params: SamplingParams) -> None:
         """Raise RequestError (naming the field) for a request the engine cannot serve."""
         params.validate(self.vocab_size)
+        if params.structured is not None:  # compiled here (cached), so a bad schema fails before enqueueing
+            try:
+                params.structured.compile(self.tokenizer, self.vocab_size)
+            except ValueError as exc:
+                raise RequestError.invalid(params.structured.param, str(exc)) from None
         if not prompt_ids:
             raise RequestError("the prompt is empty")
         bad = next((t for t in prompt_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size), None)
@@ -52,9 +57,9 @@ class RequestLimits:
                                code="context_length_exceeded")
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
-    def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
-        """The chat template rendered with the assistant's turn opened, then encode_text."""
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    def encode_chat(self, messages: list[dict[str, Any]], **variables: Any) -> list[int]:
+        """The chat template rendered with the assistant's turn opened (variables: e.g. tools), then encode_text."""
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, **variables)
         return self.encode_text(text, add_special_tokens=False)  # the template writes BOS itself
 
     def encode_prompt(self, prompt: str | list[int]) -> list[int]:

@@ -4,6 +4,7 @@ verified against the target's distributions."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -23,7 +24,7 @@ class Sampled:
     num_drafts: int = 0  # drafts verified
 
 
-def sampling_row(seq: Sequence, eos_ids: set[int], extra: list[int] = ()) -> SamplingRow:
+def sampling_row(seq: Sequence, eos_ids: set[int], extra: list[int] = (), grammar: Any = None) -> SamplingRow:
     """Sampling context of seq's next token, with `extra` draft tokens treated as already output."""
     p = seq.params
     prompt = seq.token_ids[:seq.num_prompt_tokens] if p.repetition_penalty != 1.0 else []
@@ -32,18 +33,20 @@ def sampling_row(seq: Sequence, eos_ids: set[int], extra: list[int] = ()) -> Sam
     banned = []
     if seq.num_output_tokens + len(extra) < p.min_tokens:  # no end before min_tokens
         banned = sorted((set() if p.ignore_eos else eos_ids) | set(p.stop_token_ids))
-    return SamplingRow(p, seq.generator, request_processors(p, prompt, out, banned))
+    procs = request_processors(p, prompt, out, banned)
+    return SamplingRow(p, seq.generator, procs + [grammar] if grammar is not None else procs)
 
 
 def sample_step(rows_of: list[tuple[Sequence, list[int]]], logits: torch.Tensor, drafts: dict[Sequence, Draft],
-                eos_ids: set[int]) -> list[Sampled]:
-    """rows_of: (sequence, draft tokens it verifies) in logits order, len(drafts) + 1 rows each."""
+                eos_ids: set[int], grammar_of: Callable[[Sequence], Any] = lambda seq: None) -> list[Sampled]:
+    """rows_of: (sequence, draft tokens it verifies) in logits order, len(drafts) + 1 rows each.
+    grammar_of: a sequence's grammar processor, or None (structured requests never draft)."""
     offsets = np.cumsum([0] + [len(spec) + 1 for _, spec in rows_of])
     plain = [i for i, (_, spec) in enumerate(rows_of) if not spec]
     out: list[Sampled] = []
     if plain:
         seqs = [rows_of[i][0] for i in plain]
-        result = sample(_rows(logits, offsets[plain]), [sampling_row(s, eos_ids) for s in seqs])
+        result = sample(_rows(logits, offsets[plain]), [sampling_row(s, eos_ids, grammar=grammar_of(s)) for s in seqs])
         out = [Sampled(s, [t], None if lp is None else [lp])
                for s, t, lp in zip(seqs, result.token_ids, result.logprobs)]
     for i, (seq, spec) in enumerate(rows_of):

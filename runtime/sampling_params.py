@@ -2,8 +2,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from runtime.errors import RequestError
+
+if TYPE_CHECKING:  # the core only calls its methods (compile, processor)
+    from structured import StructuredOutput
 
 MAX_LOGPROBS = 20
 GREEDY_BELOW_TEMPERATURE = 1e-5
@@ -29,6 +33,7 @@ class SamplingParams:
     logit_bias: dict[int, float] = field(default_factory=dict)
     skip_special_tokens: bool = True
     speculative: bool = True  # per-request switch, when the engine has a proposer
+    structured: "StructuredOutput | None" = None  # a grammar the output must match
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -50,6 +55,8 @@ class SamplingParams:
         _check_int(self.max_tokens, "max_tokens", 1)
         _check_int(self.min_tokens, "min_tokens", 0)
         _check_int(self.top_k, "top_k", 0)
+        if self.structured is not None:  # grammar masks are per position; drafts would need them too
+            self.speculative = False
         if self.top_k >= vocab_size:  # every token is in the top k: no cut (and no overflow for huge k)
             self.top_k = 0
         if self.min_tokens > self.max_tokens:

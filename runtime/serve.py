@@ -35,6 +35,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"sequences that may wait beyond a full batch (--max-num-seqs); more get HTTP 429 "
                         f"(default: {DEFAULT_MAX_QUEUE})")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--tool-call-parser", default="hermes", choices=["hermes", "json"],
+                   help="how tool_choice auto reads calls from text (default: hermes, <tool_call>{json}</tool_call>)")
+    p.add_argument("--strict-api", action="store_true",
+                   help="answer unknown request fields with HTTP 400 (default: ignore them, named in a warning)")
     add_engine_args(p)
     args = p.parse_args(argv)
     if args.max_queue < 0:
@@ -106,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     sock = bind(args.host, args.port)
     async_engine, path = build_engine(args)
     name = args.served_model_name or model_name(path)
-    app = create_app(async_engine, name, api_key=args.api_key, mount_ui=mount_chat_ui)
+    app = create_app(async_engine, name, api_key=args.api_key, mount_ui=mount_chat_ui,
+                     tool_call_parser=args.tool_call_parser, strict_api=args.strict_api)
     about = async_engine.describe()
     host = "127.0.0.1" if args.host in ("0.0.0.0", "") else f"[{args.host}]" if ":" in args.host else args.host
     base = f"http://{host}:{sock.getsockname()[1]}"

@@ -20,7 +20,7 @@ import os
 from collections.abc import Iterator
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PACKAGES = ("app", "cute_kernels", "profiling", "runtime", "weights")
+PACKAGES = ("app", "cute_kernels", "profiling", "runtime", "structured", "weights")
 COMPOSITION_ROOTS = ("runtime.serve",)
 FILE_LEVEL_PACKAGES = ("runtime", "weights")
 

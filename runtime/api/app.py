@@ -21,7 +21,7 @@ MountUI = Callable[[FastAPI, AsyncEngine], FastAPI]
 
 
 def create_app(async_engine: AsyncEngine, model_name: str = "default", api_key: str | None = None,
-               mount_ui: MountUI | None = None) -> FastAPI:
+               mount_ui: MountUI | None = None, tool_call_parser: str = "hermes", strict_api: bool = False) -> FastAPI:
     """The server's app; the engine's lifecycle (start/shutdown) stays with the caller.
 
     mount_ui(app, async_engine) -> app mounts the chat UI at "/" (e.g. gr.mount_gradio_app); it is
@@ -29,7 +29,7 @@ def create_app(async_engine: AsyncEngine, model_name: str = "default", api_key: 
     """
     app = FastAPI(title="cute-serve", summary="OpenAI-compatible LLM server", version="0.1.0")
     app.state.server = ServerState(async_engine, model_name, ServerMetrics(async_engine),
-                                   LogprobFormatter(async_engine.limits.tokenizer))
+                                   LogprobFormatter(async_engine.limits.tokenizer), tool_call_parser, strict_api)
     install_error_handlers(app)
     if api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)

@@ -14,6 +14,7 @@ from runtime.api.protocol import (
     ChatCompletionResponse,
 )
 from runtime.api.sse import ChunkRenderer, answer
+from runtime.api.tool_output import ToolDeltas, chat_message
 from runtime.api.state import ServerState, server_state
 from runtime.outputs import CompletionOutput, RequestOutput
 
@@ -28,15 +29,21 @@ def _logprobs(gen: Generation, token_ids: list[int], records: list | None) -> di
 
 def chat_body(gen: Generation, finals: dict[str, RequestOutput]) -> dict[str, Any]:
     out = finals[gen.prompts[0].request.request_id]
-    choices = [{"index": c.index, "message": {"role": "assistant", "content": c.text},
-                "logprobs": _logprobs(gen, c.token_ids, c.logprobs), "finish_reason": c.finish_reason,
-                "stop_reason": c.stop_reason} for c in out.outputs]
+    choices = []
+    for c in out.outputs:
+        message, finish_reason = chat_message(gen.tools, c.text, c.finish_reason)
+        choices.append({"index": c.index, "message": message, "logprobs": _logprobs(gen, c.token_ids, c.logprobs),
+                        "finish_reason": finish_reason, "stop_reason": c.stop_reason})
     return {"id": gen.response_id, "object": "chat.completion", "created": gen.created, "model": gen.model,
             "choices": choices, "usage": gen.usage(sum(len(c.token_ids) for c in out.outputs))}
 
 
 class ChatChunks(ChunkRenderer):
     chunk_object = "chat.completion.chunk"
+
+    def __init__(self, gen: Generation) -> None:
+        super().__init__(gen)
+        self.tools = {k: ToolDeltas(gen.tools) for k in range(gen.n)} if gen.tools else {}
 
     def _chunk(self, index: int, delta: dict[str, Any], logprobs=None, finish_reason=None,
                stop_reason=None) -> dict[str, Any]:
@@ -49,12 +56,15 @@ class ChatChunks(ChunkRenderer):
 
     def delta(self, index: int, c: CompletionOutput):
         lp = _logprobs(self.gen, c.delta_token_ids, c.delta_logprobs)
-        if not c.delta_text and not (lp and lp["content"]):
+        delta = self.tools[index].delta(c.delta_text) if self.tools else {"content": c.delta_text}
+        if not (delta and (delta.get("content") or delta.get("tool_calls"))) and not (lp and lp["content"]):
             return None
-        return self._chunk(index, {"content": c.delta_text}, lp)
+        return self._chunk(index, delta or {}, lp)
 
     def final(self, index: int, c: CompletionOutput):
-        return self._chunk(index, {}, None, c.finish_reason, c.stop_reason)
+        deltas, called = self.tools[index].final() if self.tools else ([], False)
+        reason = "tool_calls" if called and c.finish_reason == "stop" else c.finish_reason
+        return [self._chunk(index, d) for d in deltas] + [self._chunk(index, {}, None, reason, c.stop_reason)]
 
 
 @router.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=RESPONSES)

@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, Response
 
 from runtime.api.errors import APIError
 from runtime.api.logprobs import LogprobFormatter
+from runtime.api.tools import ToolPlan
 from runtime.api.async_engine import EngineRequest, RequestStream
 from runtime.outputs import RequestOutput
 
@@ -36,6 +37,7 @@ class Generation:
     logprobs: bool
     include_usage: bool
     formatter: LogprobFormatter
+    tools: ToolPlan | None = None  # a chat request's tool calling, when it offers tools
     prompt_index: dict[str, int] = field(init=False)  # engine request id -> prompt number
 
     def __post_init__(self) -> None:

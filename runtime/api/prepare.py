@@ -14,6 +14,8 @@ from starlette.concurrency import run_in_threadpool
 from runtime.api.errors import APIError
 from runtime.api.generation import Generation, PreparedPrompt
 from runtime.api.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from runtime.api.response_format import structured_output
+from runtime.api.tools import ToolPlan, chat_messages, tool_plan, tool_structure
 from runtime.api.state import ServerState
 from runtime.api.async_engine import AsyncEngine, EngineRequest, RequestStream
 from runtime.errors import RequestError
@@ -31,19 +33,21 @@ def completion_prompts(req: CompletionRequest, limits: RequestLimits) -> list[tu
     return [(limits.encode_text(x), x) if isinstance(x, str) else (list(x), "") for x in p]
 
 
-def chat_prompt(req: ChatCompletionRequest, limits: RequestLimits) -> list[int]:
-    return limits.encode_chat([m.template_dict() for m in req.messages])
+def chat_prompt(req: ChatCompletionRequest, limits: RequestLimits, plan: ToolPlan | None = None) -> list[int]:
+    messages, variables = chat_messages(req, plan, limits.tokenizer.chat_template)
+    return limits.encode_chat(messages, **variables)
 
 
-def prepare(engine: AsyncEngine, req: SamplingFields, request_id: str, arrival: float) -> list[PreparedPrompt]:
+def prepare(engine: AsyncEngine, req: SamplingFields, request_id: str, arrival: float,
+            plan: ToolPlan | None = None) -> list[PreparedPrompt]:
     """One EngineRequest per prompt (ids request_id-0, -1, ...); raises APIError / RequestError."""
     limits = engine.limits
     logprobs = requested_logprobs(req)
     try:
-        prompts = _encoded_prompts(req, limits, logprobs)
+        prompts = _encoded_prompts(req, limits, logprobs, plan)
         out = []
         for i, (ids, text) in enumerate(prompts):
-            params = sampling_params(req, len(ids), limits.max_request_tokens, logprobs)
+            params = sampling_params(req, len(ids), limits.max_request_tokens, logprobs, plan)
             engine.check(ids, params)
             echo = (text or limits.tokenizer.decode(ids)) if isinstance(req, CompletionRequest) and req.echo else ""
             out.append(PreparedPrompt(EngineRequest(f"{request_id}-{i}", ids, params, arrival), echo))
@@ -55,9 +59,10 @@ def prepare(engine: AsyncEngine, req: SamplingFields, request_id: str, arrival: 
     return out
 
 
-def _encoded_prompts(req: SamplingFields, limits: RequestLimits, logprobs: int | None) -> list[tuple[list[int], str]]:
+def _encoded_prompts(req: SamplingFields, limits: RequestLimits, logprobs: int | None,
+                     plan: ToolPlan | None) -> list[tuple[list[int], str]]:
     if isinstance(req, ChatCompletionRequest):
-        return [(chat_prompt(req, limits), "")]
+        return [(chat_prompt(req, limits, plan), "")]
     assert isinstance(req, CompletionRequest)
     if req.echo and logprobs is not None:
         raise APIError(400, "echo together with logprobs is not supported (no prompt logprobs)", "echo")
@@ -69,11 +74,12 @@ async def start_generation(state: ServerState, req: SamplingFields, prefix: str)
     arrival = time.perf_counter()
     state.check_model(req.model)
     response_id = f"{prefix}-{uuid.uuid4().hex}"
-    prompts = await run_in_threadpool(prepare, state.engine, req, response_id, arrival)
+    plan = tool_plan(req, state.tool_parser) if isinstance(req, ChatCompletionRequest) else None
+    prompts = await run_in_threadpool(prepare, state.engine, req, response_id, arrival, plan)
     wants_logprobs = prompts[0].request.params.logprobs is not None
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     gen = Generation(response_id, int(time.time()), state.model_name, req.n, prompts, wants_logprobs, include_usage,
-                     state.formatter)
+                     state.formatter, plan)
     return gen, state.engine.submit([p.request for p in prompts])
 
 
@@ -94,7 +100,7 @@ def default_max_tokens(prompt_len: int, max_request_tokens: int) -> int:
 
 
 def sampling_params(req: SamplingFields, prompt_len: int, max_request_tokens: int,
-                    logprobs: int | None) -> SamplingParams:
+                    logprobs: int | None, plan: ToolPlan | None = None) -> SamplingParams:
     if isinstance(req, ChatCompletionRequest):
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     else:
@@ -108,7 +114,17 @@ def sampling_params(req: SamplingFields, prompt_len: int, max_request_tokens: in
         min_p=req.min_p, repetition_penalty=req.repetition_penalty, presence_penalty=req.presence_penalty,
         frequency_penalty=req.frequency_penalty, seed=req.seed, stop=req.stop if req.stop is not None else [],
         stop_token_ids=list(req.stop_token_ids or []), ignore_eos=req.ignore_eos, logprobs=logprobs,
-        logit_bias=_logit_bias(req.logit_bias), skip_special_tokens=req.skip_special_tokens)
+        logit_bias=_logit_bias(req.logit_bias), skip_special_tokens=req.skip_special_tokens,
+        structured=_structure(req, plan))
+
+
+def _structure(req: SamplingFields, plan: ToolPlan | None):
+    """The request's grammar: response_format / guided_*, or the one tool_choice enforces (not both)."""
+    asked, tools = structured_output(req), tool_structure(req, plan) if plan is not None else None
+    if asked is not None and tools is not None:
+        raise APIError(400, f"tool_choice '{plan.mode}' cannot be combined with {asked.param}", "tool_choice",
+                       "invalid_value")
+    return asked or tools
 
 
 def requested_logprobs(req: SamplingFields) -> int | None:

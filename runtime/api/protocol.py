@@ -7,10 +7,12 @@ prompt + max_tokens <= context) are checked later, against the engine.
 """
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, Strict
 
+from runtime.api.protocol_tools import ResponseFormat, Tool, ToolCall, ToolCallDelta, ToolChoice
 from runtime.sampling_params import MAX_LOGPROBS
 
 
@@ -40,14 +42,14 @@ Str = Annotated[str, Strict(), AfterValidator(_unicode)]
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")
     include_usage: Bool = False
 
 
 class SamplingFields(BaseModel):
     """Knobs shared by both routes: OpenAI's names, then vLLM-style extras."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")
 
     model: Str | None = Field(None, description="the served model's id (GET /v1/models); omit for the only one")
     max_tokens: Int | None = Field(None, ge=1, description="default: the rest of the context")
@@ -71,6 +73,12 @@ class SamplingFields(BaseModel):
     ignore_eos: Bool = False
     stop_token_ids: list[TokenId] | None = Field(None, max_length=MAX_STOP_TOKEN_IDS)
     skip_special_tokens: Bool = True
+    # structured output: response_format (OpenAI) or one of vLLM's guided_* fields
+    response_format: ResponseFormat | None = None
+    guided_json: dict[str, Any] | Str | None = Field(None, description="a JSON schema the output must match")
+    guided_regex: Str | None = None
+    guided_choice: Annotated[list[Str], Field(min_length=1, max_length=MAX_BATCH)] | None = None
+    guided_grammar: Str | None = Field(None, description="an EBNF grammar (xgrammar's dialect)")
 
 
 PromptText = Annotated[Str, Field(min_length=1)]
@@ -80,7 +88,7 @@ Prompt = PromptText | TokenIds | Annotated[list[PromptText], Field(min_length=1,
 
 
 class CompletionRequest(SamplingFields):
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+    model_config = ConfigDict(extra="allow", json_schema_extra={"examples": [
         {"prompt": "Once upon a time", "max_tokens": 16, "temperature": 0},
         {"prompt": ["The sky is", "Water is"], "n": 2, "max_tokens": 4, "stream": True,
          "stream_options": {"include_usage": True}, "logprobs": 2},
@@ -91,26 +99,41 @@ class CompletionRequest(SamplingFields):
 
 
 class TextPart(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")
     type: Literal["text"]
     text: Str
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Str | list[TextPart] | None = None
     name: Str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: Str | None = None  # a tool message: the call it answers
 
-    def template_dict(self) -> dict[str, str]:
+    def template_dict(self) -> dict[str, Any]:
         content = self.content
         if isinstance(content, list):
             content = "".join(part.text for part in content)
-        return {"role": self.role, "content": content or ""}
+        out: dict[str, Any] = {"role": self.role, "content": content or ""}
+        if self.tool_calls:  # arguments as objects, as chat templates expect them
+            out["tool_calls"] = [{"id": c.id, "type": "function", "function": {
+                "name": c.function.name, "arguments": _json_or_text(c.function.arguments)}} for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
+
+
+def _json_or_text(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 class ChatCompletionRequest(SamplingFields):
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+    model_config = ConfigDict(extra="allow", json_schema_extra={"examples": [
         {"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 32,
          "temperature": 0},
         {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}], "n": 2,
@@ -121,6 +144,9 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: Int | None = Field(None, ge=1, description="preferred over max_tokens when both are set")
     logprobs: Bool = False
     top_logprobs: Int | None = Field(None, ge=0, le=MAX_LOGPROBS, description="needs logprobs: true")
+    tools: Annotated[list[Tool], Field(max_length=128)] | None = None
+    tool_choice: ToolChoice | None = Field(None, description="default: auto with tools, none without")
+    parallel_tool_calls: Bool = True
 
 
 # -- responses ----------------------------------------------------------------------------------
@@ -173,6 +199,7 @@ class ChatLogprobs(BaseModel):
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    tool_calls: list[ToolCall] | None = None
 
 
 class ChatChoice(BaseModel):
@@ -243,6 +270,7 @@ class CompletionChunk(BaseModel):
 class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChatChunkChoice(BaseModel):

@@ -11,6 +11,7 @@ from starlette.background import BackgroundTask
 
 from runtime.api.errors import as_api_error, error_body
 from runtime.api.generation import Generation, json_response
+from runtime.api.leniency import IGNORED_HEADER, check_fields, header_value
 from runtime.api.prepare import start_generation
 from runtime.api.protocol import SamplingFields
 from runtime.api.state import ServerState
@@ -60,17 +61,20 @@ class ChunkRenderer:
             index = self.gen.choice_index(out.request_id, c.index)
             if index in self.finished:
                 continue
-            body = self.delta(index, c)
-            if body is not None:
-                yield body
+            yield from _chunks(self.delta(index, c))
             if c.finish_reason is not None:
                 self.finished.add(index)
                 self.completion_tokens += len(c.token_ids)
-                yield self.final(index, c)
+                yield from _chunks(self.final(index, c))
 
     def end(self) -> Iterable[dict[str, Any]]:
         if self.gen.include_usage:
             yield self.chunk([], self.gen.usage(self.completion_tokens))
+
+
+def _chunks(body: dict[str, Any] | list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """delta and final give one chunk, several (tool calls), or None."""
+    return [] if body is None else body if isinstance(body, list) else [body]
 
 
 async def sse_events(stream: RequestStream, renderer: ChunkRenderer) -> AsyncIterator[str]:
@@ -104,7 +108,12 @@ async def answer(state: ServerState, body: SamplingFields, request: Request, id_
                  renderer: Callable[[Generation], ChunkRenderer],
                  json_body: Callable[[Generation, dict[str, RequestOutput]], dict[str, Any]]) -> Response:
     """Start the request's generation; stream renderer(gen)'s events, or answer json_body(gen, finals)."""
+    ignored = check_fields(body, state.strict_api)
     gen, stream = await start_generation(state, body, id_prefix)
     if body.stream:
-        return sse_response(stream, renderer(gen))
-    return await json_response(request, stream, lambda finals: json_body(gen, finals))
+        response = sse_response(stream, renderer(gen))
+    else:
+        response = await json_response(request, stream, lambda finals: json_body(gen, finals))
+    if ignored:
+        response.headers[IGNORED_HEADER] = header_value(ignored)
+    return response

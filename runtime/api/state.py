@@ -18,6 +18,8 @@ class ServerState:
     model_name: str
     metrics: ServerMetrics
     formatter: LogprobFormatter
+    tool_parser: str = "hermes"  # --tool-call-parser: runtime/api/tool_parsers.py
+    strict_api: bool = False  # --strict-api: unknown request fields are 400s, not ignored
     created: int = field(default_factory=lambda: int(time.time()))
 
     def check_model(self, name: str | None) -> None:

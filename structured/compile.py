@@ -1,0 +1,53 @@
+"""Compiling a request's structure into an xgrammar CompiledGrammar, cached by its text: clients send
+the same schema over and over, and compiling one costs milliseconds to seconds."""
+from __future__ import annotations
+
+import functools
+import json
+import re
+
+import xgrammar as xgr
+
+from structured.schema_fixes import fix_schema
+from structured.tokenizer_info import grammar_compiler
+
+CACHE_SIZE = 256  # distinct grammars kept compiled (each holds its token-mask cache)
+ANY_OBJECT = '{"type": "object"}'
+_LOG_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: (Check failed: .*? is false: )?")  # xgrammar's C++ log header
+
+
+class GrammarError(ValueError):
+    """A structure the engine cannot compile; the message says why, in one line."""
+
+
+def choice_grammar(choices: list[str]) -> str:
+    """EBNF that matches exactly one of the strings (JSON string escapes are EBNF's too)."""
+    return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
+
+
+def _build(compiler: xgr.GrammarCompiler, kind: str, text: str) -> xgr.CompiledGrammar:
+    # Compact JSON (no free whitespace): small models otherwise pad with newlines until max_tokens.
+    if kind == "json":
+        return compiler.compile_json_schema(ANY_OBJECT, any_whitespace=False, strict_mode=False)
+    if kind == "json_schema":
+        return compiler.compile_json_schema(json.dumps(fix_schema(json.loads(text))), any_whitespace=False,
+                                            strict_mode=True)
+    if kind == "regex":
+        return compiler.compile_regex(text)
+    if kind == "choice":
+        return compiler.compile_grammar(choice_grammar(json.loads(text)))
+    if kind == "grammar":
+        return compiler.compile_grammar(text)
+    raise GrammarError(f"unknown structure kind {kind!r}")
+
+
+@functools.lru_cache(maxsize=CACHE_SIZE)
+def compile_cached(tokenizer: object, vocab_size: int, kind: str, text: str) -> xgr.CompiledGrammar:
+    """The compiled grammar for (kind, text) over this tokenizer; GrammarError when it cannot be."""
+    try:
+        return _build(grammar_compiler(tokenizer, vocab_size), kind, text)
+    except GrammarError:
+        raise
+    except Exception as exc:  # xgrammar raises RuntimeError / ValueError / InvalidJSONError with its reason
+        why = _LOG_PREFIX.sub("", " ".join(str(exc).split())) or type(exc).__name__
+        raise GrammarError(f"cannot compile the {kind.replace('_', ' ')}: {why[:500]}") from None

@@ -1,0 +1,42 @@
+"""StructuredOutput: what a request's output must match, carried on SamplingParams.structured."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from structured.compile import GrammarError, compile_cached
+from structured.processor import GrammarProcessor
+
+Kind = Literal["json", "json_schema", "regex", "choice", "grammar"]
+
+
+@dataclass
+class StructuredOutput:
+    """kind: "json" (any JSON object), "json_schema" (text: the schema), "regex", "choice" (text: a
+    JSON list of strings), "grammar" (text: EBNF). param: the request field it came from, for errors."""
+
+    kind: Kind
+    text: str = ""
+    param: str = "response_format"
+    _compiled: Any = field(default=None, init=False, repr=False, compare=False)
+
+    @classmethod
+    def json_schema(cls, schema: dict[str, Any] | str, param: str = "response_format") -> "StructuredOutput":
+        return cls("json_schema", schema if isinstance(schema, str) else json.dumps(schema, sort_keys=True), param)
+
+    @classmethod
+    def choice(cls, choices: list[str], param: str = "guided_choice") -> "StructuredOutput":
+        if not choices or not all(isinstance(c, str) and c for c in choices):
+            raise GrammarError("choices must be a non-empty list of non-empty strings")
+        return cls("choice", json.dumps(choices), param)
+
+    def compile(self, tokenizer: Any, vocab_size: int) -> None:
+        """Compile (or fetch from the cache) over this tokenizer; GrammarError (a ValueError) says why not."""
+        self._compiled = compile_cached(tokenizer, vocab_size, self.kind, self.text)
+
+    def processor(self, stop_ids: list[int]) -> GrammarProcessor:
+        """A fresh per-sequence grammar state (compile first); stop_ids end the grammar's output."""
+        if self._compiled is None:
+            raise GrammarError("the structure was not compiled before its sequence started")
+        return GrammarProcessor(self._compiled, sorted(stop_ids))

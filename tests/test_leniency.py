@@ -1,0 +1,54 @@
+"""Unknown request fields: ignored and named by default (vLLM's leniency), 400s under --strict-api;
+OpenAI fields the server cannot honour are 400s either way."""
+import logging
+
+import httpx
+import pytest
+
+from runtime.api.app import create_app
+from runtime.api.async_engine import AsyncEngine
+from tests.server_utils import TINY_MODEL, serve_app
+from tests.tiny_engine import tiny_engine
+
+CHAT = {"model": TINY_MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+EXTRAS = {"store": False, "metadata": {"a": "b"}, "chat_template_kwargs": {"enable_thinking": False},
+          "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["lenient", "strict"])
+def server(request):
+    with AsyncEngine(tiny_engine()) as engine:
+        app = create_app(engine, TINY_MODEL, strict_api=request.param)
+        with serve_app(app) as url:
+            yield url, request.param
+        app.state.server.metrics.close()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_unknown_fields_are_ignored_and_named_or_refused_when_strict(server, stream, caplog):
+    url, strict = server
+    with caplog.at_level(logging.WARNING, logger="cute_serve"):
+        r = httpx.post(url + "/v1/chat/completions", json={**CHAT, **EXTRAS, "stream": stream}, timeout=60)
+    if strict:
+        assert r.status_code == 400 and r.json()["error"]["code"] == "unknown_parameter"
+        assert r.json()["error"]["param"] == "store"
+        return
+    assert r.status_code == 200
+    named = "store, metadata, chat_template_kwargs, stream_options.continuous_usage_stats"
+    assert r.headers["x-ignored-fields"] == named
+    assert any("'store', 'metadata'" in rec.getMessage() for rec in caplog.records)
+
+
+@pytest.mark.parametrize("body, param", [({"audio": {"voice": "x"}}, "audio"),
+                                         ({"modalities": ["audio"]}, "modalities"),
+                                         ({"functions": [{"name": "f"}]}, "functions")])
+def test_openai_fields_the_server_cannot_honour_are_400(server, body, param):
+    url, _ = server
+    r = httpx.post(url + "/v1/chat/completions", json={**CHAT, **body}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param
+
+
+def test_known_requests_name_nothing(server):
+    url, _ = server
+    r = httpx.post(url + "/v1/completions", json={"model": TINY_MODEL, "prompt": "a", "max_tokens": 2}, timeout=60)
+    assert r.status_code == 200 and "x-ignored-fields" not in r.headers

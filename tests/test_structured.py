@@ -1,0 +1,206 @@
+"""Grammar-constrained decoding (structured/ over xgrammar): the engine's masks, the matcher's
+advance on kept tokens, and the API's response_format / guided_* fields on a real server."""
+import json
+import random
+from concurrent.futures import ThreadPoolExecutor
+
+import jsonschema
+import openai
+import pytest
+import torch
+
+from runtime.llm import LLM
+from runtime.sampling_params import SamplingParams
+from structured import StructuredOutput
+from structured.processor import allowed_tokens
+from structured.tokenizer_info import tokenizer_info
+from tests.server_utils import TINY_MODEL, live_server
+from tests.tiny_engine import BOS, EOS, TINY_VOCAB, byte_tokenizer, tiny_engine
+
+POINT = {"type": "object", "properties": {"x": {"type": "integer", "minimum": -50, "maximum": 50},
+                                          "tag": {"enum": ["a", "bb"]}},
+         "required": ["x", "tag"], "additionalProperties": False}
+
+
+def schema_params(schema, **kw) -> SamplingParams:
+    return SamplingParams(max_tokens=kw.pop("max_tokens", 120), temperature=kw.pop("temperature", 0),
+                          structured=StructuredOutput.json_schema(schema), **kw)
+
+
+def test_bitmask_covers_the_logits_width_and_never_allows_special_tokens():
+    info = tokenizer_info(byte_tokenizer(), TINY_VOCAB)  # 258 tokens in the tokenizer, 260 logits
+    assert info.vocab_size == TINY_VOCAB
+    spec = StructuredOutput("regex", "[a-z]+", "guided_regex")
+    spec.compile(byte_tokenizer(), TINY_VOCAB)
+    proc = spec.processor([EOS])
+    row = torch.zeros(TINY_VOCAB)
+    proc(row)
+    assert (row == 0).nonzero().flatten().tolist() == list(range(ord("a"), ord("z") + 1))
+    assert proc.accept(ord("q")) and not proc.accept(ord("Q"))
+    row = torch.zeros(TINY_VOCAB)
+    proc(row)
+    assert row[EOS] == 0 and row[BOS] == float("-inf") and row[TINY_VOCAB - 1] == float("-inf")
+
+
+def test_allowed_tokens_unpacks_every_bit():
+    mask = torch.tensor([-1, 0b101], dtype=torch.int32)  # bit 31 set in the first word: the sign bit
+    assert allowed_tokens(mask, 35).nonzero().flatten().tolist() == list(range(32)) + [32, 34]
+
+
+def test_length_limited_strings_take_no_control_characters():
+    schema = {"type": "object", "properties": {"f": {"type": "string", "minLength": 1, "maxLength": 3}},
+              "required": ["f"]}
+    spec = StructuredOutput.json_schema(schema)
+    spec.compile(byte_tokenizer(), TINY_VOCAB)
+
+    def accepts(text: bytes) -> bool:
+        proc = spec.processor([EOS])
+        return all(proc.accept(b) for b in text)
+
+    assert accepts('{"f": "é5"}'.encode()) and accepts(b'{"f": "abc"}')
+    assert not accepts(b'{"f": "\x06') and not accepts(b'{"f": "abcd') and not accepts(b'{"f": ""')
+
+
+def test_grammar_rows_and_free_rows_in_one_batch_keep_the_free_rows_greedy_tokens():
+    llm = LLM.from_engine(tiny_engine())
+    free = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    prompts = ["abc", "hello", "xyz", "a longer prompt here"]
+    alone = [o.outputs[0].token_ids for o in llm.generate(prompts[::2], free, use_tqdm=False)]
+    mixed = llm.generate(prompts, [free, schema_params(POINT), free,
+                                   schema_params(POINT, temperature=0.9, seed=3, n=2)], use_tqdm=False)
+    assert [mixed[0].outputs[0].token_ids, mixed[2].outputs[0].token_ids] == alone
+    for out in (mixed[1], mixed[3]):
+        for c in out.outputs:
+            assert c.finish_reason == "stop"
+            jsonschema.validate(json.loads(c.text), POINT)
+
+
+def test_stop_strings_and_speculation_leave_the_grammar_whole():
+    llm = LLM.from_engine(tiny_engine(speculative="ngram"))
+    out = llm.generate(["ab" * 20], schema_params(POINT, stop=["zzz"]), use_tqdm=False)[0].outputs[0]
+    jsonschema.validate(json.loads(out.text), POINT)
+    p = schema_params(POINT)
+    p.validate(TINY_VOCAB)
+    assert p.speculative is False  # drafts are never proposed for a grammared sequence
+
+
+def test_a_token_the_grammar_rejects_ends_the_sequence_with_error():
+    # min_tokens bans eos where the grammar allows nothing else: the argmax of an all -inf row is
+    # token 0, which the grammar rejects
+    llm = LLM.from_engine(tiny_engine())
+    p = SamplingParams(max_tokens=10, min_tokens=5, temperature=0,
+                       structured=StructuredOutput.choice(["ab"]))
+    out = llm.generate(["x"], p, use_tqdm=False)[0].outputs[0]
+    assert out.finish_reason == "error" and out.text == "ab" and "grammar rejected" in out.stop_reason
+
+
+def _random_schema(rng: random.Random, depth: int = 0) -> dict:
+    kinds = ["int", "num", "enum", "bool", "str", "pattern"] + (["obj", "arr"] if depth < 2 else [])
+    kind = rng.choice(kinds)
+    if kind == "int":
+        lo = rng.randint(-100, 100)
+        return {"type": "integer", "minimum": lo, "maximum": lo + rng.randint(0, 500)}
+    if kind == "num":
+        return {"type": "number", "minimum": 0, "maximum": 10}
+    if kind == "enum":
+        return {"enum": rng.sample(["red", "green", "blue", "x", "a b", "é"], rng.randint(1, 4))}
+    if kind == "bool":
+        return {"type": "boolean"}
+    if kind == "str":  # a random byte model writes any bytes: xgrammar passes overlong UTF-8 forms,
+        # which decode to U+FFFD and break a maxLength check (test_length_limited_strings covers those)
+        return {"type": "string", "pattern": f"^[a-zA-Z0-9 ]{{0,{rng.randint(0, 6)}}}$"}
+    if kind == "pattern":
+        return {"type": "string", "pattern": rng.choice([r"^[a-z]{2,4}$", r"^[0-9]{3}-[A-Z]$", r"^(yes|no)$"])}
+    if kind == "arr":
+        return {"type": "array", "items": _random_schema(rng, depth + 1), "minItems": 1, "maxItems": 3}
+    props = {f"k{i}": _random_schema(rng, depth + 1) for i in range(rng.randint(1, 3))}
+    return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
+
+
+def _object_schema(rng: random.Random) -> dict:
+    props = {f"f{i}": _random_schema(rng) for i in range(rng.randint(1, 3))}
+    return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
+
+
+@pytest.fixture(scope="module")
+def server():
+    with live_server(tiny_engine(num_blocks=512)) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def test_generated_json_schemas_validate(client):
+    schemas = [_object_schema(random.Random(seed)) for seed in range(40)]
+
+    def run(i_schema):
+        i, schema = i_schema
+        r = client.chat.completions.create(
+            model=TINY_MODEL, messages=[{"role": "user", "content": f"case {i}"}], max_tokens=300,
+            temperature=0.7, seed=i, response_format={"type": "json_schema",
+                                                      "json_schema": {"name": f"s{i}", "schema": schema,
+                                                                      "strict": True}})
+        return schema, r.choices[0]
+
+    with ThreadPoolExecutor(16) as pool:  # one batch: the rows share steps
+        results = list(pool.map(run, enumerate(schemas)))
+    for schema, choice in results:
+        assert choice.finish_reason == "stop", (schema, choice.message.content)
+        jsonschema.validate(json.loads(choice.message.content), schema)
+
+
+def test_json_object_and_guided_fields(client):
+    r = client.chat.completions.create(model=TINY_MODEL, messages=[{"role": "user", "content": "hi"}],
+                                       max_tokens=200, temperature=0.5, seed=1,
+                                       response_format={"type": "json_object"})
+    if r.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(r.choices[0].message.content), dict)
+    else:
+        assert r.choices[0].message.content.startswith("{")
+    text = lambda **body: client.completions.create(model=TINY_MODEL, prompt="hi", max_tokens=60, temperature=0,
+                                                    extra_body=body).choices[0].text
+    assert text(guided_choice=["yes", "no", "maybe"]) in ("yes", "no", "maybe")
+    import re
+    assert re.fullmatch(r"[a-c]{3}-[0-9]{2}", text(guided_regex="[a-c]{3}-[0-9]{2}"))
+    assert text(guided_grammar='root ::= "x" [0-9] [0-9]?') in [f"x{i}" for i in range(100)] + \
+        [f"x{i:02d}" for i in range(10)] + [f"x{i}" for i in range(10)]
+    assert set(json.loads(text(guided_json=json.dumps(POINT)))) == {"x", "tag"}
+
+
+def test_streamed_structured_output_matches_the_plain_answer(client):
+    kw = dict(model=TINY_MODEL, messages=[{"role": "user", "content": "stream"}], max_tokens=120, temperature=0,
+              response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": POINT}})
+    whole = client.chat.completions.create(**kw).choices[0].message.content
+    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(stream=True, **kw)
+                       if c.choices)
+    assert streamed == whole
+    jsonschema.validate(json.loads(whole), POINT)
+
+
+@pytest.mark.parametrize("body, param, words", [
+    ({"guided_json": {"type": "nonsense"}}, "guided_json", "Unsupported type"),
+    ({"guided_regex": "a(b"}, "guided_regex", "parenthesis"),
+    ({"guided_grammar": "root ::= undefined_rule"}, "guided_grammar", "not defined"),
+    ({"response_format": {"type": "json_schema"}}, "response_format", "needs 'json_schema'"),
+    ({"guided_regex": "a", "guided_choice": ["a"]}, "guided_choice", "at most one"),
+])
+def test_a_structure_the_engine_cannot_compile_is_a_400_that_says_why(client, server, body, param, words):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model=TINY_MODEL, prompt="hi", max_tokens=5, extra_body=body)
+    assert err.value.body["param"] == param and words in err.value.body["message"]
+    server.wait_idle()
+
+
+def test_openai_parse_returns_a_parsed_object(client):
+    pydantic = pytest.importorskip("pydantic")
+
+    class Answer(pydantic.BaseModel):
+        ok: bool
+        level: int = pydantic.Field(ge=0, le=9)
+
+    r = client.beta.chat.completions.parse(model=TINY_MODEL, messages=[{"role": "user", "content": "parse"}],
+                                           max_tokens=60, temperature=0, response_format=Answer)
+    assert isinstance(r.choices[0].message.parsed, Answer)

@@ -1,0 +1,56 @@
+"""Structured output and tool calls on the real default model (SmolLM2-135M-Instruct) behind
+`python -m runtime.serve`, through the official openai client."""
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import openai
+import pydantic
+import pytest
+
+from tests.server_utils import serve_subprocess
+
+pytestmark = pytest.mark.slow
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city",
+                                            "parameters": {"type": "object", "properties": {
+                                                "city": {"type": "string", "maxLength": 40},
+                                                "unit": {"enum": ["celsius", "fahrenheit"]}},
+                                                "required": ["city", "unit"]}}}
+SEARCH = {"type": "function", "function": {"name": "search", "description": "Search the web",
+                                           "parameters": {"type": "object", "properties": {"query": {"type": "string", "maxLength": 60}},
+                                                          "required": ["query"]}}}
+TOPICS = ["Paris", "the moon", "cats", "the stock market", "Oslo", "pizza", "quantum physics", "football", "Tokyo",
+          "gardening", "the weather tomorrow", "Python", "jazz", "Mount Everest", "coffee", "Berlin", "rain",
+          "dinosaurs", "the ocean", "chess"]
+PROMPTS = [f"{verb} {topic}" for verb in ("Tell me about", "What's the weather like in") for topic in TOPICS]
+
+
+class City(pydantic.BaseModel):  # bounded strings: a 135M model left free may repeat itself inside one
+    name: str = pydantic.Field(max_length=30)
+    country: str = pydantic.Field(max_length=30)
+    population: int = pydantic.Field(ge=0, le=100_000_000)
+
+
+def test_parse_and_required_tool_calls_on_the_default_model():
+    with serve_subprocess("--kv-cache-memory", "256MiB", timeout=600) as (url, _):
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=300)
+        model = client.models.list().data[0].id
+        r = client.beta.chat.completions.parse(
+            model=model, messages=[{"role": "user", "content": "Describe Paris as JSON."}], temperature=0,
+            max_tokens=120, response_format=City)
+        assert isinstance(r.choices[0].message.parsed, City), r.choices[0].message.content
+
+        def call(prompt: str):
+            return client.chat.completions.create(model=model, messages=[{"role": "user", "content": prompt}],
+                                                  tools=[WEATHER, SEARCH], tool_choice="required", temperature=0,
+                                                  parallel_tool_calls=False,
+                                                  max_tokens=96).choices[0]
+
+        with ThreadPoolExecutor(len(PROMPTS)) as pool:  # one batch
+            choices = list(pool.map(call, PROMPTS))
+        for prompt, choice in zip(PROMPTS, choices):
+            assert choice.finish_reason == "tool_calls", (prompt, choice)
+            for tc in choice.message.tool_calls:
+                args = json.loads(tc.function.arguments)
+                assert tc.function.name in ("get_weather", "search")
+                assert set(args) == ({"city", "unit"} if tc.function.name == "get_weather" else {"query"})
