@@ -184,8 +184,9 @@ class AsyncEngine:
         return None if self.max_queue is None else self.engine.config.max_num_seqs + self.max_queue
 
     def check(self, prompt_ids: list[int], params: SamplingParams) -> None:
-        """Raise RequestError for what the engine would reject; safe from any thread."""
-        self.limits.check(prompt_ids, params)
+        """Raise RequestError for what the engine would reject, or cut short because it can never fit
+        the KV cache; safe from any thread."""
+        self.limits.check(prompt_ids, params, whole=True)
 
     def submit(self, requests: Sequence[EngineRequest]) -> RequestStream:
         """Enqueue a group of validated requests (all or none); call from a coroutine.

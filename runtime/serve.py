@@ -14,6 +14,12 @@ from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
+from runtime.api.options import (
+    DEFAULT_BODY_TIMEOUT,
+    DEFAULT_MAX_REQUEST_BYTES,
+    DEFAULT_MAX_TOKENS,
+    ServerOptions,
+)
 from runtime.cli import run_main, setup_logging
 from runtime.engine_config import add_engine_args, config_from_args
 from runtime.errors import UserError
@@ -29,7 +35,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
     p.add_argument("--api-key", default=os.environ.get("CUTE_SERVE_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' on /v1 routes (default: $CUTE_SERVE_API_KEY, else none)")
+                   help="require 'Authorization: Bearer KEY' on every route but /health; the chat page asks for it "
+                        "once (default: $CUTE_SERVE_API_KEY, else none)")
+    p.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
+                   help=f"largest request body; larger ones get HTTP 413 (default: {DEFAULT_MAX_REQUEST_BYTES})")
+    p.add_argument("--body-timeout", type=float, default=DEFAULT_BODY_TIMEOUT,
+                   help=f"seconds a client may take to send its request body; then HTTP 408 "
+                        f"(default: {DEFAULT_BODY_TIMEOUT:g})")
+    p.add_argument("--default-max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
+                   help=f"max_tokens of a request that sets none, within what is left of the context; 0: all "
+                        f"of it, as vLLM (default: {DEFAULT_MAX_TOKENS})")
     p.add_argument("--served-model-name", default=None, help="the model id clients send (default: the file's name)")
     p.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE,
                    help=f"sequences that may wait beyond a full batch (--max-num-seqs); more get HTTP 429 "
@@ -39,9 +54,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.max_queue < 0:
         p.error("--max-queue must be >= 0")
+    if args.max_request_bytes < 1:
+        p.error("--max-request-bytes must be >= 1")
+    if args.default_max_tokens < 0:
+        p.error("--default-max-tokens must be >= 0")
+    if not args.body_timeout > 0:
+        p.error("--body-timeout must be > 0")
     if not 0 <= args.port <= 65535:
         p.error("--port must be in [0, 65535]")
     return args
+
+
+def server_options(args: argparse.Namespace) -> ServerOptions:
+    return ServerOptions(api_key=args.api_key or None, max_request_bytes=args.max_request_bytes,
+                         body_timeout=args.body_timeout, default_max_tokens=args.default_max_tokens)
 
 
 def model_name(path: str) -> str:
@@ -106,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     sock = bind(args.host, args.port)
     async_engine, path = build_engine(args)
     name = args.served_model_name or model_name(path)
-    app = create_app(async_engine, name, api_key=args.api_key, mount_ui=mount_chat_ui)
+    app = create_app(async_engine, name, server_options(args), mount_chat_ui)
     about = async_engine.describe()
     host = "127.0.0.1" if args.host in ("0.0.0.0", "") else f"[{args.host}]" if ":" in args.host else args.host
     base = f"http://{host}:{sock.getsockname()[1]}"

@@ -10,9 +10,11 @@ from starlette.types import Scope
 
 from runtime.api import chat, completions, info
 from runtime.api.auth import ApiKeyMiddleware
+from runtime.api.body_limit import BodyLimitMiddleware
 from runtime.api.errors import install_error_handlers
 from runtime.api.logprobs import LogprobFormatter
 from runtime.api.openapi import document_streams
+from runtime.api.options import ServerOptions
 from runtime.api.state import ServerState
 from runtime.async_engine import AsyncEngine
 from runtime.api.metrics import ServerMetrics
@@ -20,7 +22,7 @@ from runtime.api.metrics import ServerMetrics
 MountUI = Callable[[FastAPI, AsyncEngine], FastAPI]
 
 
-def create_app(async_engine: AsyncEngine, model_name: str = "default", api_key: str | None = None,
+def create_app(async_engine: AsyncEngine, model_name: str = "default", options: ServerOptions | None = None,
                mount_ui: MountUI | None = None) -> FastAPI:
     """The server's app; the engine's lifecycle (start/shutdown) stays with the caller.
 
@@ -28,11 +30,13 @@ def create_app(async_engine: AsyncEngine, model_name: str = "default", api_key: 
     called after the API routes exist, so they keep precedence. Without it "/" redirects to /docs.
     """
     app = FastAPI(title="cute-serve", summary="OpenAI-compatible LLM server", version="0.1.0")
+    options = options or ServerOptions()
     app.state.server = ServerState(async_engine, model_name, ServerMetrics(async_engine),
-                                   LogprobFormatter(async_engine.limits.tokenizer))
+                                   LogprobFormatter(async_engine.limits.tokenizer), options)
     install_error_handlers(app)
-    if api_key:
-        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=options.max_request_bytes, timeout=options.body_timeout)
+    if options.api_key:  # outside the body limit: a request without the key never has its body read
+        app.add_middleware(ApiKeyMiddleware, api_key=options.api_key)
     routers = [module.router for module in (completions, chat, info)]
     for router in routers:
         app.include_router(router)

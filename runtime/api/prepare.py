@@ -35,15 +35,18 @@ def chat_prompt(req: ChatCompletionRequest, limits: RequestLimits) -> list[int]:
     return limits.encode_chat([m.template_dict() for m in req.messages])
 
 
-def prepare(engine: AsyncEngine, req: SamplingFields, request_id: str, arrival: float) -> list[PreparedPrompt]:
-    """One EngineRequest per prompt (ids request_id-0, -1, ...); raises APIError / RequestError."""
+def prepare(engine: AsyncEngine, req: SamplingFields, request_id: str, arrival: float,
+            default_max_tokens: int = 0) -> list[PreparedPrompt]:
+    """One EngineRequest per prompt (ids request_id-0, -1, ...); raises APIError / RequestError.
+    default_max_tokens: the cap on a request without max_tokens (0: none but the context)."""
     limits = engine.limits
     logprobs = requested_logprobs(req)
     try:
         prompts = _encoded_prompts(req, limits, logprobs)
         out = []
         for i, (ids, text) in enumerate(prompts):
-            params = sampling_params(req, len(ids), limits.max_request_tokens, logprobs)
+            room = limits.max_request_tokens - len(ids)
+            params = sampling_params(req, default_tokens(room, default_max_tokens), logprobs)
             engine.check(ids, params)
             echo = (text or limits.tokenizer.decode(ids)) if isinstance(req, CompletionRequest) and req.echo else ""
             out.append(PreparedPrompt(EngineRequest(f"{request_id}-{i}", ids, params, arrival), echo))
@@ -69,7 +72,8 @@ async def start_generation(state: ServerState, req: SamplingFields, prefix: str)
     arrival = time.perf_counter()
     state.check_model(req.model)
     response_id = f"{prefix}-{uuid.uuid4().hex}"
-    prompts = await run_in_threadpool(prepare, state.engine, req, response_id, arrival)
+    prompts = await run_in_threadpool(prepare, state.engine, req, response_id, arrival,
+                                      state.options.default_max_tokens)
     wants_logprobs = prompts[0].request.params.logprobs is not None
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     gen = Generation(response_id, int(time.time()), state.model_name, req.n, prompts, wants_logprobs, include_usage,
@@ -87,20 +91,20 @@ def _logit_bias(bias: dict[str, float] | None) -> dict[int, float]:
     return out
 
 
-def default_max_tokens(prompt_len: int, max_request_tokens: int) -> int:
-    """Like vLLM: the rest of the context (of the KV cache too, under static batching). At least 1,
-    so a prompt filling it fails the engine's check with both numbers named, not 'max_tokens 0'."""
-    return max(1, max_request_tokens - prompt_len)
+def default_tokens(room: int, cap: int) -> int:
+    """max_tokens for a request that names none: the room left in the context and the KV cache, at
+    most cap (0: no cap, as vLLM). At least 1, so a prompt filling the room fails the engine's check
+    with both numbers named, not 'max_tokens 0'."""
+    return max(1, min(room, cap) if cap > 0 else room)
 
 
-def sampling_params(req: SamplingFields, prompt_len: int, max_request_tokens: int,
-                    logprobs: int | None) -> SamplingParams:
+def sampling_params(req: SamplingFields, default_max_tokens: int, logprobs: int | None) -> SamplingParams:
     if isinstance(req, ChatCompletionRequest):
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     else:
         max_tokens = req.max_tokens
     if max_tokens is None:
-        max_tokens = default_max_tokens(prompt_len, max_request_tokens)
+        max_tokens = default_max_tokens
     return SamplingParams(
         n=req.n, max_tokens=max_tokens,
         min_tokens=req.min_tokens, temperature=req.temperature, top_p=req.top_p,

@@ -50,7 +50,8 @@ class SamplingFields(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     model: Str | None = Field(None, description="the served model's id (GET /v1/models); omit for the only one")
-    max_tokens: Int | None = Field(None, ge=1, description="default: the rest of the context")
+    max_tokens: Int | None = Field(None, ge=1, description="default: the server's --default-max-tokens (1024), "
+                                   "within what is left of the context")
     temperature: Annotated[Number, Field(ge=0, le=2)] = 1.0
     top_p: Annotated[Number, Field(gt=0, le=1)] = 1.0
     n: Int = Field(1, ge=1, le=128)

@@ -8,6 +8,7 @@ from fastapi import Request
 
 from runtime.api.errors import APIError
 from runtime.api.logprobs import LogprobFormatter
+from runtime.api.options import ServerOptions
 from runtime.async_engine import AsyncEngine
 from runtime.api.metrics import ServerMetrics
 
@@ -18,6 +19,7 @@ class ServerState:
     model_name: str
     metrics: ServerMetrics
     formatter: LogprobFormatter
+    options: ServerOptions = field(default_factory=ServerOptions)
     created: int = field(default_factory=lambda: int(time.time()))
 
     def check_model(self, name: str | None) -> None:
