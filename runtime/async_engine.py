@@ -202,7 +202,8 @@ class AsyncEngine:
         with self._admission:
             cap = self.capacity
             if cap is not None and need > cap:
-                raise RequestError(f"the request needs {need} sequences but the server admits at most {cap} at once")
+                raise RequestError(f"the request needs {need} sequences but the server admits at most {cap} at once",
+                                   code="too_many_sequences")
             if cap is not None and self.num_seqs_in_flight + need > cap:
                 raise QueueFullError(f"the server is at capacity ({self.num_seqs_in_flight} sequences in flight, "
                                      f"limit {cap}); retry later")

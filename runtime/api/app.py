@@ -13,7 +13,7 @@ from runtime.api.auth import ApiKeyMiddleware
 from runtime.api.body_limit import BodyLimitMiddleware
 from runtime.api.errors import install_error_handlers
 from runtime.api.logprobs import LogprobFormatter
-from runtime.api.openapi import document_streams
+from runtime.api.openapi import extend_openapi
 from runtime.api.options import ServerOptions
 from runtime.api.state import ServerState
 from runtime.async_engine import AsyncEngine
@@ -40,7 +40,7 @@ def create_app(async_engine: AsyncEngine, model_name: str = "default", options: 
     routers = [module.router for module in (completions, chat, info)]
     for router in routers:
         app.include_router(router)
-    document_streams(app)
+    extend_openapi(app, async_engine.limits.vocab_size)
     if mount_ui is not None:
         own = [r.path for r in app.routes if hasattr(r, "path")]  # docs and schema; routers come included
         api_roots = {_root(p) for p in own + [r.path for router in routers for r in router.routes]}

@@ -13,7 +13,7 @@ from starlette.concurrency import run_in_threadpool
 
 from runtime.api.errors import APIError
 from runtime.api.generation import Generation, PreparedPrompt
-from runtime.api.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from runtime.api.protocol import TOKEN_ID_KEY, ChatCompletionRequest, CompletionRequest, SamplingFields
 from runtime.api.state import ServerState
 from runtime.async_engine import AsyncEngine, EngineRequest, RequestStream
 from runtime.errors import RequestError
@@ -63,7 +63,8 @@ def _encoded_prompts(req: SamplingFields, limits: RequestLimits, logprobs: int |
         return [(chat_prompt(req, limits), "")]
     assert isinstance(req, CompletionRequest)
     if req.echo and logprobs is not None:
-        raise APIError(400, "echo together with logprobs is not supported (no prompt logprobs)", "echo")
+        raise APIError(400, "echo together with logprobs is not supported (no prompt logprobs)", "echo",
+                       "invalid_value")
     return completion_prompts(req, limits)
 
 
@@ -85,10 +86,13 @@ def _logit_bias(bias: dict[str, float] | None) -> dict[int, float]:
     """JSON object keys are strings: each must spell a token id (its range is SamplingParams' check)."""
     out = {}
     for key, value in (bias or {}).items():
-        if not re.fullmatch(r"[0-9]{1,10}", key):
+        if not re.fullmatch(TOKEN_ID_KEY, key):
             raise APIError(400, f"invalid 'logit_bias': key {key!r} is not a token id", "logit_bias", "invalid_value")
         out[int(key)] = value
     return out
+
+
+SEED_MODULUS = 2**63  # the engine seeds generators with (seed + choice index) mod 2**63: the same draws
 
 
 def default_tokens(room: int, cap: int) -> int:
@@ -110,7 +114,7 @@ def sampling_params(req: SamplingFields, default_max_tokens: int, logprobs: int 
         min_tokens=req.min_tokens, temperature=req.temperature, top_p=req.top_p,
         top_k=req.top_k,
         min_p=req.min_p, repetition_penalty=req.repetition_penalty, presence_penalty=req.presence_penalty,
-        frequency_penalty=req.frequency_penalty, seed=req.seed, stop=req.stop if req.stop is not None else [],
+        frequency_penalty=req.frequency_penalty, seed=None if req.seed is None else req.seed % SEED_MODULUS, stop=req.stop if req.stop is not None else [],
         stop_token_ids=list(req.stop_token_ids or []), ignore_eos=req.ignore_eos, logprobs=logprobs,
         logit_bias=_logit_bias(req.logit_bias), skip_special_tokens=req.skip_special_tokens)
 
