@@ -19,6 +19,7 @@ from runtime.api.options import (
     DEFAULT_MAX_REQUEST_BYTES,
     DEFAULT_MAX_TOKENS,
     ServerOptions,
+    allowed_hosts,
 )
 from runtime.cli import run_main, setup_logging
 from runtime.engine_config import add_engine_args, config_from_args
@@ -37,6 +38,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--api-key", default=os.environ.get("CUTE_SERVE_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on every route but /health; the chat page asks for it "
                         "once (default: $CUTE_SERVE_API_KEY, else none)")
+    p.add_argument("--allowed-hosts", nargs="+", default=[], metavar="HOST",
+                   help="Host header names answered besides localhost, 127.0.0.1, [::1] and --host ('*': any); "
+                        "others get 400, which stops DNS rebinding")
+    p.add_argument("--allowed-origins", nargs="+", default=[], metavar="ORIGIN",
+                   help="origins (e.g. http://localhost:3000, or '*') whose web pages may call the API (CORS); "
+                        "default: none")
     p.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
                    help=f"largest request body; larger ones get HTTP 413 (default: {DEFAULT_MAX_REQUEST_BYTES})")
     p.add_argument("--body-timeout", type=float, default=DEFAULT_BODY_TIMEOUT,
@@ -66,7 +73,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def server_options(args: argparse.Namespace) -> ServerOptions:
-    return ServerOptions(api_key=args.api_key or None, max_request_bytes=args.max_request_bytes,
+    return ServerOptions(api_key=args.api_key or None, allowed_hosts=allowed_hosts(args.host, args.allowed_hosts),
+                         allowed_origins=tuple(args.allowed_origins), max_request_bytes=args.max_request_bytes,
                          body_timeout=args.body_timeout, default_max_tokens=args.default_max_tokens)
 
 

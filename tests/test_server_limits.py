@@ -1,5 +1,6 @@
 """What a request may take from the server, on a real server: the default max_tokens, a request that
-can never fit the KV cache, the body size and the time to send it; and the flags that set them."""
+can never fit the KV cache, the body size and the time to send it; and the server flags (parsed
+only: no model is loaded for them)."""
 import socket
 import time
 from urllib.parse import urlparse
@@ -23,9 +24,16 @@ def server():
 
 
 def test_flags_reach_the_server_options():
-    opts = server_options(parse_args(["--default-max-tokens", "7", "--max-request-bytes", "99", "--body-timeout", "3"]))
+    args = parse_args(["--default-max-tokens", "7", "--max-request-bytes", "99", "--body-timeout", "3",
+                       "--allowed-hosts", "box.lan", "--allowed-origins", "http://a.test"])
+    opts = server_options(args)
     assert (opts.default_max_tokens, opts.max_request_bytes, opts.body_timeout) == (7, 99, 3)
+    assert opts.allowed_hosts == ("localhost", "127.0.0.1", "[::1]", "box.lan")
+    assert opts.allowed_origins == ("http://a.test",)
     assert server_options(parse_args([])).default_max_tokens == 1024  # the README's number
+    assert server_options(parse_args(["--host", "::1"])).allowed_hosts == ("localhost", "127.0.0.1", "[::1]")
+    assert server_options(parse_args(["--host", "Box.LAN"])).allowed_hosts[-1] == "box.lan"
+    assert server_options(parse_args(["--host", "0.0.0.0"])).allowed_hosts == ("localhost", "127.0.0.1", "[::1]")
     for bad in (["--default-max-tokens", "-1"], ["--max-request-bytes", "0"], ["--body-timeout", "0"]):
         with pytest.raises(SystemExit):
             parse_args(bad)

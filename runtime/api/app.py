@@ -4,7 +4,9 @@ from __future__ import annotations
 from typing import Callable
 
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import RedirectResponse
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.routing import Match, Mount
 from starlette.types import Scope
 
@@ -34,9 +36,7 @@ def create_app(async_engine: AsyncEngine, model_name: str = "default", options: 
     app.state.server = ServerState(async_engine, model_name, ServerMetrics(async_engine),
                                    LogprobFormatter(async_engine.limits.tokenizer), options)
     install_error_handlers(app)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=options.max_request_bytes, timeout=options.body_timeout)
-    if options.api_key:  # outside the body limit: a request without the key never has its body read
-        app.add_middleware(ApiKeyMiddleware, api_key=options.api_key)
+    add_guards(app, options)
     routers = [module.router for module in (completions, chat, info)]
     for router in routers:
         app.include_router(router)
@@ -50,6 +50,19 @@ def create_app(async_engine: AsyncEngine, model_name: str = "default", options: 
         return app
     app.add_api_route("/", lambda: RedirectResponse("/docs"), include_in_schema=False)
     return app
+
+
+def add_guards(app: FastAPI, options: ServerOptions) -> None:
+    """The middleware every request passes, outermost last (each add wraps the ones before it)."""
+    app.add_middleware(BodyLimitMiddleware, max_bytes=options.max_request_bytes, timeout=options.body_timeout)
+    if options.api_key:  # outside the body limit: a request without the key never has its body read
+        app.add_middleware(ApiKeyMiddleware, api_key=options.api_key)
+    # Installed even with no origin allowed: Gradio then adds no CORS of its own (it grants any
+    # http://localhost:* origin credentialed access). Outside the key check: preflights carry no key.
+    app.add_middleware(CORSMiddleware, allow_origins=list(options.allowed_origins), allow_methods=["*"],
+                       allow_headers=["*"])
+    # Host names other than this machine's are refused first: a DNS-rebinding page cannot reach the API
+    app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(options.allowed_hosts))
 
 
 def _root(path: str) -> str:

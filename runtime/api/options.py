@@ -20,3 +20,15 @@ class ServerOptions:
     body_timeout: float = DEFAULT_BODY_TIMEOUT
     default_max_tokens: int = DEFAULT_MAX_TOKENS  # 0: the rest of the context, as vLLM
 
+
+def host_header_name(host: str) -> str | None:
+    """The Host header name that --host ADDRESS stands for, or None for a wildcard bind ("0.0.0.0", "::")."""
+    if host in ("", "0.0.0.0", "::"):
+        return None
+    return f"[{host.lower()}]" if ":" in host else host.lower()
+
+
+def allowed_hosts(bind_host: str, extra: list[str] | None = None) -> tuple[str, ...]:
+    """localhost, 127.0.0.1, [::1], the --host address when it names one, and --allowed-hosts."""
+    named = host_header_name(bind_host)
+    return tuple(dict.fromkeys([*LOCAL_HOSTS, *([named] if named else []), *(extra or [])]))
