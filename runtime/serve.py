@@ -38,6 +38,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--api-key", default=os.environ.get("CUTE_SERVE_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on every route but /health; the chat page asks for it "
                         "once (default: $CUTE_SERVE_API_KEY, else none)")
+    p.add_argument("--metrics-public", action="store_true", help="serve /metrics without the API key")
     p.add_argument("--allowed-hosts", nargs="+", default=[], metavar="HOST",
                    help="Host header names answered besides localhost, 127.0.0.1, [::1] and --host ('*': any); "
                         "others get 400, which stops DNS rebinding")
@@ -73,7 +74,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def server_options(args: argparse.Namespace) -> ServerOptions:
-    return ServerOptions(api_key=args.api_key or None, allowed_hosts=allowed_hosts(args.host, args.allowed_hosts),
+    return ServerOptions(api_key=args.api_key or None, metrics_public=args.metrics_public,
+                         allowed_hosts=allowed_hosts(args.host, args.allowed_hosts),
                          allowed_origins=tuple(args.allowed_origins), max_request_bytes=args.max_request_bytes,
                          body_timeout=args.body_timeout, default_max_tokens=args.default_max_tokens)
 

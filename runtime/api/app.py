@@ -10,7 +10,7 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.routing import Match, Mount
 from starlette.types import Scope
 
-from runtime.api import chat, completions, info
+from runtime.api import chat, completions, info, login
 from runtime.api.auth import ApiKeyMiddleware
 from runtime.api.body_limit import BodyLimitMiddleware
 from runtime.api.errors import install_error_handlers
@@ -37,7 +37,7 @@ def create_app(async_engine: AsyncEngine, model_name: str = "default", options: 
                                    LogprobFormatter(async_engine.limits.tokenizer), options)
     install_error_handlers(app)
     add_guards(app, options)
-    routers = [module.router for module in (completions, chat, info)]
+    routers = [module.router for module in (completions, chat, info, *([login] if options.api_key else []))]
     for router in routers:
         app.include_router(router)
     extend_openapi(app, async_engine.limits.vocab_size)
@@ -56,7 +56,7 @@ def add_guards(app: FastAPI, options: ServerOptions) -> None:
     """The middleware every request passes, outermost last (each add wraps the ones before it)."""
     app.add_middleware(BodyLimitMiddleware, max_bytes=options.max_request_bytes, timeout=options.body_timeout)
     if options.api_key:  # outside the body limit: a request without the key never has its body read
-        app.add_middleware(ApiKeyMiddleware, api_key=options.api_key)
+        app.add_middleware(ApiKeyMiddleware, api_key=options.api_key, metrics_public=options.metrics_public)
     # Installed even with no origin allowed: Gradio then adds no CORS of its own (it grants any
     # http://localhost:* origin credentialed access). Outside the key check: preflights carry no key.
     app.add_middleware(CORSMiddleware, allow_origins=list(options.allowed_origins), allow_methods=["*"],
