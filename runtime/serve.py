@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from runtime.async_engine import AsyncEngine
 
 DEFAULT_MAX_QUEUE = 1024
+DEFAULT_SHUTDOWN_GRACE = 5.0
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -57,6 +58,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE,
                    help=f"sequences that may wait beyond a full batch (--max-num-seqs); more get HTTP 429 "
                         f"(default: {DEFAULT_MAX_QUEUE})")
+    p.add_argument("--shutdown-grace", type=float, default=DEFAULT_SHUTDOWN_GRACE,
+                   help=f"on SIGTERM/SIGINT, seconds requests in flight may finish before they are aborted "
+                        f"(default: {DEFAULT_SHUTDOWN_GRACE:g})")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     add_engine_args(p)
     args = p.parse_args(argv)
@@ -66,8 +70,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--max-request-bytes must be >= 1")
     if args.default_max_tokens < 0:
         p.error("--default-max-tokens must be >= 0")
-    if not args.body_timeout > 0:
-        p.error("--body-timeout must be > 0")
+    if not args.body_timeout > 0 or not args.shutdown_grace >= 0:
+        p.error("--body-timeout must be > 0 and --shutdown-grace >= 0")
     if not 0 <= args.port <= 65535:
         p.error("--port must be in [0, 65535]")
     return args
@@ -138,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from app.ui import mount_chat_ui
     from runtime.api.app import create_app
+    from runtime.api.shutdown import GracefulServer
 
     sock = bind(args.host, args.port)
     async_engine, path = build_engine(args)
@@ -151,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     print(about["memory ledger"], file=sys.stderr)
     print(f"chat page: {base}/   API: {base}/v1   docs: {base}/docs   metrics: {base}/metrics", file=sys.stderr,
           flush=True)
-    server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=5))
+    server = GracefulServer(uvicorn.Config(app, log_level=args.log_level), async_engine, args.shutdown_grace)
     with async_engine:
         server.run(sockets=[sock])
     return 0

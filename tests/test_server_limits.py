@@ -25,16 +25,19 @@ def server():
 
 def test_flags_reach_the_server_options():
     args = parse_args(["--default-max-tokens", "7", "--max-request-bytes", "99", "--body-timeout", "3",
-                       "--allowed-hosts", "box.lan", "--allowed-origins", "http://a.test"])
+                       "--allowed-hosts", "box.lan", "--allowed-origins", "http://a.test", "--metrics-public",
+                       "--shutdown-grace", "2.5"])
     opts = server_options(args)
     assert (opts.default_max_tokens, opts.max_request_bytes, opts.body_timeout) == (7, 99, 3)
+    assert opts.metrics_public and args.shutdown_grace == 2.5
     assert opts.allowed_hosts == ("localhost", "127.0.0.1", "[::1]", "box.lan")
     assert opts.allowed_origins == ("http://a.test",)
     assert server_options(parse_args([])).default_max_tokens == 1024  # the README's number
     assert server_options(parse_args(["--host", "::1"])).allowed_hosts == ("localhost", "127.0.0.1", "[::1]")
     assert server_options(parse_args(["--host", "Box.LAN"])).allowed_hosts[-1] == "box.lan"
     assert server_options(parse_args(["--host", "0.0.0.0"])).allowed_hosts == ("localhost", "127.0.0.1", "[::1]")
-    for bad in (["--default-max-tokens", "-1"], ["--max-request-bytes", "0"], ["--body-timeout", "0"]):
+    for bad in (["--default-max-tokens", "-1"], ["--max-request-bytes", "0"], ["--body-timeout", "0"],
+                ["--shutdown-grace", "-1"]):
         with pytest.raises(SystemExit):
             parse_args(bad)
 

@@ -9,12 +9,12 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.background import BackgroundTask
 
-from runtime.api.errors import as_api_error, error_body
-from runtime.api.generation import Generation, json_response
+from runtime.api.errors import APIError, as_api_error, error_body
+from runtime.api.generation import Generation, aborted_error, json_response
 from runtime.api.prepare import start_generation
 from runtime.api.protocol import SamplingFields
 from runtime.api.state import ServerState
-from runtime.async_engine import RequestStream
+from runtime.async_engine import AsyncEngine, RequestStream
 from runtime.outputs import CompletionOutput, RequestOutput
 
 DONE = "data: [DONE]\n\n"
@@ -36,6 +36,7 @@ class ChunkRenderer:
     def __init__(self, gen: Generation) -> None:
         self.gen = gen
         self.finished: set[int] = set()
+        self.aborted = False  # a choice ended with "abort": the server stopped it (shutting down)
         self.completion_tokens = 0
 
     def start(self) -> Iterable[dict[str, Any]]:
@@ -65,6 +66,7 @@ class ChunkRenderer:
                 yield body
             if c.finish_reason is not None:
                 self.finished.add(index)
+                self.aborted = self.aborted or c.finish_reason == "abort"
                 self.completion_tokens += len(c.token_ids)
                 yield self.final(index, c)
 
@@ -73,8 +75,13 @@ class ChunkRenderer:
             yield self.chunk([], self.gen.usage(self.completion_tokens))
 
 
-async def sse_events(stream: RequestStream, renderer: ChunkRenderer) -> AsyncIterator[str]:
-    """The event stream; an engine failure becomes an error event. Always closes the stream."""
+def error_event(err: APIError) -> str:
+    return event(error_body(err.status, err.message, err.param, err.code))
+
+
+async def sse_events(stream: RequestStream, renderer: ChunkRenderer, engine: AsyncEngine) -> AsyncIterator[str]:
+    """The event stream; an engine failure becomes an error event, and so does an abort by the
+    server (after each choice's final "abort" chunk). Always closes the stream."""
     try:
         for payload in renderer.start():
             yield event(payload)
@@ -83,19 +90,20 @@ async def sse_events(stream: RequestStream, renderer: ChunkRenderer) -> AsyncIte
                 yield event(payload)
         for payload in renderer.end():
             yield event(payload)
+        if renderer.aborted:
+            yield error_event(aborted_error(engine))
         yield DONE
     except Exception as exc:  # not CancelledError / GeneratorExit: those mean the client is gone
-        err = as_api_error(exc)
-        yield event(error_body(err.status, err.message, err.param, err.code))
+        yield error_event(as_api_error(exc))
         yield DONE
     finally:
         stream.close()
 
 
-def sse_response(stream: RequestStream, renderer: ChunkRenderer) -> StreamingResponse:
+def sse_response(stream: RequestStream, renderer: ChunkRenderer, engine: AsyncEngine) -> StreamingResponse:
     # The background task closes the stream even if the body iterator is abandoned without being
     # closed (Starlette cancels the send loop on disconnect): close() is idempotent.
-    return StreamingResponse(sse_events(stream, renderer), media_type="text/event-stream",
+    return StreamingResponse(sse_events(stream, renderer, engine), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
                              background=BackgroundTask(stream.close))
 
@@ -106,5 +114,5 @@ async def answer(state: ServerState, body: SamplingFields, request: Request, id_
     """Start the request's generation; stream renderer(gen)'s events, or answer json_body(gen, finals)."""
     gen, stream = await start_generation(state, body, id_prefix)
     if body.stream:
-        return sse_response(stream, renderer(gen))
-    return await json_response(request, stream, lambda finals: json_body(gen, finals))
+        return sse_response(stream, renderer(gen), state.engine)
+    return await json_response(request, stream, state.engine, lambda finals: json_body(gen, finals))
