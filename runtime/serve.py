@@ -18,8 +18,10 @@ from runtime.api.options import (
     DEFAULT_BODY_TIMEOUT,
     DEFAULT_MAX_REQUEST_BYTES,
     DEFAULT_MAX_TOKENS,
+    LOCAL_HOSTS,
     ServerOptions,
     allowed_hosts,
+    host_header_name,
 )
 from runtime.cli import run_main, setup_logging
 from runtime.engine_config import add_engine_args, config_from_args
@@ -156,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     print(about["memory ledger"], file=sys.stderr)
     print(f"chat page: {base}/   API: {base}/v1   docs: {base}/docs   metrics: {base}/metrics", file=sys.stderr,
           flush=True)
+    if host_header_name(args.host) is None and not args.allowed_hosts:  # listening everywhere, answering locally
+        print(f"note: only the Host names {', '.join(LOCAL_HOSTS)} are answered; name this machine's with "
+              f"--allowed-hosts", file=sys.stderr, flush=True)
     server = GracefulServer(uvicorn.Config(app, log_level=args.log_level), async_engine, args.shutdown_grace)
     with async_engine:
         server.run(sockets=[sock])
