@@ -262,22 +262,6 @@ def test_detokenizer_flush_emits_an_unfinished_tail(tok):
     assert chunks[-1].endswith("\ufffd")
 
 
-def test_detokenizer_flush_after_a_cut_drops_the_unfinished_character(tok):
-    ids = tok.encode("ok 🎉")
-    for cut in range(1, len(ids)):  # every cut inside the emoji's tokens (one merges " " with its first byte)
-        detok = IncrementalDetokenizer(tok)
-        text = "".join(detok.add(i) for i in ids[:-cut]) + detok.flush(drop_incomplete=True)
-        assert text == ("ok " if cut < len(ids) - 1 else "ok"), cut
-
-
-def test_token_bytes_concatenate_to_the_text(tok):
-    for text in TEXTS:
-        ids = tok.encode(text, add_special_tokens=False)
-        assert b"".join(tok.token_bytes(i) for i in ids) == text.encode(), text
-    assert tok.token_bytes(tok.encode("🎉")[-1]) == b"\x89"  # a piece of the emoji, not decode's U+FFFD
-    assert tok.token_bytes(tok.token_to_id("<|im_end|>")) == b"<|im_end|>"
-
-
 def test_detokenizer_skips_special_tokens_and_uses_prompt_context(tok):
     prompt = tok.encode_chat([{"role": "user", "content": "hi"}])
     out = tok.encode("Hello there!<|im_end|>")
