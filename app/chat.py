@@ -9,7 +9,7 @@ import itertools
 from dataclasses import dataclass
 from typing import AsyncIterator
 
-from runtime.api.async_engine import AsyncEngine, EngineRequest, QueueFullError
+from runtime.api.async_engine import AsyncEngine, EngineRequest, EngineUnavailableError, QueueFullError
 from runtime.errors import UserError
 from runtime.outputs import RequestOutput
 from runtime.sampling_params import SamplingParams
@@ -119,7 +119,7 @@ async def _stream_turn(engine: AsyncEngine, turn: Turn, message: str, display: l
     try:
         request = _prepare(engine, convo, settings)
         stream = engine.submit([request])
-    except (UserError, QueueFullError) as exc:
+    except (UserError, QueueFullError, EngineUnavailableError) as exc:  # e.g. the server is shutting down
         display[-1] = {"role": "assistant", "content": f"⚠️ {exc}"}
         yield display, convo[:-1], ""
         return

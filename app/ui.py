@@ -8,6 +8,7 @@ import pandas as pd
 
 from app.block_map import STATE_COLORS, STATE_NAMES
 from app.chat import ChatSessions, ChatSettings, reply
+from app.gradio_guards import quiet_input_errors, refuse_uploads
 from app.panel import LivePanel
 from runtime.api.async_engine import AsyncEngine
 from runtime.api.metrics import ServerMetrics
@@ -98,6 +99,9 @@ def build_ui(engine: AsyncEngine, metrics: ServerMetrics) -> gr.Blocks:
 
 
 def mount_chat_ui(app, engine: AsyncEngine):
-    """runtime.api.app.create_app's mount_ui hook: the page at "/", API routes keep precedence."""
+    """runtime.api.app.create_app's mount_ui hook: the page at "/", API routes keep precedence. The
+    app's middleware (API key, Host check, CORS, body caps) guards the page's routes too."""
     demo = build_ui(engine, app.state.server.metrics)
+    quiet_input_errors(demo)
+    refuse_uploads(app)
     return gr.mount_gradio_app(app, demo, path="/", ssr_mode=False)

@@ -123,7 +123,7 @@ class OutputProcessor:
                 return
         if n_out >= p.max_tokens or c.seq.num_prompt_tokens + n_out >= self.max_model_len:
             c.finish_reason = "length"
-            c.text += c.detokenizer.flush()
+            c.text += c.detokenizer.flush(drop_incomplete=True)  # cut by us: a half character is no text
 
     def outputs(self, states: set[RequestState]) -> list[RequestOutput]:
         """What changed for each request since its last output; finished requests leave."""

@@ -20,12 +20,16 @@ class RequestLimits:
 
     @property
     def max_request_tokens(self) -> int:
-        """Most prompt + output tokens a request may ask for: the context, and where KV is reserved
-        up front, the KV cache too."""
-        return min(self.max_model_len, self.max_kv_tokens) if self.reserves_up_front else self.max_model_len
+        """Most prompt + output tokens a request can be served in full: the context and the whole KV
+        cache (the default max_tokens and the chat page's room come from it)."""
+        return min(self.max_model_len, self.max_kv_tokens)
 
-    def check(self, prompt_ids: list[int], params: SamplingParams) -> None:
-        """Raise RequestError (naming the field) for a request the engine cannot serve."""
+    def check(self, prompt_ids: list[int], params: SamplingParams, whole: bool = False) -> None:
+        """Raise RequestError (naming the field) for a request the engine cannot serve.
+
+        whole: also refuse one whose prompt + max_tokens outgrows the whole KV cache. The engine
+        alone admits it (continuous batching) and cuts it with "length" once it outgrows the pool;
+        a server says so up front instead, with both numbers."""
         params.validate(self.vocab_size)
         if params.structured is not None:  # compiled here (cached), so a bad schema fails before enqueueing
             try:
@@ -43,9 +47,10 @@ class RequestLimits:
                                f"length of {self.max_model_len} tokens", code="context_length_exceeded")
         if n + 1 > self.max_kv_tokens:
             raise RequestError(f"prompt ({n} tokens) + 1 can never fit the KV cache of {self.max_kv_tokens} tokens")
-        if n + m > self.max_request_tokens:  # past the context check, only static's up-front reservation
-            raise RequestError(f"prompt ({n} tokens) + max_tokens ({m}) can never fit the KV cache of "
-                               f"{self.max_kv_tokens} tokens, which static batching reserves up front")
+        if n + m > self.max_kv_tokens and (whole or self.reserves_up_front):
+            why = ", which static batching reserves up front" if self.reserves_up_front else ""
+            raise RequestError(f"prompt ({n} tokens) + max_tokens ({m}) = {n + m} can never fit the KV cache of "
+                               f"{self.max_kv_tokens} tokens{why}", code="context_length_exceeded")
 
     def encode_text(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of a prompt text; text longer than the context could hold even at the longest

@@ -14,6 +14,15 @@ from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
+from runtime.api.options import (
+    DEFAULT_BODY_TIMEOUT,
+    DEFAULT_MAX_REQUEST_BYTES,
+    DEFAULT_MAX_TOKENS,
+    LOCAL_HOSTS,
+    ServerOptions,
+    allowed_hosts,
+    host_header_name,
+)
 from runtime.cli import run_main, setup_logging
 from runtime.engine_config import add_engine_args, config_from_args
 from runtime.errors import UserError
@@ -22,6 +31,7 @@ if TYPE_CHECKING:
     from runtime.api.async_engine import AsyncEngine
 
 DEFAULT_MAX_QUEUE = 1024
+DEFAULT_SHUTDOWN_GRACE = 5.0
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -29,11 +39,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
     p.add_argument("--api-key", default=os.environ.get("CUTE_SERVE_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' on /v1 routes (default: $CUTE_SERVE_API_KEY, else none)")
+                   help="require 'Authorization: Bearer KEY' on every route but /health; the chat page asks for it "
+                        "once (default: $CUTE_SERVE_API_KEY, else none)")
+    p.add_argument("--metrics-public", action="store_true", help="serve /metrics without the API key")
+    p.add_argument("--allowed-hosts", nargs="+", default=[], metavar="HOST",
+                   help="Host header names answered besides localhost, 127.0.0.1, [::1] and --host ('*': any); "
+                        "others get 400, which stops DNS rebinding")
+    p.add_argument("--allowed-origins", nargs="+", default=[], metavar="ORIGIN",
+                   help="origins (e.g. http://localhost:3000, or '*') whose web pages may call the API (CORS); "
+                        "default: none")
+    p.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES,
+                   help=f"largest request body; larger ones get HTTP 413 (default: {DEFAULT_MAX_REQUEST_BYTES})")
+    p.add_argument("--body-timeout", type=float, default=DEFAULT_BODY_TIMEOUT,
+                   help=f"seconds a client may take to send its request body; then HTTP 408 "
+                        f"(default: {DEFAULT_BODY_TIMEOUT:g})")
+    p.add_argument("--default-max-tokens", type=int, default=DEFAULT_MAX_TOKENS,
+                   help=f"max_tokens of a request that sets none, within what is left of the context; 0: all "
+                        f"of it, as vLLM (default: {DEFAULT_MAX_TOKENS})")
     p.add_argument("--served-model-name", default=None, help="the model id clients send (default: the file's name)")
     p.add_argument("--max-queue", type=int, default=DEFAULT_MAX_QUEUE,
                    help=f"sequences that may wait beyond a full batch (--max-num-seqs); more get HTTP 429 "
                         f"(default: {DEFAULT_MAX_QUEUE})")
+    p.add_argument("--shutdown-grace", type=float, default=DEFAULT_SHUTDOWN_GRACE,
+                   help=f"on SIGTERM/SIGINT, seconds requests in flight may finish before they are aborted "
+                        f"(default: {DEFAULT_SHUTDOWN_GRACE:g})")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--tool-call-parser", default="hermes", choices=["hermes", "json"],
                    help="how tool_choice auto reads calls from text (default: hermes, <tool_call>{json}</tool_call>)")
@@ -43,9 +72,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.max_queue < 0:
         p.error("--max-queue must be >= 0")
+    if args.max_request_bytes < 1:
+        p.error("--max-request-bytes must be >= 1")
+    if args.default_max_tokens < 0:
+        p.error("--default-max-tokens must be >= 0")
+    if not args.body_timeout > 0 or not args.shutdown_grace >= 0:
+        p.error("--body-timeout must be > 0 and --shutdown-grace >= 0")
     if not 0 <= args.port <= 65535:
         p.error("--port must be in [0, 65535]")
     return args
+
+
+def server_options(args: argparse.Namespace) -> ServerOptions:
+    return ServerOptions(api_key=args.api_key or None, metrics_public=args.metrics_public,
+                         allowed_hosts=allowed_hosts(args.host, args.allowed_hosts),
+                         allowed_origins=tuple(args.allowed_origins), max_request_bytes=args.max_request_bytes,
+                         body_timeout=args.body_timeout, default_max_tokens=args.default_max_tokens,
+                         tool_call_parser=args.tool_call_parser, strict_api=args.strict_api)
 
 
 def model_name(path: str) -> str:
@@ -106,12 +149,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from app.ui import mount_chat_ui
     from runtime.api.app import create_app
+    from runtime.api.shutdown import GracefulServer
 
     sock = bind(args.host, args.port)
     async_engine, path = build_engine(args)
     name = args.served_model_name or model_name(path)
-    app = create_app(async_engine, name, api_key=args.api_key, mount_ui=mount_chat_ui,
-                     tool_call_parser=args.tool_call_parser, strict_api=args.strict_api)
+    app = create_app(async_engine, name, server_options(args), mount_chat_ui)
     about = async_engine.describe()
     host = "127.0.0.1" if args.host in ("0.0.0.0", "") else f"[{args.host}]" if ":" in args.host else args.host
     base = f"http://{host}:{sock.getsockname()[1]}"
@@ -120,7 +163,10 @@ def main(argv: list[str] | None = None) -> int:
     print(about["memory ledger"], file=sys.stderr)
     print(f"chat page: {base}/   API: {base}/v1   docs: {base}/docs   metrics: {base}/metrics", file=sys.stderr,
           flush=True)
-    server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=5))
+    if host_header_name(args.host) is None and not args.allowed_hosts:  # listening everywhere, answering locally
+        print(f"note: only the Host names {', '.join(LOCAL_HOSTS)} are answered; name this machine's with "
+              f"--allowed-hosts", file=sys.stderr, flush=True)
+    server = GracefulServer(uvicorn.Config(app, log_level=args.log_level), async_engine, args.shutdown_grace)
     with async_engine:
         server.run(sockets=[sock])
     return 0

@@ -14,8 +14,9 @@ from typing import Callable, Iterator
 import uvicorn
 
 from profiling.bench_serving import BenchError, start_server, stop_server
-from runtime.api.app import create_app
+from runtime.api.app import MountUI, create_app
 from runtime.api.async_engine import AsyncEngine
+from runtime.api.options import ServerOptions
 from runtime.engine import LLMEngine
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -74,11 +75,12 @@ def serve_app(app, timeout: float = 20.0) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def live_server(engine: LLMEngine, max_queue: int | None = None, api_key: str | None = None,
-                model_name: str = TINY_MODEL) -> Iterator[LiveServer]:
-    """An AsyncEngine over engine, its app, and uvicorn; everything stopped on exit."""
+def live_server(engine: LLMEngine, max_queue: int | None = None, model_name: str = TINY_MODEL,
+                mount_ui: MountUI | None = None, **options) -> Iterator[LiveServer]:
+    """An AsyncEngine over engine, its app (options: ServerOptions' fields), and uvicorn; everything
+    stopped on exit."""
     with AsyncEngine(engine, max_queue=max_queue) as async_engine:
-        app = create_app(async_engine, model_name, api_key=api_key)
+        app = create_app(async_engine, model_name, ServerOptions(**options), mount_ui)
         with serve_app(app) as url:
             yield LiveServer(url, async_engine)
         app.state.server.metrics.close()

@@ -82,3 +82,14 @@ def test_empty_message_and_overlong_conversation_do_not_reach_the_engine():
         display, convo, _ = asyncio.run(main("x" * 5000))[-1]
         assert convo == [] and "context" in display[-1]["content"]
         assert ae.snapshot().prompt_tokens == 0
+
+
+def test_a_turn_while_the_server_shuts_down_says_so_in_the_chat():
+    with AsyncEngine(tiny_engine()) as ae:
+        ae.drain()
+
+        async def main():
+            return [u async for u in reply(ChatSessions(ae), "s1", "hi", [], [], GREEDY)]
+
+        display, convo, box = asyncio.run(main())[-1]
+    assert "shutting down" in display[-1]["content"] and convo == [] and box == ""

@@ -5,9 +5,7 @@ import logging
 import httpx
 import pytest
 
-from runtime.api.app import create_app
-from runtime.api.async_engine import AsyncEngine
-from tests.server_utils import TINY_MODEL, serve_app
+from tests.server_utils import TINY_MODEL, live_server
 from tests.tiny_engine import tiny_engine
 
 CHAT = {"model": TINY_MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
@@ -17,11 +15,8 @@ EXTRAS = {"store": False, "metadata": {"a": "b"}, "chat_template_kwargs": {"enab
 
 @pytest.fixture(scope="module", params=[False, True], ids=["lenient", "strict"])
 def server(request):
-    with AsyncEngine(tiny_engine()) as engine:
-        app = create_app(engine, TINY_MODEL, strict_api=request.param)
-        with serve_app(app) as url:
-            yield url, request.param
-        app.state.server.metrics.close()
+    with live_server(tiny_engine(), strict_api=request.param) as srv:
+        yield srv.url, request.param
 
 
 @pytest.mark.parametrize("stream", [False, True])

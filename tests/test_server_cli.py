@@ -50,10 +50,11 @@ def test_serve_starts_shows_ledger_and_serves_the_openai_client(tiny_model):
         r = client.chat.completions.create(model="tiny-cli", messages=[{"role": "user", "content": "hi"}],
                                            max_tokens=4, extra_body={"ignore_eos": True})
         assert r.usage.completion_tokens == 4
-        page = httpx.get(url + "/", follow_redirects=False)  # the chat UI is mounted at /
-        assert page.status_code == 200 and "gradio" in page.text.lower()
-        # ...and leaves the API's own answers to API paths: 405 for a wrong method, 404 in OpenAI's shape
         key = {"Authorization": "Bearer k"}
+        page = httpx.get(url + "/", headers=key, follow_redirects=False)  # the chat UI is mounted at /
+        assert page.status_code == 200 and "gradio" in page.text.lower()
+        assert httpx.get(url + "/").status_code == 401  # behind the key too
+        # ...and leaves the API's own answers to API paths: 405 for a wrong method, 404 in OpenAI's shape
         assert httpx.get(url + "/v1/completions", headers=key).status_code == 405
         missing = httpx.get(url + "/v1/nothing", headers=key)
         assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found_error"

@@ -125,7 +125,7 @@ def test_stop_string_seed_and_default_max_tokens(client, server):
     seeded = [client.completions.create(model=TINY_MODEL, prompt="abc", max_tokens=10, temperature=1.0, seed=42,
                                         extra_body={"ignore_eos": True}).choices[0].text for _ in range(2)]
     assert seeded[0] == seeded[1]
-    # no max_tokens: the rest of the context, like vLLM
+    # no max_tokens: the room left in the context (under the --default-max-tokens cap)
     ctx = server.engine.max_model_len
     r = client.completions.create(model=TINY_MODEL, prompt=[65] * (ctx - 7), temperature=0,
                                   extra_body={"ignore_eos": True})

@@ -4,15 +4,19 @@ from __future__ import annotations
 from typing import Callable
 
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import RedirectResponse
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.routing import Match, Mount
 from starlette.types import Scope
 
-from runtime.api import chat, completions, info
+from runtime.api import chat, completions, info, login
 from runtime.api.auth import ApiKeyMiddleware
+from runtime.api.body_limit import BodyLimitMiddleware
 from runtime.api.errors import install_error_handlers
 from runtime.api.logprobs import LogprobFormatter
-from runtime.api.openapi import document_streams
+from runtime.api.openapi import extend_openapi
+from runtime.api.options import ServerOptions
 from runtime.api.state import ServerState
 from runtime.api.async_engine import AsyncEngine
 from runtime.api.metrics import ServerMetrics
@@ -20,23 +24,23 @@ from runtime.api.metrics import ServerMetrics
 MountUI = Callable[[FastAPI, AsyncEngine], FastAPI]
 
 
-def create_app(async_engine: AsyncEngine, model_name: str = "default", api_key: str | None = None,
-               mount_ui: MountUI | None = None, tool_call_parser: str = "hermes", strict_api: bool = False) -> FastAPI:
+def create_app(async_engine: AsyncEngine, model_name: str = "default", options: ServerOptions | None = None,
+               mount_ui: MountUI | None = None) -> FastAPI:
     """The server's app; the engine's lifecycle (start/shutdown) stays with the caller.
 
     mount_ui(app, async_engine) -> app mounts the chat UI at "/" (e.g. gr.mount_gradio_app); it is
     called after the API routes exist, so they keep precedence. Without it "/" redirects to /docs.
     """
     app = FastAPI(title="cute-serve", summary="OpenAI-compatible LLM server", version="0.1.0")
+    options = options or ServerOptions()
     app.state.server = ServerState(async_engine, model_name, ServerMetrics(async_engine),
-                                   LogprobFormatter(async_engine.limits.tokenizer), tool_call_parser, strict_api)
+                                   LogprobFormatter(async_engine.limits.tokenizer), options)
     install_error_handlers(app)
-    if api_key:
-        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
-    routers = [module.router for module in (completions, chat, info)]
+    add_guards(app, options)
+    routers = [module.router for module in (completions, chat, info, *([login] if options.api_key else []))]
     for router in routers:
         app.include_router(router)
-    document_streams(app)
+    extend_openapi(app, async_engine.limits.vocab_size)
     if mount_ui is not None:
         own = [r.path for r in app.routes if hasattr(r, "path")]  # docs and schema; routers come included
         api_roots = {_root(p) for p in own + [r.path for router in routers for r in router.routes]}
@@ -46,6 +50,19 @@ def create_app(async_engine: AsyncEngine, model_name: str = "default", api_key: 
         return app
     app.add_api_route("/", lambda: RedirectResponse("/docs"), include_in_schema=False)
     return app
+
+
+def add_guards(app: FastAPI, options: ServerOptions) -> None:
+    """The middleware every request passes, outermost last (each add wraps the ones before it)."""
+    app.add_middleware(BodyLimitMiddleware, max_bytes=options.max_request_bytes, timeout=options.body_timeout)
+    if options.api_key:  # outside the body limit: a request without the key never has its body read
+        app.add_middleware(ApiKeyMiddleware, api_key=options.api_key, metrics_public=options.metrics_public)
+    # Installed even with no origin allowed: Gradio then adds no CORS of its own (it grants any
+    # http://localhost:* origin credentialed access). Outside the key check: preflights carry no key.
+    app.add_middleware(CORSMiddleware, allow_origins=list(options.allowed_origins), allow_methods=["*"],
+                       allow_headers=["*"])
+    # Host names other than this machine's are refused first: a DNS-rebinding page cannot reach the API
+    app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(options.allowed_hosts))
 
 
 def _root(path: str) -> str:

@@ -10,7 +10,8 @@ step runs.
 
 Handlers and the UI see only this face: `limits` (tokenize and check requests; fixed, any thread),
 `describe()`, `snapshot()` (the engine's metrics as of its last step, with the block map at most
-every BLOCK_STATES_EVERY seconds), submit / abort, and reset_stats(); never the LLMEngine itself.
+every BLOCK_STATES_EVERY seconds), submit / abort, reset_stats(), and drain / abort_all for a
+graceful shutdown; never the LLMEngine itself.
 """
 from __future__ import annotations
 
@@ -117,6 +118,7 @@ class AsyncEngine:
         self._commands: deque[tuple] = deque()
         self._wake = threading.Event()
         self._stopping = False
+        self._draining = False  # shutting down: no new requests, those in flight run on
         self._thread: threading.Thread | None = None
         self._streams: dict[str, RequestStream] = {}  # engine thread only
         self._admission = threading.Lock()
@@ -137,6 +139,15 @@ class AsyncEngine:
         if self._thread is not None:
             self._thread.join(timeout)
 
+    def drain(self) -> None:
+        """Admit nothing new (submit raises EngineUnavailableError); requests in flight run on."""
+        self._draining = True
+
+    def abort_all(self) -> None:
+        """Abort every request in flight (between steps); each stream still ends with its "abort" output."""
+        self._commands.append(("abort_all",))
+        self._wake.set()
+
     def __enter__(self) -> "AsyncEngine":
         return self.start()
 
@@ -149,6 +160,8 @@ class AsyncEngine:
 
     def unavailable_error(self) -> EngineUnavailableError | None:
         """Why this engine takes no requests now, or None while it runs."""
+        if self._draining:
+            return EngineUnavailableError("the server is shutting down")
         if self.is_running:
             return None
         return EngineUnavailableError("the engine is not running" + (f": {self.error}" if self.error else ""))
@@ -184,8 +197,9 @@ class AsyncEngine:
         return None if self.max_queue is None else self.engine.config.max_num_seqs + self.max_queue
 
     def check(self, prompt_ids: list[int], params: SamplingParams) -> None:
-        """Raise RequestError for what the engine would reject; safe from any thread."""
-        self.limits.check(prompt_ids, params)
+        """Raise RequestError for what the engine would reject, or cut short because it can never fit
+        the KV cache; safe from any thread."""
+        self.limits.check(prompt_ids, params, whole=True)
 
     def submit(self, requests: Sequence[EngineRequest]) -> RequestStream:
         """Enqueue a group of validated requests (all or none); call from a coroutine.
@@ -201,7 +215,8 @@ class AsyncEngine:
         with self._admission:
             cap = self.capacity
             if cap is not None and need > cap:
-                raise RequestError(f"the request needs {need} sequences but the server admits at most {cap} at once")
+                raise RequestError(f"the request needs {need} sequences but the server admits at most {cap} at once",
+                                   code="too_many_sequences")
             if cap is not None and self.num_seqs_in_flight + need > cap:
                 raise QueueFullError(f"the server is at capacity ({self.num_seqs_in_flight} sequences in flight, "
                                      f"limit {cap}); retry later")
@@ -255,6 +270,9 @@ class AsyncEngine:
                 self._add(command[1], command[2])
             elif command[0] == "abort":
                 self.engine.abort_request(command[1])
+            elif command[0] == "abort_all":
+                for request_id in list(self._streams):
+                    self.engine.abort_request(request_id)
             else:
                 self.engine.reset_stats()
 

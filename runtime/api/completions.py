@@ -6,7 +6,8 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
-from runtime.api.generation import Generation
+from runtime.api.generation import Generation, PreparedPrompt
+from runtime.api.logprobs import TextOffsets
 from runtime.api.openapi import generation_responses
 from runtime.api.protocol import CompletionChunk, CompletionRequest, CompletionResponse
 from runtime.api.sse import ChunkRenderer, answer
@@ -17,8 +18,12 @@ router = APIRouter()
 RESPONSES = generation_responses(CompletionChunk, 'data: {"object":"text_completion","choices":[...]}\n\ndata: [DONE]\n\n')
 
 
-def _logprobs(gen: Generation, token_ids: list[int], records: list | None, offset: int) -> dict[str, Any] | None:
-    return gen.formatter.completion(token_ids, records, offset) if gen.logprobs and records is not None else None
+def _logprobs(gen: Generation, token_ids: list[int], records: list | None, offsets: TextOffsets) -> dict[str, Any] | None:
+    return gen.formatter.completion(token_ids, records, offsets) if gen.logprobs and records is not None else None
+
+
+def _offsets(gen: Generation, prompt: PreparedPrompt) -> TextOffsets:
+    return gen.formatter.offsets(len(prompt.echo), prompt.request.params.skip_special_tokens)
 
 
 def completion_body(gen: Generation, finals: dict[str, RequestOutput]) -> dict[str, Any]:
@@ -28,7 +33,7 @@ def completion_body(gen: Generation, finals: dict[str, RequestOutput]) -> dict[s
         for c in out.outputs:
             generated += len(c.token_ids)
             choices.append({"index": gen.choice_index(out.request_id, c.index), "text": p.echo + c.text,
-                            "logprobs": _logprobs(gen, c.token_ids, c.logprobs, len(p.echo)),
+                            "logprobs": _logprobs(gen, c.token_ids, c.logprobs, _offsets(gen, p)),
                             "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
     choices.sort(key=lambda ch: ch["index"])
     return {"id": gen.response_id, "object": "text_completion", "created": gen.created, "model": gen.model,
@@ -40,7 +45,7 @@ class CompletionChunks(ChunkRenderer):
 
     def __init__(self, gen: Generation) -> None:
         super().__init__(gen)
-        self.offsets: dict[int, int] = {}  # choice -> text offset of its next token (for logprobs)
+        self.offsets: dict[int, TextOffsets] = {}  # choice -> where its next token starts (for logprobs)
 
     def _chunk(self, index: int, text: str, logprobs=None, finish_reason=None, stop_reason=None) -> dict[str, Any]:
         return self.chunk([{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason,
@@ -48,14 +53,12 @@ class CompletionChunks(ChunkRenderer):
 
     def start(self):
         for i, p in enumerate(self.gen.prompts):
-            self.offsets.update({i * self.gen.n + k: len(p.echo) for k in range(self.gen.n)})
+            self.offsets.update({i * self.gen.n + k: _offsets(self.gen, p) for k in range(self.gen.n)})
             if p.echo:
                 yield from (self._chunk(i * self.gen.n + k, p.echo) for k in range(self.gen.n))
 
     def delta(self, index: int, c: CompletionOutput):
         lp = _logprobs(self.gen, c.delta_token_ids, c.delta_logprobs, self.offsets[index])
-        if lp:
-            self.offsets[index] += sum(len(t) for t in lp["tokens"])
         if not c.delta_text and not (lp and lp["tokens"]):
             return None
         return self._chunk(index, c.delta_text, lp)

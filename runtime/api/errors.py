@@ -20,7 +20,8 @@ from runtime.errors import RequestError
 log = logging.getLogger("cute_serve")
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-               405: "invalid_request_error", 429: "rate_limit_error", 503: "service_unavailable"}
+               405: "invalid_request_error", 408: "invalid_request_error", 413: "invalid_request_error",
+               429: "rate_limit_error", 503: "service_unavailable"}
 
 
 class APIError(Exception):
@@ -132,6 +133,8 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     400: _error_doc("Invalid request: malformed JSON, a wrong type or value, a prompt that does not fit"),
     401: _error_doc("Missing or wrong API key"),
     404: _error_doc("Unknown model"),
+    408: _error_doc("The request body took longer than --body-timeout to arrive"),
+    413: _error_doc("The request body is larger than --max-request-bytes"),
     422: _error_doc("Not produced by this server (validation errors are 400, as OpenAI's); listed for "
                     "FastAPI's generated schema"),
     429: _error_doc("The server is at capacity (--max-queue)",

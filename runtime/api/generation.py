@@ -10,10 +10,10 @@ from typing import Any, Callable
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from runtime.api.async_engine import AsyncEngine, EngineRequest, RequestStream
 from runtime.api.errors import APIError
 from runtime.api.logprobs import LogprobFormatter
 from runtime.api.tools import ToolPlan
-from runtime.api.async_engine import EngineRequest, RequestStream
 from runtime.outputs import RequestOutput
 
 CLIENT_CLOSED = 499  # nginx's code for "client closed the request"; nobody is left to read it
@@ -81,7 +81,13 @@ async def collect(request: Request, stream: RequestStream) -> dict[str, RequestO
         stream.close()
 
 
-async def json_response(request: Request, stream: RequestStream,
+def aborted_error(engine: AsyncEngine) -> APIError:
+    """What a client still there hears when the server aborted its request (it is shutting down)."""
+    why = engine.unavailable_error()
+    return APIError(503, "the request was aborted by the server" + (f": {why}" if why else ""), code="aborted")
+
+
+async def json_response(request: Request, stream: RequestStream, engine: AsyncEngine,
                         body: Callable[[dict[str, RequestOutput]], dict[str, Any]]) -> Response:
     """Wait for every final output, then answer with body(finals); abort if the client leaves first."""
     finals = await collect(request, stream)
@@ -89,5 +95,5 @@ async def json_response(request: Request, stream: RequestStream,
         return Response(status_code=CLIENT_CLOSED)
     if any(c.finish_reason == "abort" for out in finals.values() for c in out.outputs):
         # aborted by the server, not by this client (which is still here): no answer to give
-        raise APIError(503, "the request was aborted by the server", code="aborted")
+        raise aborted_error(engine)
     return JSONResponse(body(finals))

@@ -13,7 +13,7 @@ from starlette.concurrency import run_in_threadpool
 
 from runtime.api.errors import APIError
 from runtime.api.generation import Generation, PreparedPrompt
-from runtime.api.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from runtime.api.protocol import TOKEN_ID_KEY, ChatCompletionRequest, CompletionRequest, SamplingFields
 from runtime.api.response_format import structured_output
 from runtime.api.tools import ToolPlan, chat_messages, tool_plan, tool_structure
 from runtime.api.state import ServerState
@@ -39,15 +39,17 @@ def chat_prompt(req: ChatCompletionRequest, limits: RequestLimits, plan: ToolPla
 
 
 def prepare(engine: AsyncEngine, req: SamplingFields, request_id: str, arrival: float,
-            plan: ToolPlan | None = None) -> list[PreparedPrompt]:
-    """One EngineRequest per prompt (ids request_id-0, -1, ...); raises APIError / RequestError."""
+            plan: ToolPlan | None = None, default_max_tokens: int = 0) -> list[PreparedPrompt]:
+    """One EngineRequest per prompt (ids request_id-0, -1, ...); raises APIError / RequestError.
+    default_max_tokens: the cap on a request without max_tokens (0: none but the context)."""
     limits = engine.limits
     logprobs = requested_logprobs(req)
     try:
         prompts = _encoded_prompts(req, limits, logprobs, plan)
         out = []
         for i, (ids, text) in enumerate(prompts):
-            params = sampling_params(req, len(ids), limits.max_request_tokens, logprobs, plan)
+            room = limits.max_request_tokens - len(ids)
+            params = sampling_params(req, default_tokens(room, default_max_tokens), logprobs, plan)
             engine.check(ids, params)
             echo = (text or limits.tokenizer.decode(ids)) if isinstance(req, CompletionRequest) and req.echo else ""
             out.append(PreparedPrompt(EngineRequest(f"{request_id}-{i}", ids, params, arrival), echo))
@@ -65,7 +67,8 @@ def _encoded_prompts(req: SamplingFields, limits: RequestLimits, logprobs: int |
         return [(chat_prompt(req, limits, plan), "")]
     assert isinstance(req, CompletionRequest)
     if req.echo and logprobs is not None:
-        raise APIError(400, "echo together with logprobs is not supported (no prompt logprobs)", "echo")
+        raise APIError(400, "echo together with logprobs is not supported (no prompt logprobs)", "echo",
+                       "invalid_value")
     return completion_prompts(req, limits)
 
 
@@ -74,8 +77,9 @@ async def start_generation(state: ServerState, req: SamplingFields, prefix: str)
     arrival = time.perf_counter()
     state.check_model(req.model)
     response_id = f"{prefix}-{uuid.uuid4().hex}"
-    plan = tool_plan(req, state.tool_parser) if isinstance(req, ChatCompletionRequest) else None
-    prompts = await run_in_threadpool(prepare, state.engine, req, response_id, arrival, plan)
+    plan = tool_plan(req, state.options.tool_call_parser) if isinstance(req, ChatCompletionRequest) else None
+    prompts = await run_in_threadpool(prepare, state.engine, req, response_id, arrival, plan,
+                                      state.options.default_max_tokens)
     wants_logprobs = prompts[0].request.params.logprobs is not None
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     gen = Generation(response_id, int(time.time()), state.model_name, req.n, prompts, wants_logprobs, include_usage,
@@ -87,32 +91,37 @@ def _logit_bias(bias: dict[str, float] | None) -> dict[int, float]:
     """JSON object keys are strings: each must spell a token id (its range is SamplingParams' check)."""
     out = {}
     for key, value in (bias or {}).items():
-        if not re.fullmatch(r"[0-9]{1,10}", key):
+        if not re.fullmatch(TOKEN_ID_KEY, key):
             raise APIError(400, f"invalid 'logit_bias': key {key!r} is not a token id", "logit_bias", "invalid_value")
         out[int(key)] = value
     return out
 
 
-def default_max_tokens(prompt_len: int, max_request_tokens: int) -> int:
-    """Like vLLM: the rest of the context (of the KV cache too, under static batching). At least 1,
-    so a prompt filling it fails the engine's check with both numbers named, not 'max_tokens 0'."""
-    return max(1, max_request_tokens - prompt_len)
+SEED_MODULUS = 2**63  # the engine seeds generators with (seed + choice index) mod 2**63: the same draws
 
 
-def sampling_params(req: SamplingFields, prompt_len: int, max_request_tokens: int,
-                    logprobs: int | None, plan: ToolPlan | None = None) -> SamplingParams:
+def default_tokens(room: int, cap: int) -> int:
+    """max_tokens for a request that names none: the room left in the context and the KV cache, at
+    most cap (0: no cap, as vLLM). At least 1, so a prompt filling the room fails the engine's check
+    with both numbers named, not 'max_tokens 0'."""
+    return max(1, min(room, cap) if cap > 0 else room)
+
+
+def sampling_params(req: SamplingFields, default_max_tokens: int, logprobs: int | None,
+                    plan: ToolPlan | None = None) -> SamplingParams:
     if isinstance(req, ChatCompletionRequest):
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     else:
         max_tokens = req.max_tokens
     if max_tokens is None:
-        max_tokens = default_max_tokens(prompt_len, max_request_tokens)
+        max_tokens = default_max_tokens
     return SamplingParams(
         n=req.n, max_tokens=max_tokens,
         min_tokens=req.min_tokens, temperature=req.temperature, top_p=req.top_p,
         top_k=req.top_k,
         min_p=req.min_p, repetition_penalty=req.repetition_penalty, presence_penalty=req.presence_penalty,
-        frequency_penalty=req.frequency_penalty, seed=req.seed, stop=req.stop if req.stop is not None else [],
+        frequency_penalty=req.frequency_penalty, seed=None if req.seed is None else req.seed % SEED_MODULUS,
+        stop=req.stop if req.stop is not None else [],
         stop_token_ids=list(req.stop_token_ids or []), ignore_eos=req.ignore_eos, logprobs=logprobs,
         logit_bias=_logit_bias(req.logit_bias), skip_special_tokens=req.skip_special_tokens,
         structured=_structure(req, plan))

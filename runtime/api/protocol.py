@@ -34,11 +34,20 @@ def _integer(value: Any) -> Any:
 # Caps on list sizes: each stop string and bias entry costs every step of the request some work.
 MAX_STOP, MAX_STOP_TOKEN_IDS, MAX_LOGIT_BIAS, MAX_BATCH = 16, 64, 1024, 256
 
-Int = Annotated[int, BeforeValidator(_integer)]
-TokenId = Annotated[int, BeforeValidator(_integer), Field(ge=0, le=2**31 - 1)]
+def Int(ge: int | None = None, le: int | None = None) -> Any:  # noqa: N802 (a type, spelled as one)
+    """An integer field (not a bool or a string) in [ge, le]. The bounds go before the validator:
+    after it, pydantic writes them into the schema as "ge"/"le", which JSON Schema does not know."""
+    return Annotated[int, Field(ge=ge, le=le), BeforeValidator(_integer)]
+
+
+# x-token-id marks what openapi.py bounds by the served model's vocabulary in each app's schema.
+TOKEN_ID = {"x-token-id": True}
+TokenId = Annotated[int, Field(ge=0, le=2**31 - 1, json_schema_extra=TOKEN_ID), BeforeValidator(_integer)]
+TOKEN_ID_KEY = r"^(0|[1-9][0-9]{0,9})$"  # a token id as a JSON object key (logit_bias)
 Number = Annotated[float, Strict(), Field(allow_inf_nan=False)]
 Bool = Annotated[bool, Strict()]
 Str = Annotated[str, Strict(), AfterValidator(_unicode)]
+StopText = Annotated[Str, Field(min_length=1)]
 
 
 class StreamOptions(BaseModel):
@@ -52,24 +61,27 @@ class SamplingFields(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: Str | None = Field(None, description="the served model's id (GET /v1/models); omit for the only one")
-    max_tokens: Int | None = Field(None, ge=1, description="default: the rest of the context")
+    max_tokens: Int(ge=1) | None = Field(None, description="default: the server's --default-max-tokens (1024), "
+                                   "within what is left of the context")
     temperature: Annotated[Number, Field(ge=0, le=2)] = 1.0
     top_p: Annotated[Number, Field(gt=0, le=1)] = 1.0
-    n: Int = Field(1, ge=1, le=128)
-    stop: Str | Annotated[list[Annotated[Str, Field(min_length=1)]], Field(max_length=MAX_STOP)] | None = None
-    seed: Int | None = Field(None, ge=-(2**63), le=2**63 - 1)
+    n: Int(1, 128) = 1
+    stop: StopText | Annotated[list[StopText], Field(max_length=MAX_STOP)] | None = None
+    # any integer: bounds near 2**63 are not exact in JSON (float) tools; the API takes it modulo 2**63
+    seed: Int() | None = None
     presence_penalty: Annotated[Number, Field(ge=-2, le=2)] = 0.0
     frequency_penalty: Annotated[Number, Field(ge=-2, le=2)] = 0.0
     logit_bias: dict[Str, Annotated[Number, Field(ge=-100, le=100)]] | None = Field(
-        None, max_length=MAX_LOGIT_BIAS, description="token id (as a string) -> bias added to its logit")
+        None, max_length=MAX_LOGIT_BIAS, description="token id (as a string) -> bias added to its logit",
+        json_schema_extra={"propertyNames": {"pattern": TOKEN_ID_KEY, **TOKEN_ID}})
     stream: Bool = False
     stream_options: StreamOptions | None = None
     user: Str | None = None
     # extras (vLLM names)
-    top_k: Int = Field(0, ge=-1, le=2**31 - 1, description="keep the k most likely tokens; 0 or -1 = off")
+    top_k: Int(-1, 2**31 - 1) = Field(0, description="keep the k most likely tokens; 0 or -1 = off")
     min_p: Annotated[Number, Field(ge=0, le=1)] = 0.0
     repetition_penalty: Annotated[Number, Field(gt=0, le=10)] = 1.0
-    min_tokens: Int = Field(0, ge=0)
+    min_tokens: Int(ge=0) = 0
     ignore_eos: Bool = False
     stop_token_ids: list[TokenId] | None = Field(None, max_length=MAX_STOP_TOKEN_IDS)
     skip_special_tokens: Bool = True
@@ -87,15 +99,22 @@ Prompt = PromptText | TokenIds | Annotated[list[PromptText], Field(min_length=1,
     | Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_BATCH)]
 
 
+# Rules across fields, stated in the schema as the server applies them (prepare.py), so a client
+# (or a contract checker) knows them: a JSON Schema cannot say "if a then b" more plainly.
+ECHO_WITHOUT_LOGPROBS = [{"properties": {"echo": {"const": False}}}, {"properties": {"logprobs": {"type": "null"}}}]
+TOP_LOGPROBS_NEED_LOGPROBS = [{"properties": {"top_logprobs": {"type": "null"}}},
+                              {"properties": {"logprobs": {"const": True}}, "required": ["logprobs"]}]
+
+
 class CompletionRequest(SamplingFields):
     model_config = ConfigDict(extra="allow", json_schema_extra={"examples": [
         {"prompt": "Once upon a time", "max_tokens": 16, "temperature": 0},
         {"prompt": ["The sky is", "Water is"], "n": 2, "max_tokens": 4, "stream": True,
          "stream_options": {"include_usage": True}, "logprobs": 2},
-    ]})
+    ], "anyOf": ECHO_WITHOUT_LOGPROBS, "description": "echo cannot be combined with logprobs (no prompt logprobs)"})
     prompt: Prompt = Field(description="a string, a list of token ids, or a batch: a list of either")
     echo: Bool = False
-    logprobs: Int | None = Field(None, ge=0, le=MAX_LOGPROBS, description="top logprobs per token")
+    logprobs: Int(0, MAX_LOGPROBS) | None = Field(None, description="top logprobs per token")
 
 
 class TextPart(BaseModel):
@@ -139,11 +158,11 @@ class ChatCompletionRequest(SamplingFields):
         {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}], "n": 2,
          "max_completion_tokens": 6, "stream": True, "stream_options": {"include_usage": True}, "logprobs": True,
          "top_logprobs": 2},
-    ]})
+    ], "anyOf": TOP_LOGPROBS_NEED_LOGPROBS, "description": "top_logprobs needs logprobs: true"})
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: Int | None = Field(None, ge=1, description="preferred over max_tokens when both are set")
+    max_completion_tokens: Int(ge=1) | None = Field(None, description="preferred over max_tokens when both are set")
     logprobs: Bool = False
-    top_logprobs: Int | None = Field(None, ge=0, le=MAX_LOGPROBS, description="needs logprobs: true")
+    top_logprobs: Int(0, MAX_LOGPROBS) | None = Field(None, description="needs logprobs: true")
     tools: Annotated[list[Tool], Field(max_length=128)] | None = None
     tool_choice: ToolChoice | None = Field(None, description="default: auto with tools, none without")
     parallel_tool_calls: Bool = True

@@ -9,13 +9,13 @@ from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.background import BackgroundTask
 
-from runtime.api.errors import as_api_error, error_body
-from runtime.api.generation import Generation, json_response
+from runtime.api.async_engine import AsyncEngine, RequestStream
+from runtime.api.errors import APIError, as_api_error, error_body
+from runtime.api.generation import Generation, aborted_error, json_response
 from runtime.api.leniency import IGNORED_HEADER, check_fields, header_value
 from runtime.api.prepare import start_generation
 from runtime.api.protocol import SamplingFields
 from runtime.api.state import ServerState
-from runtime.api.async_engine import RequestStream
 from runtime.outputs import CompletionOutput, RequestOutput
 
 DONE = "data: [DONE]\n\n"
@@ -37,6 +37,7 @@ class ChunkRenderer:
     def __init__(self, gen: Generation) -> None:
         self.gen = gen
         self.finished: set[int] = set()
+        self.aborted = False  # a choice ended with "abort": the server stopped it (shutting down)
         self.completion_tokens = 0
 
     def start(self) -> Iterable[dict[str, Any]]:
@@ -64,6 +65,7 @@ class ChunkRenderer:
             yield from _chunks(self.delta(index, c))
             if c.finish_reason is not None:
                 self.finished.add(index)
+                self.aborted = self.aborted or c.finish_reason == "abort"
                 self.completion_tokens += len(c.token_ids)
                 yield from _chunks(self.final(index, c))
 
@@ -77,8 +79,13 @@ def _chunks(body: dict[str, Any] | list[dict[str, Any]] | None) -> list[dict[str
     return [] if body is None else body if isinstance(body, list) else [body]
 
 
-async def sse_events(stream: RequestStream, renderer: ChunkRenderer) -> AsyncIterator[str]:
-    """The event stream; an engine failure becomes an error event. Always closes the stream."""
+def error_event(err: APIError) -> str:
+    return event(error_body(err.status, err.message, err.param, err.code))
+
+
+async def sse_events(stream: RequestStream, renderer: ChunkRenderer, engine: AsyncEngine) -> AsyncIterator[str]:
+    """The event stream; an engine failure becomes an error event, and so does an abort by the
+    server (after each choice's final "abort" chunk). Always closes the stream."""
     try:
         for payload in renderer.start():
             yield event(payload)
@@ -87,19 +94,20 @@ async def sse_events(stream: RequestStream, renderer: ChunkRenderer) -> AsyncIte
                 yield event(payload)
         for payload in renderer.end():
             yield event(payload)
+        if renderer.aborted:
+            yield error_event(aborted_error(engine))
         yield DONE
     except Exception as exc:  # not CancelledError / GeneratorExit: those mean the client is gone
-        err = as_api_error(exc)
-        yield event(error_body(err.status, err.message, err.param, err.code))
+        yield error_event(as_api_error(exc))
         yield DONE
     finally:
         stream.close()
 
 
-def sse_response(stream: RequestStream, renderer: ChunkRenderer) -> StreamingResponse:
+def sse_response(stream: RequestStream, renderer: ChunkRenderer, engine: AsyncEngine) -> StreamingResponse:
     # The background task closes the stream even if the body iterator is abandoned without being
     # closed (Starlette cancels the send loop on disconnect): close() is idempotent.
-    return StreamingResponse(sse_events(stream, renderer), media_type="text/event-stream",
+    return StreamingResponse(sse_events(stream, renderer, engine), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
                              background=BackgroundTask(stream.close))
 
@@ -108,12 +116,12 @@ async def answer(state: ServerState, body: SamplingFields, request: Request, id_
                  renderer: Callable[[Generation], ChunkRenderer],
                  json_body: Callable[[Generation, dict[str, RequestOutput]], dict[str, Any]]) -> Response:
     """Start the request's generation; stream renderer(gen)'s events, or answer json_body(gen, finals)."""
-    ignored = check_fields(body, state.strict_api)
+    ignored = check_fields(body, state.options.strict_api)
     gen, stream = await start_generation(state, body, id_prefix)
     if body.stream:
-        response = sse_response(stream, renderer(gen))
+        response = sse_response(stream, renderer(gen), state.engine)
     else:
-        response = await json_response(request, stream, lambda finals: json_body(gen, finals))
+        response = await json_response(request, stream, state.engine, lambda finals: json_body(gen, finals))
     if ignored:
         response.headers[IGNORED_HEADER] = header_value(ignored)
     return response

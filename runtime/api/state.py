@@ -6,10 +6,11 @@ from dataclasses import dataclass, field
 
 from fastapi import Request
 
+from runtime.api.async_engine import AsyncEngine
 from runtime.api.errors import APIError
 from runtime.api.logprobs import LogprobFormatter
-from runtime.api.async_engine import AsyncEngine
 from runtime.api.metrics import ServerMetrics
+from runtime.api.options import ServerOptions
 
 
 @dataclass
@@ -18,8 +19,7 @@ class ServerState:
     model_name: str
     metrics: ServerMetrics
     formatter: LogprobFormatter
-    tool_parser: str = "hermes"  # --tool-call-parser: runtime/api/tool_parsers.py
-    strict_api: bool = False  # --strict-api: unknown request fields are 400s, not ignored
+    options: ServerOptions = field(default_factory=ServerOptions)
     created: int = field(default_factory=lambda: int(time.time()))
 
     def check_model(self, name: str | None) -> None:

@@ -7,6 +7,7 @@ ends in U+FFFD a multi-byte character is still incomplete, so nothing is emitted
 """
 from __future__ import annotations
 
+import codecs
 from typing import Sequence
 
 from runtime.tokenizer.tokenizer import Tokenizer
@@ -46,10 +47,33 @@ class IncrementalDetokenizer:
         self._prefix_text = self._decode(self._prefix_offset, self._read_offset)
         return new
 
-    def flush(self) -> str:
-        """At the end of generation: emit whatever was held back (even a truly invalid byte tail)."""
+    def flush(self, drop_incomplete: bool = False) -> str:
+        """At the end of generation: emit whatever was held back (even a truly invalid byte tail).
+
+        drop_incomplete, when generation was cut (max_tokens, the context): leave out a last
+        character whose bytes had only begun, rather than end the text with U+FFFD for it."""
         text = self._decode(self._prefix_offset)
+        if drop_incomplete and text.endswith("\ufffd"):
+            text = self._without_unfinished_tail(text)
         new = text[len(self._prefix_text):] if len(text) > len(self._prefix_text) else ""
         self._prefix_offset = self._read_offset = len(self._ids)
         self._prefix_text = ""
         return new
+
+    def _without_unfinished_tail(self, text: str) -> str:
+        pending = _unfinished_bytes(b"".join(map(self._tok.token_bytes, self._ids[self._read_offset:])))
+        k = size = 0
+        while size < pending:
+            k += 1
+            size += len(self._tok.token_bytes(self._ids[-k]))
+        if pending and size == pending:  # the last k tokens hold just the unfinished bytes: decode without them
+            return self._decode(self._prefix_offset, len(self._ids) - k)
+        # a token that also holds whole characters (byte-level BPE): its lossy decode marks the tail once
+        return text[:-1] if pending else text
+
+
+def _unfinished_bytes(raw: bytes) -> int:
+    """How many bytes at the end of raw begin a UTF-8 character that they do not complete."""
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    decoder.decode(raw)
+    return len(decoder.getstate()[0])

@@ -9,6 +9,7 @@ from typing import Any, Sequence
 from tokenizers import Tokenizer as HFTokenizer
 
 from runtime.tokenizer.chat_template import render_chat_template
+from runtime.tokenizer.token_bytes import TokenBytes
 from weights.gguf_metadata import open_gguf, read_metadata
 from weights.tokenizer_files import tokenizer_from_gguf_metadata, tokenizer_from_hf_folder
 
@@ -101,6 +102,22 @@ class Tokenizer:
         if norm is not None and not _never_shortens(json.loads(norm.__getstate__())):
             return None
         return max(map(len, self._tok.get_vocab(with_added_tokens=True)), default=1)
+
+    @functools.cached_property
+    def _token_bytes(self) -> TokenBytes:
+        return TokenBytes(self._tok)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The raw bytes of one token: part of a multi-byte character stays that part (decode gives U+FFFD)."""
+        return self._token_bytes(token_id)
+
+    def is_special(self, token_id: int) -> bool:
+        """A special token (BOS, EOS, end of turn ...): decode(skip_special_tokens=True) leaves it out."""
+        return token_id in self._special_ids
+
+    @functools.cached_property
+    def _special_ids(self) -> frozenset[int]:
+        return frozenset(i for i, t in self._tok.get_added_tokens_decoder().items() if t.special)
 
     def id_to_token(self, token_id: int) -> str | None:
         return self._tok.id_to_token(token_id)
