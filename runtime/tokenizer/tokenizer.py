@@ -9,8 +9,8 @@ from typing import Any, Sequence
 from tokenizers import Tokenizer as HFTokenizer
 
 from runtime.tokenizer.chat_template import render_chat_template
-from runtime.tokenizer.token_bytes import TokenBytes
 from weights.gguf_metadata import open_gguf, read_metadata
+from weights.token_bytes import TokenBytes
 from weights.tokenizer_files import tokenizer_from_gguf_metadata, tokenizer_from_hf_folder
 
 

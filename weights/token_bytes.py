@@ -1,5 +1,6 @@
-"""The raw bytes each token stands for. Decoding one token alone loses them when it holds part of a
-multi-byte character (every such piece decodes to U+FFFD); logprobs need the bytes themselves."""
+"""The raw bytes each token of a vocabulary stands for (byte-level BPE or byte-fallback pieces).
+Decoding one token alone loses them when it holds part of a multi-byte character (every such piece
+decodes to U+FFFD); logprobs need the bytes themselves."""
 from __future__ import annotations
 
 import json
