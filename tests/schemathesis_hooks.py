@@ -5,14 +5,17 @@ ST202 (schema-valid data must be accepted) stays on; the server's schema states 
 static schema can state are let through, each by the code or parameter the 400 names:
 - the prompt's token count + max_tokens against the context and the KV cache (needs the tokenizer);
 - min_tokens <= max_tokens (a comparison of two fields, and max_tokens may be the server's default);
-- n x prompts against the sequences the server admits (--max-num-seqs + --max-queue).
+- n x prompts against the sequences the server admits (--max-num-seqs + --max-queue);
+- whether a grammar compiles (a JSON schema, regex or EBNF text), and which structure fields may be
+  combined (one of response_format / guided_*; tool_choice against tools).
 """
 from __future__ import annotations
 
 import schemathesis
 
 UNSTATABLE_CODES = {"context_length_exceeded", "too_many_sequences"}
-UNSTATABLE_PARAMS = {"min_tokens"}
+UNSTATABLE_PARAMS = {"min_tokens", "response_format", "guided_json", "guided_regex", "guided_choice",
+                     "guided_grammar", "tool_choice"}
 
 
 @schemathesis.hook

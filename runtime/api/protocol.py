@@ -89,7 +89,8 @@ class SamplingFields(BaseModel):
     response_format: ResponseFormat | None = None
     guided_json: dict[str, Any] | Str | None = Field(None, description="a JSON schema the output must match")
     guided_regex: Str | None = None
-    guided_choice: Annotated[list[Str], Field(min_length=1, max_length=MAX_BATCH)] | None = None
+    guided_choice: Annotated[list[Annotated[Str, Field(min_length=1)]], Field(min_length=1, max_length=MAX_BATCH)] \
+        | None = None
     guided_grammar: Str | None = Field(None, description="an EBNF grammar (xgrammar's dialect)")
 
 

@@ -14,7 +14,7 @@ class JsonSchemaFormat(BaseModel):
     name: Name
     description: str | None = None
     json_schema: dict[str, Any] = Field(default_factory=dict, alias="schema")
-    strict: bool | None = None
+    strict: Annotated[bool, Strict()] | None = None
 
 
 class ResponseFormat(BaseModel):
@@ -28,7 +28,7 @@ class FunctionDefinition(BaseModel):
     name: Name
     description: str | None = None
     parameters: dict[str, Any] | None = None
-    strict: bool | None = None
+    strict: Annotated[bool, Strict()] | None = None
 
 
 class Tool(BaseModel):

@@ -27,10 +27,7 @@ def structured_output(req: SamplingFields) -> StructuredOutput | None:
         return StructuredOutput.json_schema(req.guided_json, "guided_json")
     if req.guided_regex is not None:
         return StructuredOutput("regex", req.guided_regex, "guided_regex")
-    if req.guided_choice is not None:
-        if not all(req.guided_choice):
-            raise APIError(400, "invalid 'guided_choice': choices must be non-empty strings", "guided_choice",
-                           "invalid_value")
+    if req.guided_choice is not None:  # the schema keeps it a non-empty list of non-empty strings
         return StructuredOutput.choice(req.guided_choice)
     if req.guided_grammar is not None:
         return StructuredOutput("grammar", req.guided_grammar, "guided_grammar")
