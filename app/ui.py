@@ -7,6 +7,7 @@ import gradio as gr
 
 from app.block_map import STATE_COLORS, STATE_NAMES
 from app.chat import ChatSessions, ChatSettings, reply
+from app.ladder_summary import ladder_markdown
 from app.latency_chart import X_LIM, latency_frame
 from app.panel import LivePanel
 from runtime.api.async_engine import AsyncEngine
@@ -60,6 +61,7 @@ def build_ui(engine: AsyncEngine, metrics: ServerMetrics) -> gr.Blocks:
                                    label="recent TTFT / TPOT (P50, P95)")
         with gr.Accordion("About this engine", open=False):
             gr.Markdown(about_markdown(engine), elem_id="about")
+            gr.Markdown(ladder_markdown(), elem_id="about-ladder")  # empty until the ladder script has run
 
         settings = [system, temperature, top_p, max_tokens, seed, speculative]
 

@@ -61,3 +61,17 @@ def test_latency_frame_names_every_series_and_keeps_its_window():
               {"t": 100.0 + WINDOW_S + 20, "ttft_p50": 0.3, "tpot_p50": None}]
     drawn = latency_frame(points).dropna()
     assert drawn.values.tolist() == [[-30.0, 250.0, "TTFT p50"], [-30.0, 20.0, "TPOT p50"], [0.0, 300.0, "TTFT p50"]]
+
+
+def test_about_panel_shows_the_latest_ladder_or_nothing(tmp_path):
+    import json
+
+    from app.ladder_summary import ladder_markdown
+
+    assert ladder_markdown(str(tmp_path / "none.json")) == ""
+    path = tmp_path / "ladder.json"
+    path.write_text(json.dumps({"model": "m", "max_num_seqs": 8, "workload": {"requests": 24}, "rungs": [
+        {"rung": "1 static batching", "output_tok_s": 20.0, "speedup": 1.0, "kv_waste": 0.62},
+        {"rung": "4 + quantized weights", "note": "n/a (no quantization mode on this device)"}]}))
+    text = ladder_markdown(str(path))
+    assert "| 1 static batching | 20.0 | 1.00x | 62% |" in text and "n/a (no quantization mode" in text
