@@ -101,8 +101,8 @@ async def reply(sessions: ChatSessions, session: str, message: str, display: lis
 
     The textbox is cleared once, when the message is taken; later updates carry None (leave it as it
     is), so they never erase what the user has started typing next."""
-    if not message or not message.strip():
-        yield display, convo, message
+    if not message or not message.strip():  # None, not the empty message: a late answer to a stray Enter
+        yield display, convo, None          # must not erase what the user has typed since
         return
     turn = sessions.begin(session)
     try:

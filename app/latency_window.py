@@ -66,6 +66,11 @@ class LatencyWindow:
                     point[f"{name}_p{q}"] = quantile(q / 100, delta)
             self.series.append(point)
 
+    def points(self) -> list[dict]:
+        """A copy of the series (the UI reads it from Gradio's worker threads while another samples)."""
+        with self._lock:
+            return list(self.series)
+
     def latest(self) -> dict:
         with self._lock:
             return dict(self.series[-1]) if self.series else {}

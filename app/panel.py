@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from app.block_map import render
+from app.latency_chart import latency_frame
 from app.latency_window import LatencyWindow
 from runtime.api.async_engine import AsyncEngine
 from runtime.api.metrics import ServerMetrics
@@ -70,19 +71,6 @@ class LivePanel:
                 self._map = (states, render(states))
             return self._map[1]
 
-    def latency_rows(self) -> list[dict]:
-        """Long-format rows for the time-series plot (seconds ago, metric, milliseconds)."""
-        series = list(self.latency.series)
-        if not series:
-            return []
-        now = series[-1]["t"]
-        rows = []
-        for point in series:
-            for key in ("ttft_p50", "ttft_p95", "tpot_p50", "tpot_p95"):
-                if point.get(key) is not None:
-                    rows.append({"t": round(point["t"] - now, 1), "metric": key, "ms": point[key] * 1000})
-        return rows
-
     def refresh(self):
         self.latency.sample()
-        return self.kv_usage_html(), self.block_map(), self.stats_markdown(), self.latency_rows()
+        return self.kv_usage_html(), self.block_map(), self.stats_markdown(), latency_frame(self.latency.points())

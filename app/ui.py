@@ -4,11 +4,12 @@ from __future__ import annotations
 import os
 
 import gradio as gr
-import pandas as pd
 
 from app.block_map import STATE_COLORS, STATE_NAMES
 from app.chat import ChatSessions, ChatSettings, reply
 from app.gradio_guards import quiet_input_errors, refuse_uploads
+from app.ladder_summary import ladder_markdown
+from app.latency_chart import X_LIM, latency_frame
 from app.panel import LivePanel
 from runtime.api.async_engine import AsyncEngine
 from runtime.api.metrics import ServerMetrics
@@ -55,11 +56,13 @@ def build_ui(engine: AsyncEngine, metrics: ServerMetrics) -> gr.Blocks:
                 blocks = gr.Image(label="KV block map", elem_id="block-map", interactive=False, height=260)
                 gr.HTML(legend_html())
                 stats = gr.Markdown(elem_id="live-stats")
-                plot = gr.LinePlot(pd.DataFrame({"t": [0.0], "metric": ["ttft_p50"], "ms": [0.0]}), x="t", y="ms",
-                                   color="metric", x_title="seconds ago", y_title="ms", height=200,
+                # no height: a fixed one clips the legend below the axis
+                plot = gr.LinePlot(latency_frame([]), x="t", y="ms", color="series", x_lim=X_LIM,
+                                   x_title="seconds ago", y_title="ms", color_title="", elem_id="latency-plot",
                                    label="recent TTFT / TPOT (P50, P95)")
         with gr.Accordion("About this engine", open=False):
             gr.Markdown(about_markdown(engine), elem_id="about")
+            gr.Markdown(ladder_markdown(), elem_id="about-ladder")  # empty until the ladder script has run
 
         settings = [system, temperature, top_p, max_tokens, seed, speculative]
 
@@ -87,14 +90,9 @@ def build_ui(engine: AsyncEngine, metrics: ServerMetrics) -> gr.Blocks:
         stop.click(stop_turn, None, None, queue=False)
         clear.click(clear_chat, None, [chat, convo, msg], queue=False)
 
-        def refresh():
-            kv_html, image, md, rows = panel.refresh()
-            frame = pd.DataFrame(rows, columns=["t", "metric", "ms"]).astype({"t": float, "ms": float, "metric": str})
-            return kv_html, image, md, frame
-
         timer = gr.Timer(1.0)
-        timer.tick(refresh, None, [kv, blocks, stats, plot], show_progress="hidden")
-        demo.load(refresh, None, [kv, blocks, stats, plot])
+        timer.tick(panel.refresh, None, [kv, blocks, stats, plot], show_progress="hidden")
+        demo.load(panel.refresh, None, [kv, blocks, stats, plot])
     return demo
 
 

@@ -12,6 +12,7 @@ import time
 
 import torch
 
+import runtime.nvtx as nvtx
 from runtime.batching import SchedulerOutput
 from runtime.device import kv_budget, resolve_device, resolve_dtype
 from runtime.engine_config import EngineConfig
@@ -130,7 +131,9 @@ class LLMEngine:
         t0 = time.perf_counter()
         drafts = self._propose()
         t1 = time.perf_counter()
+        if nvtx.ON: nvtx.push("schedule")
         sched = self.scheduler.schedule({seq: len(d.tokens) for seq, d in drafts.items()})
+        if nvtx.ON: nvtx.pop()
         changed = {self.output.state_of(seq) for seq in sched.out_of_memory}
         for seq in sched.out_of_memory:
             log.warning("request %s ran out of KV cache capacity; finishing it", seq.request_id)
@@ -142,7 +145,9 @@ class LLMEngine:
         if sched.chunks:
             changed |= self._run(sched, drafts)
         t3 = time.perf_counter()
+        if nvtx.ON: nvtx.push("output")
         outputs = self.output.outputs(changed | set(self._aborted))
+        if nvtx.ON: nvtx.pop()
         self._aborted.clear()
         times.output += time.perf_counter() - t3
         self.stats.steps += 1
@@ -163,6 +168,7 @@ class LLMEngine:
     def _run(self, sched: SchedulerOutput, drafts: dict[Sequence, Draft]) -> set[RequestState]:
         times = self.stats.times
         t0 = time.perf_counter()
+        if nvtx.ON: nvtx.push("prepare")
         chunks, rows_of = [], []
         for c in sched.chunks:
             seq, start = c.seq, c.seq.num_computed
@@ -173,10 +179,13 @@ class LLMEngine:
             if reaches_end:
                 rows_of.append((seq, spec))
         prepared = self.runner.prepare(chunks)
+        if nvtx.ON: nvtx.pop()
         t1 = time.perf_counter()
         logits = self.runner.forward(*prepared)
         t2 = time.perf_counter()
+        if nvtx.ON: nvtx.push("sample")
         sampled = sample_step(rows_of, logits, drafts, self.output.eos_ids, self.output.grammar_of)
+        if nvtx.ON: nvtx.swap("output")
         t3 = time.perf_counter()
         updates, changed = [], set()
         for s in sampled:
@@ -189,6 +198,7 @@ class LLMEngine:
             if s.num_drafts:
                 self._count_verified(s.seq, s.num_drafts, len(s.tokens) - 1)
         self.scheduler.update(sched, updates)
+        if nvtx.ON: nvtx.pop()
         times.prepare += t1 - t0
         times.forward += t2 - t1
         times.sample += t3 - t2

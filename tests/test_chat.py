@@ -78,7 +78,9 @@ def test_empty_message_and_overlong_conversation_do_not_reach_the_engine():
         async def main(message):
             return [u async for u in reply(sessions, "s1", message, [], [], GREEDY)]
 
-        assert asyncio.run(main("   ")) == [([], [], "   ")]
+        # None leaves the box alone: the answer to a stray Enter may come late on a busy server, after
+        # the user has typed the real message, which it must not erase
+        assert asyncio.run(main("   ")) == [([], [], None)]
         display, convo, _ = asyncio.run(main("x" * 5000))[-1]
         assert convo == [] and "context" in display[-1]["content"]
         assert ae.snapshot().prompt_tokens == 0

@@ -48,3 +48,30 @@ def test_latency_window_keeps_and_reports_only_its_window(monkeypatch):
             assert 0.1 < window.latest()["x_p50"] <= 0.2
     assert 0.5 < window.latest()["x_p50"] <= 1.0  # the t=5 sample is the window's base: only the 0.8s count
     assert [t for t, _ in window.samples] == [5.0, 12.0]  # the t=0 sample fell out of the window
+
+
+def test_latency_frame_names_every_series_and_keeps_its_window():
+    """Gradio's LinePlot draws (and lists in its legend) only the series its frame had when it last
+    built its spec: every frame, even one with no latency yet, names all four."""
+    from app.latency_chart import SERIES, WINDOW_S, latency_frame
+
+    empty = latency_frame([])
+    assert set(empty["series"]) == set(SERIES.values()) and empty["ms"].isna().all()
+    points = [{"t": 100.0, "ttft_p50": 0.5}, {"t": 150.0, "ttft_p50": 0.25, "tpot_p50": 0.02},
+              {"t": 100.0 + WINDOW_S + 20, "ttft_p50": 0.3, "tpot_p50": None}]
+    drawn = latency_frame(points).dropna()
+    assert drawn.values.tolist() == [[-30.0, 250.0, "TTFT p50"], [-30.0, 20.0, "TPOT p50"], [0.0, 300.0, "TTFT p50"]]
+
+
+def test_about_panel_shows_the_latest_ladder_or_nothing(tmp_path):
+    import json
+
+    from app.ladder_summary import ladder_markdown
+
+    assert ladder_markdown(str(tmp_path / "none.json")) == ""
+    path = tmp_path / "ladder.json"
+    path.write_text(json.dumps({"model": "m", "max_num_seqs": 8, "workload": {"requests": 24}, "rungs": [
+        {"rung": "1 static batching", "output_tok_s": 20.0, "speedup": 1.0, "kv_waste": 0.62},
+        {"rung": "4 + quantized weights", "note": "n/a (no quantization mode on this device)"}]}))
+    text = ladder_markdown(str(path))
+    assert "| 1 static batching | 20.0 | 1.00x | 62% |" in text and "n/a (no quantization mode" in text

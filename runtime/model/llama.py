@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import runtime.nvtx as nvtx
 from runtime.model.attention_backend import AttentionBackend
 from runtime.model.attention_batch import AttentionBatch
 from runtime.model.linear import Linear, tensor_bytes
@@ -41,6 +42,7 @@ class DecoderLayer(nn.Module):
                 batch: AttentionBatch, backend: AttentionBackend) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.cfg
         eps = cfg.rms_norm_eps
+        if nvtx.ON: nvtx.push("attention")
         h, residual = backend.add_rms_norm(x, residual, self.input_norm, eps)
         qkv = self.qkv(h)
         heads = cfg.num_heads + cfg.num_kv_heads
@@ -55,8 +57,11 @@ class DecoderLayer(nn.Module):
         q, k = backend.rope(qk, *cos_sin).split([cfg.num_heads, cfg.num_kv_heads], dim=1)
         attn = backend.attention(q, k, v, kv_cache[0], kv_cache[1], batch, cfg.head_dim**-0.5)
         x = self.o_proj(attn.view(-1, cfg.q_size))
+        if nvtx.ON: nvtx.swap("mlp")
         h, residual = backend.add_rms_norm(x, residual, self.post_norm, eps)
-        return self.down(backend.silu_and_mul(self.gate_up(h))), residual
+        x = self.down(backend.silu_and_mul(self.gate_up(h)))
+        if nvtx.ON: nvtx.pop()
+        return x, residual
 
 
 class LlamaModel(nn.Module):

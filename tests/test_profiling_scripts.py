@@ -1,0 +1,89 @@
+"""The benchmark and profiling scripts run in CI at their --smoke size (seconds each), so they cannot rot:
+each is run as a program and its outputs are checked (JSON fields, a real PNG, the exit status)."""
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.server_utils import REPO
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def run_script(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, *args] if args[0].endswith(".py") else list(args)
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
+def is_png(path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(8) == PNG_MAGIC
+
+
+def test_optimization_ladder_smoke(tmp_path):
+    out, png = tmp_path / "ladder.json", tmp_path / "ladder.png"
+    proc = run_script("profiling/optimization_ladder.py", "--smoke", "--json", str(out), "--png", str(png))
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(out.read_text())
+    rungs = report["rungs"]
+    assert [r["rung"][0] for r in rungs[:3]] == ["1", "2", "3"] and rungs[-1]["rung"].startswith("5")
+    for r in rungs:
+        if r["config"] is None:  # no quantization mode on this device (yet): said, not skipped silently
+            assert r["note"].startswith("n/a") and r["note"] in proc.stdout
+            continue
+        for key in ("output_tok_s", "ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "kv_reserved_mib",
+                    "kv_held_mib", "kv_waste", "speedup"):
+            assert r[key] >= 0, key
+        assert r["output_tokens"] == report["workload"]["output_tokens"]  # ignore_eos: the same work on every rung
+    assert rungs[0]["speedup"] == 1.0
+    # structural, not timed: static reserves prompt + max_tokens up front, paging only what tokens fill
+    assert rungs[1]["kv_waste"] < 0.04 < rungs[0]["kv_waste"]
+    assert rungs[2]["prefix_hit_rate"] > 0 and rungs[-1]["spec_acceptance"] > 0
+    assert is_png(png)
+
+
+def test_roofline_smoke_with_a_measured_run(tmp_path):
+    measured = tmp_path / "run.json"
+    measured.write_text(json.dumps({"workload": {"requests": 2, "prompt_tokens": 400, "output_tokens": 100},
+                                    "rungs": [{"rung": "a run", "output_tokens": 100, "prefill_tokens_computed": 400,
+                                               "steps": 60, "wall_s": 2.0}]}))
+    out, png = tmp_path / "roofline.json", tmp_path / "roofline.png"
+    proc = run_script("profiling/roofline.py", "--smoke", "--chips", "cpu,h100,h200", "--measured", str(measured),
+                      "--json", str(out), "--png", str(png))
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(out.read_text())
+    chips = {c["name"]: c for c in report["chips"]}
+    assert len(chips) == 3 and all(c["peak_flops"] > 0 and c["bandwidth"] > 0 for c in chips.values())
+    for step in report["steps"]:
+        assert step["bound"] in ("compute", "bandwidth") and step["intensity"] > 0
+        if step["label"].startswith("decode b=1 "):  # a matrix-vector step is bandwidth-bound on every chip
+            assert step["bound"] == "bandwidth"
+    assert [p["label"] for p in report["measured"]] == ["a run"] and report["measured"][0]["flops_per_s"] > 0
+    assert is_png(png)
+
+
+def test_cpu_profile_smoke(tmp_path):
+    trace, ops = tmp_path / "trace.json", tmp_path / "ops.json"
+    proc = run_script("profiling/cpu_profile.py", "--smoke", "--trace", str(trace), "--json", str(ops))
+    assert proc.returncode == 0, proc.stderr
+    table = json.loads(ops.read_text())
+    names = {r["op"] for r in table["ops"]}
+    assert {"attention", "mlp"} <= names  # the engine's NVTX hooks, routed to profiler ranges
+    assert table["steps"] > 0 and abs(sum(table["phase_shares"].values()) - 1) < 1e-6
+    assert json.loads(trace.read_text())["traceEvents"]
+
+
+def _has_gpu() -> bool:
+    smi = shutil.which("nvidia-smi")
+    return bool(smi) and "GPU " in subprocess.run([smi, "-L"], capture_output=True, text=True).stdout
+
+
+@pytest.mark.skipif(_has_gpu(), reason="checks the scripts' refusal on a machine without a GPU")
+@pytest.mark.parametrize("script", [["profiling/nsys.sh"], ["profiling/ncu.sh", "decode_attention", "decode"]])
+def test_nsys_and_ncu_refuse_without_a_gpu_in_one_line(script):
+    proc = run_script("bash", *script, timeout=60)
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "GPU" in lines[0] and proc.stdout == ""
