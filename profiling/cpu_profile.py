@@ -76,7 +76,7 @@ def main() -> None:
     with open(args.json, "w") as f:
         json.dump({"requests": args.requests, "max_tokens": args.max_tokens, "steps": steps,
                    "threads": torch.get_num_threads(), "phase_shares": shares, "ops": rows}, f, indent=2)
-    print(f"{args.requests} requests x {args.max_tokens} tokens, {steps} steps, {torch.get_num_threads()} threads; "
+    print(f"{args.requests} requests x {args.max_tokens} tokens, {steps} steps, torch threads: {torch.get_num_threads()}; "
           f"engine phases: " + ", ".join(f"{k} {v:.0%}" for k, v in shares.items()))
     print(f"{'op':<44}{'calls':>7}{'self ms':>10}{'total ms':>10}{'self %':>8}")
     for r in rows:

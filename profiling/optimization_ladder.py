@@ -198,7 +198,7 @@ def main() -> None:
     print(f"{model_name}; {info['requests']} requests ({info['copy_requests']} copy-heavy) in {info['groups']} "
           f"system-prompt groups, prompts {info['prompt_range'][0]}-{info['prompt_range'][1]} tokens "
           f"({info['prompt_tokens']} in all), outputs {info['output_range'][0]}-{info['output_range'][1]} "
-          f"({info['output_tokens']} in all); batch {args.max_num_seqs}, {torch.get_num_threads()} threads")
+          f"({info['output_tokens']} in all); batch {args.max_num_seqs}, torch threads: {torch.get_num_threads()}")
     print(HEADER)
     rows = run_ladder(make_engine, workload, ladder(spec))
     same = [f"{r['rung'][0]} {'yes' if r['same_tokens_as_rung1'] else 'no'}" for r in rows[1:] if "speedup" in r]

@@ -18,6 +18,8 @@ from dataclasses import asdict
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import torch  # noqa: E402
+
 from profiling.report_files import OUT, write_report  # noqa: E402
 from profiling.roofline_model import (PUBLISHED, Chip, StepCost, decode, kv_bytes_per_token,  # noqa: E402
                                       measure_cpu, prefill, run_cost)
@@ -73,6 +75,15 @@ def measured_points(paths: list[str], cfg: ModelConfig, chip: Chip, context: int
     return points
 
 
+def recorded_threads(paths: list[str]) -> int | None:
+    """The torch thread count the first measured run that records one used (the ladder's JSON does)."""
+    for path in paths:
+        data = json.load(open(path))
+        if isinstance(data, dict) and data.get("threads"):
+            return data["threads"]
+    return None
+
+
 def table(cfg: ModelConfig, chip: Chip, steps: list[StepCost]) -> list[dict]:
     print(f"{chip.name}: {chip.peak_flops / 1e12:.3g} TFLOP/s, {chip.bandwidth / 1e9:.3g} GB/s, ridge "
           f"{chip.ridge:.1f} FLOP/byte ({chip.source})")
@@ -99,6 +110,8 @@ def main() -> None:
                     help="benchmark JSON files to plot as measured points on the CPU roof (default: "
                          "profiling/out/ladder.json if it exists)")
     ap.add_argument("--measure-seconds", type=float, default=2.0)
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch threads for the CPU roof (default: those the measured JSON ran with, else torch's)")
     ap.add_argument("--png", default=os.path.join(OUT, "roofline.png"))
     ap.add_argument("--json", default=os.path.join(OUT, "roofline.json"))
     ap.add_argument("--smoke", action="store_true", help="the SmolLM2-135M preset, a short CPU measurement (CI)")
@@ -106,6 +119,11 @@ def main() -> None:
     if args.smoke:
         args.model, args.measure_seconds = args.model or "smollm2-135m", 0.3
     cfg = model_config(args.model)
+    default_measured = os.path.join(OUT, "ladder.json")
+    paths = args.measured if args.measured is not None else [p for p in [default_measured] if os.path.exists(p)]
+    threads = args.threads or recorded_threads(paths)
+    if threads:  # the CPU roof at the thread count the measured runs used
+        torch.set_num_threads(threads)
     chips = [measure_cpu(args.measure_seconds) if c == "cpu" else PUBLISHED[c] for c in args.chips.split(",")]
     print(f"{cfg.name}: {cfg.num_parameters() / 1e6:.0f}M parameters, KV {kv_bytes_per_token(cfg, 1)} bytes/token "
           f"per byte of dtype; prefill {args.prefill_batch}x{args.prompt}, decode at context {args.context}")
@@ -115,8 +133,6 @@ def main() -> None:
             decode(cfg, chip.dtype_bytes, int(b), args.context) for b in args.batches.split(",")]
         report["chips"].append({**asdict(chip), "ridge": chip.ridge})
         report["steps"] += table(cfg, chip, steps)
-    default_measured = os.path.join(OUT, "ladder.json")
-    paths = args.measured if args.measured is not None else [p for p in [default_measured] if os.path.exists(p)]
     cpu = next((c for c in chips if c.dtype_bytes == 4), None)
     if paths and cpu:
         report["measured"] = measured_points(paths, cfg, cpu, args.context)

@@ -43,7 +43,7 @@ def measure_cpu(seconds: float = 1.0) -> Chip:
     flops = _best_rate(lambda: torch.mm(a, b), 2 * n**3, seconds / 2)
     x = torch.ones(64 << 20)  # 256 MiB: far past any cache
     bandwidth = _best_rate(lambda: x.sum(), x.numel() * 4, seconds / 2)
-    return Chip(f"this CPU ({torch.get_num_threads()} threads)", flops, bandwidth, 4,
+    return Chip(f"this CPU (threads: {torch.get_num_threads()})", flops, bandwidth, 4,
                 "measured: float32 torch.mm 1024^3, sum over 256 MiB")
 
 

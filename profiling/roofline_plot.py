@@ -24,15 +24,17 @@ def plot_roofline(report: dict, path: str) -> None:
         labelled.add(chip["dtype_bytes"])
         ax.plot(x, np.minimum(chip["peak_flops"], x * chip["bandwidth"]), color=color,
                 label=f"{chip['name']} ({chip['peak_flops'] / 1e12:.3g} TFLOP/s, {chip['bandwidth'] / 1e9:.0f} GB/s)")
-        for s in (s for s in steps if s["chip"] == chip["name"]):
+        for j, s in enumerate(s for s in steps if s["chip"] == chip["name"]):
             y = min(chip["peak_flops"], s["intensity"] * chip["bandwidth"])
             ax.plot(s["intensity"], y, "o" if s["label"].startswith("decode") else "s", color=color, ms=5)
             if label_steps:
-                ax.annotate(s["label"], (s["intensity"], y), fontsize=6, xytext=(3, -9), textcoords="offset points")
-    for p in measured:
+                ax.annotate(s["label"], (s["intensity"], y), fontsize=6, xytext=(3, -9 - 8 * (j % 2)),
+                            textcoords="offset points")  # alternate heights: neighbours on a roof overlap
+    for i, p in enumerate(measured):  # runs sit close together: their labels stack in a column
         ax.plot(p["intensity"], p["flops_per_s"], "*", color="tab:red", ms=10)
         ax.annotate(p["label"], (p["intensity"], p["flops_per_s"]), fontsize=6, color="tab:red",
-                    xytext=(4, 2), textcoords="offset points")
+                    xytext=(0.42, 0.13 - 0.03 * i), textcoords="axes fraction",
+                    arrowprops={"arrowstyle": "-", "color": "tab:red", "lw": 0.4})
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity (FLOP per byte moved)")

@@ -87,3 +87,21 @@ def test_nsys_and_ncu_refuse_without_a_gpu_in_one_line(script):
     assert proc.returncode != 0
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "GPU" in lines[0] and proc.stdout == ""
+
+
+def test_ladder_picks_up_quantization_modes_when_engine_config_grows_them(monkeypatch):
+    from dataclasses import dataclass
+
+    from profiling import optimization_ladder as ol
+    from runtime.engine_config import flag
+
+    assert [r.config for r in ol.ladder({})][3] is None  # today: no such field, rung 4 says n/a
+
+    @dataclass
+    class WithQuantization:
+        quantization: str | None = flag(None, "weights", choices=(None, "int8", "int4"))
+
+    monkeypatch.setattr(ol, "EngineConfig", WithQuantization)
+    rungs = ol.ladder({"speculative": "ngram"})
+    assert [r.label for r in rungs[3:5]] == ["4 + quantized (int8)", "4 + quantized (int4)"]
+    assert rungs[-1].config == {**rungs[4].config, "speculative": "ngram"}  # speculation on top of the last mode
