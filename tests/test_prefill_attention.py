@@ -178,6 +178,64 @@ def test_prepare_args_rejects_bad_inputs():
         prepare_prefill_args(PrefillArgs(z["q"], z["k"], z["v"], z["cu_seqlens_q"], z["cu_seqlens_k"], 0.1))
 
 
+def _prefix_args(x, **kw) -> PrefillArgs:
+    return PrefillArgs(x["q"], x["k"], x["v"], x["cu_seqlens_q"], x["cu_seqlens_k"], 0.1, True, x["k_cache"],
+                       x["v_cache"], x["block_tables"], x["prefix_lens"], **kw)
+
+
+@pytest.mark.parametrize("bad", ["id_past_cache", "negative_id", "prefix_past_table"])
+def test_prepare_args_rejects_block_ids_outside_the_cache(bad):
+    """The kernel follows block ids through raw addresses: a bad table must be a ValueError."""
+    x = make_batch([4, 9], [20, 40], 4, 2, d=64, dtype=torch.bfloat16)
+    num_blocks = x["k_cache"].shape[0]
+    if bad == "id_past_cache":
+        x["block_tables"][1, 2] = num_blocks
+    elif bad == "negative_id":
+        x["block_tables"][0, 0] = -1
+    else:
+        x["prefix_lens"][1] = x["block_tables"].shape[1] * KV_BLOCK_SIZE + 1
+    with pytest.raises(ValueError, match="out of range"):
+        prepare_prefill_args(_prefix_args(x))
+
+
+def test_step_plan_spares_every_layer_a_device_sync(monkeypatch):
+    """With the step's plan (block ids checked once) and max_seqlen_q, preparing a layer reads no
+    tensor value on the host (no int()/item()/bool() of a tensor: each is a device sync on a GPU)."""
+    from cute_kernels.hopper.prefill_host import plan_prefill
+
+    x = make_batch([4, 9], [20, 40], 4, 2, d=64, dtype=torch.bfloat16)
+    plan = plan_prefill(x["cu_seqlens_q"], x["cu_seqlens_k"], x["prefix_lens"], x["block_tables"],
+                        x["k_cache"].shape[0])
+
+    def sync(*_):
+        raise AssertionError("host read of a tensor value (a device sync per layer)")
+
+    for name in ("__int__", "__bool__", "__index__", "item", "tolist"):
+        monkeypatch.setattr(torch.Tensor, name, sync)
+    args = prepare_prefill_args(_prefix_args(x, max_seqlen_q=9, plan=plan))
+    assert args.max_seqlen_q == 9 and args.block_tables is plan.block_tables
+    with pytest.raises(AssertionError, match="device sync"):  # without max_seqlen_q it must sync
+        prepare_prefill_args(_prefix_args(x, plan=plan))
+
+
+def test_cute_backend_plans_and_checks_once_per_step():
+    from runtime.model.attention_batch import AttentionBatch
+    from runtime.model.cute_backend import CuteBackend
+
+    x = make_batch([4, 9], [20, 40], 4, 2, d=64)
+    num_blocks = x["k_cache"].shape[0]
+    batch = AttentionBatch(slot_mapping=torch.zeros(13, dtype=torch.long), num_blocks=num_blocks,
+                           block_size=KV_BLOCK_SIZE, cu_seqlens_q=x["cu_seqlens_q"],
+                           prefill_prefix_lens=x["prefix_lens"], prefill_block_tables=x["block_tables"],
+                           max_prefix_len=40, max_seqlen_q=9)
+    CuteBackend().plan(batch)
+    assert batch.prefill_plan.num_blocks == num_blocks
+    assert batch.prefill_args(x["q"], x["k"], x["v"], x["k_cache"], x["v_cache"], 0.1).plan is batch.prefill_plan
+    batch.prefill_plan, batch.prefill_block_tables[0, 1] = None, num_blocks + 5
+    with pytest.raises(ValueError, match="out of range"):
+        CuteBackend().plan(batch)
+
+
 def test_cute_backend_refuses_cpu_tensors_clearly():
     from runtime.model.cute_backend import CuteBackend, CuteBackendUnavailable
 

@@ -206,10 +206,11 @@ class PrefillAttentionSm90:
             # Packed-row coordinate of each accumulator row this thread holds.
             tScS = thr_mma_qk.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
             tScS_rc = acc_as_rows_cols(tScS)
+            t0ScS_rc = acc_as_rows_cols(mma_qk.get_slice(0).partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n))))
 
             step_args = (
                 mK, mV, mKCache, mVCache, mBlockTables, sK, sV, thr_copy, row_copy, ctx,
-                mma_qk, mma_pv, thr_mma_qk, tSrQ, tSrK, tOrVt, acc_O, row_max, row_sum, tScS_rc,
+                mma_qk, mma_pv, thr_mma_qk, tSrQ, tSrK, tOrVt, acc_O, row_max, row_sum, tScS_rc, t0ScS_rc,
                 softmax_scale_log2,
             )
             # Masked tiles first (the diagonal / ragged end), then the fully visible ones.
@@ -270,7 +271,7 @@ class PrefillAttentionSm90:
     def step(
         self, n_block: Int32, masked: cutlass.Constexpr,
         mK, mV, mKCache, mVCache, mBlockTables, sK, sV, thr_copy, row_copy, ctx,
-        mma_qk, mma_pv, thr_mma_qk, tSrQ, tSrK, tOrVt, acc_O, row_max, row_sum, tScS_rc,
+        mma_qk, mma_pv, thr_mma_qk, tSrQ, tSrK, tOrVt, acc_O, row_max, row_sum, tScS_rc, t0ScS_rc,
         softmax_scale_log2: Float32,
     ):
         # K[n] (and Q) landed; everyone is done reading V from the previous step.
@@ -282,7 +283,7 @@ class PrefillAttentionSm90:
         _wgmma(mma_qk, acc_S, tSrQ, tSrK, zero_init=True)
 
         if const_expr(masked):
-            self.apply_mask(acc_S, tScS_rc, n_block, ctx)
+            self.apply_mask(acc_S, tScS_rc, t0ScS_rc, n_block, ctx)
         self.online_softmax(acc_S, acc_O, row_max, row_sum, softmax_scale_log2)
         tOrP = cute.make_rmem_tensor_like(acc_as_operand_a(acc_S), self.dtype)
         tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
@@ -302,19 +303,21 @@ class PrefillAttentionSm90:
         cute.arch.sync_threads()
 
     @cute.jit
-    def apply_mask(self, acc_S, tScS_rc, n_block: Int32, ctx):
-        """-inf for keys past seqlen_k and, if causal, past each row's key position."""
+    def apply_mask(self, acc_S, tScS_rc, t0ScS_rc, n_block: Int32, ctx):
+        """-inf for keys past seqlen_k and, if causal, past each row's key position: one select per
+        element against a per-row limit. Columns are compared as thread 0's (compile-time constants)
+        against limits shifted by this thread's column offset, so no column index is computed."""
         s = acc_as_rows_cols(acc_S)
+        col_offset = n_block * self.tile_n + tScS_rc[0, 0][1]
+        seqlen_limit = ctx.seqlen_k - col_offset
         for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
-            row = ctx.m_block * self.tile_m + tScS_rc[r, 0][0]
-            key_limit = ctx.seqlen_k
+            col_limit = seqlen_limit
             if const_expr(self.causal):
-                token = row // self.group
-                key_limit = cutlass.min(query_key_position(token, ctx.q_len, ctx.seqlen_k) + 1, ctx.seqlen_k)
-            col_limit = key_limit - n_block * self.tile_n
+                token = (ctx.m_block * self.tile_m + tScS_rc[r, 0][0]) // self.group
+                col_limit = cutlass.min(query_key_position(token, ctx.q_len, ctx.seqlen_k) + 1 - col_offset,
+                                        seqlen_limit)
             for c in cutlass.range_constexpr(cute.size(s, mode=[1])):
-                if tScS_rc[0, c][1] >= col_limit:
-                    s[r, c] = -Float32.inf
+                s[r, c] = -Float32.inf if t0ScS_rc[0, c][1] >= col_limit else s[r, c]
 
     @cute.jit
     def online_softmax(self, acc_S, acc_O, row_max, row_sum, softmax_scale_log2: Float32):

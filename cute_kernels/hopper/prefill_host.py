@@ -3,6 +3,9 @@
 Turns a PrefillArgs record (the contract of reference.prefill_attention_ref) into exactly what the
 kernel reads: int32 metadata, a PrefillSpec (the compile key), max_seqlen_q for the grid, and
 placeholders when there is no paged prefix (prefix_lens = 0 means the cache is never read).
+The kernel reads cache blocks through raw addresses, so every block id it may follow is checked
+against the cache first (ValueError, never an illegal address): once per step by plan_prefill
+(the runtime's backend.plan), or here per call when no plan is given.
 """
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from cute_kernels.attention_args import PrefillArgs
-from cute_kernels.paged_tables import as_int32
+from cute_kernels.paged_tables import as_int32, check_block_ids
 
 from .prefill_schedule import num_query_tiles
 from .prefill_spec import KV_BLOCK_SIZE, PrefillSpec
@@ -46,6 +49,34 @@ class PrefillLaunchArgs:
         """Tensors in the argument order of PrefillAttentionSm90.__call__."""
         return (self.q, self.k, self.v, self.k_cache, self.v_cache, self.block_tables, self.prefix_lens,
                 self.cu_seqlens_q, self.cu_seqlens_k, self.out, self.lse)
+
+
+@dataclass(frozen=True)
+class PrefillPlan:
+    """A step's prefill metadata as the kernel reads it (int32, contiguous), its block ids checked
+    against a cache of num_blocks blocks: the same for every layer, so checked once per step."""
+
+    cu_seqlens_q: torch.Tensor
+    cu_seqlens_k: torch.Tensor
+    prefix_lens: torch.Tensor | None
+    block_tables: torch.Tensor | None
+    num_blocks: int
+
+
+def plan_prefill(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, prefix_lens: torch.Tensor | None,
+                 block_tables: torch.Tensor | None, num_blocks: int) -> PrefillPlan:
+    """Check that every prefix fits its block-table row and every block id is in [0, num_blocks);
+    ValueError otherwise. Reads the tables on the host: one device sync per step, not per layer."""
+    if prefix_lens is not None:
+        if block_tables is None or block_tables.dim() != 2 or block_tables.shape[0] != prefix_lens.numel():
+            raise ValueError("prefill attention: prefix_lens needs one block-table row per sequence")
+        if prefix_lens.numel() and int(prefix_lens.max()) > 0:
+            if int(prefix_lens.min()) < 0:
+                raise ValueError("prefill attention: negative prefix length")
+            check_block_ids(block_tables, int(prefix_lens.max()), num_blocks, KV_BLOCK_SIZE,
+                            "prefill attention: prefix lengths")
+        prefix_lens, block_tables = as_int32(prefix_lens), as_int32(block_tables)
+    return PrefillPlan(as_int32(cu_seqlens_q), as_int32(cu_seqlens_k), prefix_lens, block_tables, num_blocks)
 
 
 def _compact_strides(shape: torch.Size) -> tuple[int, ...]:
@@ -97,7 +128,10 @@ def _paged_prefix(args: PrefillArgs, batch: int) -> tuple[torch.Tensor, ...]:
                          f"{k_cache.dtype}, expected [num_blocks, {', '.join(map(str, expected))}] {q.dtype}")
     if block_tables.dim() != 2 or block_tables.shape[0] != batch:
         raise ValueError(f"prefill attention: block_tables {tuple(block_tables.shape)}, expected [{batch}, max_blocks]")
-    return k_cache, v_cache, block_tables, args.prefix_lens
+    plan = args.plan if isinstance(args.plan, PrefillPlan) else None
+    if plan is None or plan.num_blocks != k_cache.shape[0] or plan.block_tables is None:
+        plan = plan_prefill(args.cu_seqlens_q, args.cu_seqlens_k, args.prefix_lens, block_tables, k_cache.shape[0])
+    return k_cache, v_cache, plan.block_tables, plan.prefix_lens
 
 
 def prepare_prefill_args(args: PrefillArgs) -> PrefillLaunchArgs:

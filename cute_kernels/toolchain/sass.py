@@ -23,7 +23,17 @@ _PATTERNS = {
     "cp_async": r"\bLDGSTS\b",
     "local_load": r"\bLDL\b",
     "local_store": r"\bSTL\b",
+    "fsel": r"\bFSEL\b",  # float selects: what a mask lowers to
+    "setmaxnreg": r"\bUSETMAXREG\b",  # warp-specialized register split (setmaxnreg)
+    "tma_store": r"\bUTMASTG\b",
 }
+# A stack frame: the stack pointer R1 moved down (local arrays, spills, calls).
+_STACK_FRAME = re.compile(r"\b(?:IADD3|VIADD|IADD)\s+R1,\s*R1,\s*-0x")
+_ADDRESS = re.compile(r"/\*([0-9a-f]{4,})\*/")
+_LABEL = re.compile(r"^\s*(\.L_x_\d+):")
+_BRANCH_TARGET = re.compile(r"\bBRA\b[^`]*`\((\.L_x_\d+)\)")
+# barrier 0 is the CTA-wide one (__syncthreads); named barriers (ids > 0) sync only their warps
+_CTA_BARRIER = re.compile(r"\bBAR\.SYNC(?:\.DEFER_BLOCKING)?\s+0x0\b")
 
 
 @dataclass(frozen=True)
@@ -37,6 +47,11 @@ class SassStats:
     local_store: int
     registers: int | None  # per thread, of the largest kernel in the cubin
     hgmma_shapes: tuple[str, ...]  # e.g. ("64x128x16.F32",)
+    fsel: int = 0
+    setmaxnreg: int = 0
+    tma_store: int = 0
+    stack_frame: bool = False
+    loop_cta_barriers: int = 0  # BAR.SYNC on barrier 0 inside a loop (between its head and back branch)
 
     @property
     def spills(self) -> int:
@@ -106,8 +121,33 @@ def cubin_registers(cubin: bytes) -> int | None:
     return best
 
 
-def sass_stats(cubin: bytes) -> SassStats:
-    text = disassemble(cubin)
+def loop_cta_barriers(text: str) -> int:
+    """CTA-wide barriers (BAR.SYNC 0x0) inside loops: a loop is a backward branch, from its BRA back
+    to its target label; each barrier is counted once however many loops hold it."""
+    labels, instructions, pending = {}, [], []
+    for line in text.splitlines():
+        label = _LABEL.match(line)
+        if label:
+            pending.append(label.group(1))
+            continue
+        address = _ADDRESS.search(line)
+        if address:
+            addr = int(address.group(1), 16)
+            labels.update((name, addr) for name in pending)
+            pending = []
+            instructions.append((addr, line))
+    loops = [(labels[m.group(1)], addr) for addr, line in instructions
+             for m in [_BRANCH_TARGET.search(line)] if m and labels.get(m.group(1), addr + 1) <= addr]
+    return sum(1 for addr, line in instructions
+               if _CTA_BARRIER.search(line) and any(head <= addr <= back for head, back in loops))
+
+
+def stats_from_sass(text: str, registers: int | None = None) -> SassStats:
     counts = {key: len(re.findall(pat, text)) for key, pat in _PATTERNS.items()}
     shapes = tuple(sorted(set(re.findall(r"\b[HQ]GMMA\.(\d+x\d+x\d+\.[A-Z0-9]+)", text))))
-    return SassStats(**counts, registers=cubin_registers(cubin), hgmma_shapes=shapes)
+    return SassStats(**counts, registers=registers, hgmma_shapes=shapes,
+                     stack_frame=bool(_STACK_FRAME.search(text)), loop_cta_barriers=loop_cta_barriers(text))
+
+
+def sass_stats(cubin: bytes) -> SassStats:
+    return stats_from_sass(disassemble(cubin), cubin_registers(cubin))

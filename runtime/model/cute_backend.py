@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from cute_kernels.attention_args import PrefillArgs
+from runtime.model.attention_batch import AttentionBatch
 from runtime.model.torch_backend import TorchBackend
 
 
@@ -42,6 +43,16 @@ class CuteBackend(TorchBackend):
 
     def describe(self) -> str:
         return "CuTe kernels (sm_90a)"
+
+    def plan(self, batch: AttentionBatch) -> None:
+        """The prefill kernel's int32 tables, their block ids checked against the cache once per step
+        (a bad table is a ValueError here, not an illegal address in every layer's kernel)."""
+        if batch.cu_seqlens_q is not None and batch.prefill_plan is None:
+            from cute_kernels.hopper.prefill_host import plan_prefill
+
+            cu = batch.cu_seqlens_q
+            batch.prefill_plan = plan_prefill(cu, cu, batch.prefix_lens, batch.prefill_block_tables, batch.num_blocks)
+        super().plan(batch)
 
     def prefill(self, args: PrefillArgs) -> torch.Tensor:
         """The sm_90a kernel; args.max_seqlen_q (from the runner) spares it a device sync per layer."""
