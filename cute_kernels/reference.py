@@ -44,6 +44,21 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor 
     return out.transpose(1, 2)
 
 
+def _prefill_sequences(args: PrefillArgs):
+    """Per sequence: (its query rows' slice, q [lq, H, d], keys and values [lk, Hkv, d] = [paged prefix ;
+    new keys]); query row i sits at key position lk - lq + i (bottom-right causal alignment)."""
+    q, k, v = args.q, args.k, args.v
+    cq = args.cu_seqlens_q.tolist()
+    ck = args.cu_seqlens_k.tolist()
+    prefixes = args.prefix_lens.tolist() if args.prefix_lens is not None else [0] * (len(cq) - 1)
+    for b in range(len(cq) - 1):
+        kb, vb = k[ck[b] : ck[b + 1]], v[ck[b] : ck[b + 1]]
+        if prefixes[b]:
+            kb = torch.cat([gather_paged(args.k_cache, args.block_tables[b], prefixes[b]), kb])
+            vb = torch.cat([gather_paged(args.v_cache, args.block_tables[b], prefixes[b]), vb])
+        yield slice(cq[b], cq[b + 1]), q[cq[b] : cq[b + 1]], kb, vb
+
+
 def prefill_attention_ref(args: PrefillArgs) -> torch.Tensor:
     """Varlen attention of new queries over [paged prefix ; new keys].
 
@@ -52,24 +67,35 @@ def prefill_attention_ref(args: PrefillArgs) -> torch.Tensor:
     b sits at key position prefix_len + (new_k_len - q_len) + i (bottom-right causal alignment).
     max_seqlen_q and plan are not needed here.
     """
-    q, k, v, causal, scale = args.q, args.k, args.v, args.causal, args.scale
-    out = torch.empty_like(q)
-    cq = args.cu_seqlens_q.tolist()
-    ck = args.cu_seqlens_k.tolist()
-    prefixes = args.prefix_lens.tolist() if args.prefix_lens is not None else [0] * (len(cq) - 1)
-    for b in range(len(cq) - 1):
-        qb = q[cq[b] : cq[b + 1]]
-        kb, vb = k[ck[b] : ck[b + 1]], v[ck[b] : ck[b + 1]]
-        if prefixes[b]:
-            kb = torch.cat([gather_paged(args.k_cache, args.block_tables[b], prefixes[b]), kb])
-            vb = torch.cat([gather_paged(args.v_cache, args.block_tables[b], prefixes[b]), vb])
+    causal, scale = args.causal, args.scale
+    out = torch.empty_like(args.q)
+    for rows, qb, kb, vb in _prefill_sequences(args):
         lq, lk = qb.shape[0], kb.shape[0]
         mask = None
         if causal and 1 < lq < lk:  # a chunk after a prefix: bottom-right aligned mask
-            qpos = torch.arange(lk - lq, lk, device=q.device).unsqueeze(1)
-            mask = torch.arange(lk, device=q.device).unsqueeze(0) <= qpos
-        out[cq[b] : cq[b + 1]] = _sdpa(qb[None], kb[None], vb[None], mask, scale, causal and lq == lk > 1)[0]
+            qpos = torch.arange(lk - lq, lk, device=qb.device).unsqueeze(1)
+            mask = torch.arange(lk, device=qb.device).unsqueeze(0) <= qpos
+        out[rows] = _sdpa(qb[None], kb[None], vb[None], mask, scale, causal and lq == lk > 1)[0]
     return out
+
+
+def prefill_lse_ref(args: PrefillArgs, chunk: int = 512) -> torch.Tensor:
+    """fp32 [total_q, heads] natural-log sum of exp(scale * q.k) over each query's visible keys
+    (prefill_attention_ref's mask), in chunks of query rows to bound the score matrix's memory."""
+    lse = torch.empty(args.q.shape[0], args.q.shape[1], dtype=torch.float32, device=args.q.device)
+    for rows, qb, kb, _ in _prefill_sequences(args):
+        lq, lk = qb.shape[0], kb.shape[0]
+        group = qb.shape[1] // kb.shape[1]
+        keys = kb.float().repeat_interleave(group, 1)  # [lk, H, d]
+        for start in range(0, lq, chunk):
+            qc = qb[start : start + chunk].float()
+            scores = torch.einsum("qhd,khd->hqk", qc, keys) * args.scale
+            if args.causal:
+                qpos = torch.arange(lk - lq + start, lk - lq + start + qc.shape[0], device=qb.device)
+                scores.masked_fill_(torch.arange(lk, device=qb.device)[None, None, :] > qpos[None, :, None],
+                                    float("-inf"))
+            lse[rows.start + start : rows.start + start + qc.shape[0]] = torch.logsumexp(scores, -1).T
+    return lse
 
 
 DecodePlan = list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]

@@ -1,7 +1,9 @@
-"""The sm_90a compile check: kernels compile on the CPU, their SASS keeps the HGMMA fast path, they
-export ahead of time, the compile cache keys on the spec only, and the GPU suite passes its dry run."""
+"""The sm_90a compile check: kernels compile on the CPU, their SASS has what the design needs (HGMMA,
+TMA, setmaxnreg, no spills, no CTA-wide barrier in a loop) and each rule fails a kernel lacking it,
+they export ahead of time, the compile cache keys on the spec only, and the GPU suite passes its dry run."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import subprocess
@@ -29,21 +31,85 @@ def compiled_bf16_d128_gqa4():
     return spec, compile_prefill(spec, keep_artifacts=True)
 
 
-def test_prefill_compiles_to_hgmma_with_cp_async(compiled_bf16_d128_gqa4):
-    from cute_kernels.toolchain.check import required_hgmma_shapes
+def test_prefill_sass_has_the_warp_specialized_design(compiled_bf16_d128_gqa4):
+    from cute_kernels.hopper.prefill_rules import prefill_sass_problems, required_hgmma_shapes
     from cute_kernels.toolchain.sass import find_nvdisasm, sass_stats
 
     spec, compiled = compiled_bf16_d128_gqa4
-    assert "wgmma.mma_async" in compiled.artifacts["ptx"]
+    assert "wgmma.mma_async" in compiled.artifacts["ptx"] and "setmaxnreg" in compiled.artifacts["ptx"]
     if find_nvdisasm() is None:
         pytest.skip("nvdisasm not installed (pip install nvidia-cuda-nvdisasm)")
     stats = sass_stats(compiled.artifacts["cubin"])
+    assert prefill_sass_problems(spec, stats) == []
     assert required_hgmma_shapes(spec) <= set(stats.hgmma_shapes)
     assert stats.hgmma >= 2 * (spec.head_dim // 16)  # at least one S and one PV k-loop
-    assert stats.hmma == 0, "warp-level MMA: the kernel fell off the wgmma path"
-    assert stats.cp_async > 0
-    assert stats.spills == 0
-    assert stats.registers is not None and 0 < stats.registers <= 255
+    assert stats.tma_load > 0 and stats.setmaxnreg >= 2  # producer lowers, MMA warpgroups raise
+    assert stats.spills == 0 and not stats.stack_frame and stats.loop_cta_barriers == 0
+    assert stats.fsel <= 4 * 64, "the mask is one select per S element (64 per thread per masked tile)"
+
+
+GOOD_STATS = dict(hgmma=48, qgmma=0, hmma=0, tma_load=4, cp_async=80, local_load=0, local_store=0, registers=168,
+                  hgmma_shapes=("64x128x16.F32",), fsel=152, setmaxnreg=2, tma_store=0, stack_frame=False,
+                  loop_cta_barriers=0)
+
+
+@pytest.mark.parametrize("lacking,message", [
+    (dict(tma_load=0), "no UTMALDG"),
+    (dict(setmaxnreg=0), "no USETMAXREG"),
+    (dict(local_load=3), "local memory: 3 LDL"),
+    (dict(local_store=1), "local memory: 0 LDL / 1 STL"),
+    (dict(stack_frame=True), "stack frame"),
+    (dict(loop_cta_barriers=2), "2 CTA-wide BAR.SYNC inside a loop"),
+    (dict(registers=200), "200 registers at launch > 168"),
+    (dict(hgmma_shapes=("64x64x16.F32",)), "no HGMMA"),
+    (dict(hmma=4), "HMMA (warp-level MMA fallback)"),
+    (dict(cp_async=0), "no cp.async"),
+])
+def test_each_prefill_rule_fails_a_kernel_lacking_it(lacking, message):
+    from cute_kernels.hopper.prefill_rules import prefill_sass_problems
+    from cute_kernels.hopper.prefill_spec import PrefillSpec
+    from cute_kernels.toolchain.sass import SassStats
+
+    spec = PrefillSpec("bfloat16", 128, 4)
+    good = SassStats(**GOOD_STATS)
+    assert prefill_sass_problems(spec, good) == []
+    problems = prefill_sass_problems(spec, dataclasses.replace(good, **lacking))
+    assert len(problems) == 1 and message in problems[0], problems
+
+
+LOOP_SASS = """
+        /*0000*/                   LDC R1, c[0x0][0x28] ;
+        /*0010*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+.L_x_3:
+        /*0020*/                   HGMMA.64x128x16.F32.BF16 R24, gdesc[UR16], RZ, !UPT ;
+        /*0030*/                   {barrier} ;
+        /*0040*/               @P0 BRA `(.L_x_3) ;
+        /*0050*/               @P1 BRA `(.L_x_4) ;
+.L_x_4:
+        /*0060*/                   {after} ;
+        /*0070*/                   EXIT ;
+"""
+
+
+@pytest.mark.parametrize("barrier,after,expected", [
+    ("BAR.SYNC.DEFER_BLOCKING 0x0", "NOP", 1),  # CTA-wide barrier between the loop head and its back branch
+    ("BAR.SYNC 0x0", "NOP", 1),
+    ("BAR.SYNC.DEFER_BLOCKING 0x1, 0x80", "NOP", 0),  # a named barrier is fine
+    ("NOP", "BAR.SYNC.DEFER_BLOCKING 0x0", 0),  # after the loop (a forward branch is no loop)
+])
+def test_loop_barrier_detector(barrier, after, expected):
+    from cute_kernels.toolchain.sass import stats_from_sass
+
+    stats = stats_from_sass(LOOP_SASS.format(barrier=barrier, after=after))
+    assert stats.loop_cta_barriers == expected and stats.hgmma == 1
+
+
+def test_stack_frame_detector():
+    from cute_kernels.toolchain.sass import stats_from_sass
+
+    framed = LOOP_SASS.format(barrier="IADD3 R1, R1, -0x20, RZ", after="NOP")
+    assert stats_from_sass(framed).stack_frame
+    assert not stats_from_sass(LOOP_SASS.format(barrier="NOP", after="NOP")).stack_frame
 
 
 def test_compile_cache_compiles_each_spec_once():
@@ -92,6 +158,7 @@ def test_check_flags_missing_hgmma(monkeypatch):
     monkeypatch.setattr(sass, "sass_stats", lambda cubin: sass.SassStats(0, 0, 16, 0, 8, 0, 0, 128, ("16x8x16",)))
     report = check.check_prefill_variant(PrefillSpec("bfloat16", 64, 1))
     assert not report.ok and "no HGMMA" in report.problems and "HMMA" in report.problems
+    assert "no UTMALDG" in report.problems and "no USETMAXREG" in report.problems
 
 
 def test_check_cli_one_variant():

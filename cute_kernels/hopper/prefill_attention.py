@@ -1,46 +1,42 @@
-"""FlashAttention-style varlen prefill attention for Hopper (sm_90a), in the CuTe DSL.
+"""FlashAttention-3-style varlen prefill attention for Hopper (sm_90a), in the CuTe DSL.
 
 Contract: the same as reference.prefill_attention_ref (packed [tokens, heads, d] q/k/v,
 cu_seqlens, paged prefix through 16-token block tables, bottom-right causal, GQA by head ratio),
 plus an fp32 LSE [total_q, heads] output.
 
-Design (one CTA = 128 packed query rows of one KV head of one sequence, 2 MMA warpgroups):
+Design (one CTA = 128 packed query rows of one KV head of one sequence; 3 warpgroups):
 - Packed GQA: rows are (token, query head of this KV head), so each K/V tile is loaded once per group.
-- K/V rows are gathered with cp.async (16 B per thread-copy): a tile may straddle the paged prefix
-  (block_tables -> cache block, slot) and the packed new keys, and 16-token blocks are too small for
-  TMA boxes of 128 rows. Rows past the sequence end are clamped to its last key (finite data, masked
-  to -inf in S, exact zeros in P), so no zero-fill or predication is needed.
-- S = Q K^T with SS wgmma, O += P V with RS wgmma (P stays in registers), fp32 accumulation.
-- Online softmax in fp32 with exp2, running max / sum per row; key tiles are visited from the last
-  to the first so only the first few (diagonal / ragged) tiles pay for masking, and tiles beyond
-  the causal frontier are never loaded.
-- Pipeline: V[n] streams in during S = QK[n] and the softmax, K[n-1] during O += PV[n].
+- Warp specialization: warpgroup 0 is the producer (registers lowered by setmaxnreg), issuing every
+  load into a Q buffer and `stages`-deep K and V rings on mbarriers (prefill_loads.py): key tiles of
+  new keys by TMA, tiles touching the paged prefix and Q by cp.async gathers. Warpgroups 1-2 are the
+  MMA warpgroups (registers raised), 64 query rows each (prefill_mma.py). No CTA-wide barrier after
+  the barrier setup: stages are handed over by full/empty mbarriers only.
+- S = Q K^T with SS wgmma, O += P V with RS wgmma (P stays in registers), fp32 accumulation; online
+  softmax in fp32 with exp2; the mask is one select per element against a per-row limit.
+- Key tiles are visited from the last to the first so only the first few (diagonal / ragged) tiles
+  pay for masking, and tiles beyond the causal frontier are never loaded.
 """
 from __future__ import annotations
-
-import math
-from typing import Optional
 
 import cuda.bindings.driver as cuda
 
 import cutlass
-import cutlass.memory
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass import Float32, Int32, Int64, const_expr
+from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
-from .prefill_schedule import kv_block_range, key_row_coords, packed_row_token_head, query_key_position
-from .prefill_spec import KV_BLOCK_SIZE, PrefillSpec
-from .wgmma_layouts import acc_as_rows_cols, acc_as_operand_a
+from .prefill_loads import KeySource, PrefillLoads
+from .prefill_mma import PrefillMma
+from .prefill_schedule import kv_block_range
+from .prefill_spec import PrefillSpec
 
 DTYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}
-LOG2_E = math.log2(math.e)
 
 
-class PrefillAttentionSm90:
-    """Compile-time configuration + host launch (__call__) + kernel body."""
+class PrefillAttentionSm90(PrefillLoads, PrefillMma):
+    """Compile-time configuration + host launch (__call__) + kernel body (roles and barriers)."""
 
     def __init__(self, spec: PrefillSpec):
         self.spec = spec
@@ -49,18 +45,24 @@ class PrefillAttentionSm90:
         self.group = spec.qheads_per_kvhead
         self.causal = spec.causal
         tile = spec.tile
-        self.tile_m, self.tile_n = tile.tile_m, tile.tile_n
-        self.num_threads = tile.num_threads
+        self.tile_m, self.tile_n, self.stages = tile.tile_m, tile.tile_n, tile.stages
         self.num_wg = tile.num_mma_warpgroups
         assert self.tile_m == 64 * self.num_wg
+        self.producer_threads = 128
+        self.mma_threads = 128 * self.num_wg
+        self.num_threads = self.producer_threads + self.mma_threads
+        self.producer_regs, self.mma_regs = tile.producer_registers, tile.mma_registers
+        self.kv_tile_bytes = self.tile_n * self.head_dim * self.dtype.width // 8
 
     # ------------------------------------------------------------------ configuration
-    def _smem_layout(self, rows: int):
-        """Row-major [rows, head_dim] tile with the widest GMMA swizzle (K-major for Q and K)."""
+    def _smem_layout(self, rows: int, stages: int | None = None):
+        """Row-major [rows, head_dim(, stage)] tile with the widest GMMA swizzle (K-major for Q and K)."""
         atom = warpgroup.make_smem_layout_atom(
             sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, self.dtype, self.head_dim), self.dtype
         )
-        return cute.tile_to_shape(atom, (rows, self.head_dim), order=(0, 1))
+        if stages is None:
+            return cute.tile_to_shape(atom, (rows, self.head_dim), order=(0, 1))
+        return cute.tile_to_shape(atom, (rows, self.head_dim, stages), order=(0, 1, 2))
 
     def _tiled_mmas(self):
         wg_layout = (self.num_wg, 1, 1)  # warpgroups split the query rows
@@ -77,16 +79,25 @@ class PrefillAttentionSm90:
         return mma_qk, mma_pv
 
     def _row_copy(self):
-        """cp.async tiled copy: each thread moves 16 B of one row per issue."""
+        """cp.async tiled copy for the producer warpgroup: each thread moves 16 B of one row per issue."""
         elems = 128 // self.dtype.width
         chunks_per_row = self.head_dim // elems
         atom = cute.make_copy_atom(
             cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), self.dtype, num_bits_per_copy=128
         )
         thr_layout = cute.make_ordered_layout(
-            (self.num_threads // chunks_per_row, chunks_per_row), order=(1, 0)
+            (self.producer_threads // chunks_per_row, chunks_per_row), order=(1, 0)
         )
         return cute.make_tiled_copy_tv(atom, thr_layout, cute.make_layout((1, elems)))
+
+    def _tma_atom(self, mX: cute.Tensor, s_layout):
+        """TMA load of one [tile_n, d] key tile of one KV head from packed [tokens, kv_heads, d] rows."""
+        tokens_d_heads = cute.make_tensor(mX.iterator, cute.select(mX.layout, mode=[0, 2, 1]))
+        info = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileG2SOp(), tokens_d_heads, cute.select(s_layout, mode=[0, 1]),
+            (self.tile_n, self.head_dim),
+        )
+        return info.atom, info.tma_tensor
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -109,10 +120,17 @@ class PrefillAttentionSm90:
     ):
         mma_qk, mma_pv = self._tiled_mmas()
         sQ_layout = self._smem_layout(self.tile_m)
-        sKV_layout = self._smem_layout(self.tile_n)
+        sKV_layout = self._smem_layout(self.tile_n, self.stages)
+        tma_k, mK_tma = self._tma_atom(mK, sKV_layout)
+        tma_v, mV_tma = self._tma_atom(mV, sKV_layout)
 
         @cute.struct
         class SharedStorage:
+            q_full: cute.struct.MemRange[cutlass.Int64, 1]
+            k_full: cute.struct.MemRange[cutlass.Int64, self.stages]
+            k_empty: cute.struct.MemRange[cutlass.Int64, self.stages]
+            v_full: cute.struct.MemRange[cutlass.Int64, self.stages]
+            v_empty: cute.struct.MemRange[cutlass.Int64, self.stages]
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
@@ -122,12 +140,14 @@ class PrefillAttentionSm90:
         num_kv_heads = mK.shape[1]
         self.kernel(
             mQ, mK, mV, mKCache, mVCache, mBlockTables, mPrefixLens, mCuSeqlensQ, mCuSeqlensK, mO, mLSE,
-            softmax_scale_log2, sQ_layout, sKV_layout, mma_qk, mma_pv, self._row_copy(), SharedStorage,
+            mK_tma, mV_tma, tma_k, tma_v, softmax_scale_log2, sQ_layout, sKV_layout, mma_qk, mma_pv,
+            self._row_copy(), SharedStorage,
         ).launch(
             grid=[num_m_blocks, num_kv_heads, batch],
             block=[self.num_threads, 1, 1],
             smem=SharedStorage.size_in_bytes(),
             stream=stream,
+            min_blocks_per_mp=1,
         )
 
     # ------------------------------------------------------------------ kernel
@@ -145,6 +165,10 @@ class PrefillAttentionSm90:
         mCuSeqlensK: cute.Tensor,
         mO: cute.Tensor,
         mLSE: cute.Tensor,
+        mK_tma: cute.Tensor,
+        mV_tma: cute.Tensor,
+        tma_k: cute.CopyAtom,
+        tma_v: cute.CopyAtom,
         softmax_scale_log2: Float32,
         sQ_layout: cute.ComposedLayout,
         sKV_layout: cute.ComposedLayout,
@@ -154,6 +178,7 @@ class PrefillAttentionSm90:
         SharedStorage: cutlass.Constexpr,
     ):
         tidx, _, _ = cute.arch.thread_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         m_block, kv_head, batch_idx = cute.arch.block_idx()
 
         q_start = mCuSeqlensQ[batch_idx]
@@ -164,203 +189,56 @@ class PrefillAttentionSm90:
 
         # Tiles past this sequence's packed rows have no work (the grid covers the longest one).
         if m_block * self.tile_m < q_len * self.group:
-            smem = cutlass.memory.SmemAllocator()
+            smem = cutlass.utils.SmemAllocator()
             storage = smem.allocate(SharedStorage)
             sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
             sK = storage.sK.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)
             sV = storage.sV.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)
-            # V^T view [d, keys] for the PV B operand (same bytes, MN-major).
-            sVt = cute.composition(
-                sV, cute.make_ordered_layout((self.head_dim, self.tile_n), order=(1, 0))
-            )
+            bars = _Barriers(storage)
+            if warp_idx == 0:
+                cpasync.prefetch_descriptor(tma_k)
+                cpasync.prefetch_descriptor(tma_v)
+            if tidx == 0:
+                _init_barriers(bars.q_full, bars.k_full, bars.k_empty, bars.v_full, bars.v_empty, self.stages,
+                               self.mma_threads)
+            cute.arch.mbarrier_init_fence()
+            cute.arch.sync_threads()  # the barriers exist before anyone waits on them (not in a loop)
 
             n_block_max, n_mask_start = kv_block_range(
                 m_block, q_len, seqlen_k, self.group, self.tile_m, self.tile_n, self.causal,
                 imin=cutlass.min, imax=cutlass.max,
             )
-            n_mask_start = cutlass.max(n_mask_start, 0)
-
-            thr_copy = row_copy.get_slice(tidx)
-            ctx = _TileContext(
-                q_start, q_len, k_start, prefix_len, seqlen_k, kv_head, m_block, batch_idx,
-            )
-
-            # Prologue: Q, then the last needed K tile.
-            self.load_q(mQ, sQ, thr_copy, row_copy, ctx)
-            cute.arch.cp_async_commit_group()
-            if n_block_max > 0:
-                self.load_kv(mK, mKCache, mBlockTables, sK, thr_copy, row_copy, ctx, n_block_max - 1)
-            cute.arch.cp_async_commit_group()
-
-            thr_mma_qk = mma_qk.get_slice(tidx)
-            thr_mma_pv = mma_pv.get_slice(tidx)
-            tSrQ = thr_mma_qk.make_fragment_A(thr_mma_qk.partition_A(sQ))
-            tSrK = thr_mma_qk.make_fragment_B(thr_mma_qk.partition_B(sK))
-            tOrVt = thr_mma_pv.make_fragment_B(thr_mma_pv.partition_B(sVt))
-            acc_O = cute.make_rmem_tensor(thr_mma_pv.partition_shape_C((self.tile_m, self.head_dim)), Float32)
-            acc_O.fill(0.0)
-            row_max = cute.make_rmem_tensor((cute.size(acc_as_rows_cols(acc_O), mode=[0]),), Float32)
-            row_sum = cute.make_rmem_tensor_like(row_max)
-            row_max.fill(-Float32.inf)
-            row_sum.fill(0.0)
-            # Packed-row coordinate of each accumulator row this thread holds.
-            tScS = thr_mma_qk.partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n)))
-            tScS_rc = acc_as_rows_cols(tScS)
-            t0ScS_rc = acc_as_rows_cols(mma_qk.get_slice(0).partition_C(cute.make_identity_tensor((self.tile_m, self.tile_n))))
-
-            step_args = (
-                mK, mV, mKCache, mVCache, mBlockTables, sK, sV, thr_copy, row_copy, ctx,
-                mma_qk, mma_pv, thr_mma_qk, tSrQ, tSrK, tOrVt, acc_O, row_max, row_sum, tScS_rc, t0ScS_rc,
-                softmax_scale_log2,
-            )
-            # Masked tiles first (the diagonal / ragged end), then the fully visible ones.
-            for i in cutlass.range(n_block_max - n_mask_start, unroll=1):
-                self.step(n_block_max - 1 - i, True, *step_args)
-            for i in cutlass.range(cutlass.min(n_mask_start, n_block_max), unroll=1):
-                self.step(cutlass.min(n_mask_start, n_block_max) - 1 - i, False, *step_args)
-
-            self.epilogue(mO, mLSE, acc_O, row_max, row_sum, thr_mma_pv, ctx, softmax_scale_log2)
-
-    # ------------------------------------------------------------------ loads
-    @cute.jit
-    def load_q(self, mQ, sQ, thr_copy, row_copy, ctx):
-        """cp.async the tile's packed Q rows; rows past q_len repeat the last token (never stored)."""
-        tQsQ = thr_copy.partition_D(sQ)
-        tQcQ = thr_copy.partition_S(cute.make_identity_tensor((self.tile_m, self.head_dim)))
-        for i in cutlass.range_constexpr(cute.size(tQsQ, mode=[1])):
-            coord = tQcQ[0, i, 0]
-            row = ctx.m_block * self.tile_m + coord[0]
-            token, head = packed_row_token_head(row, ctx.kv_head, self.group)
-            token = cutlass.min(token, ctx.q_len - 1)
-            offset = (Int64(ctx.q_start + token) * Int64(mQ.stride[0]) + Int64(head) * Int64(mQ.stride[1])
-                      + Int64(coord[1]))
-            self._copy_row_chunk(row_copy, mQ, offset, tQsQ[None, i, 0])
-
-    @cute.jit
-    def load_kv(self, mX, mXCache, mBlockTables, sX, thr_copy, row_copy, ctx, n_block: Int32):
-        """cp.async key tile n_block of K or V: prefix rows from the paged cache, the rest from the
-        packed new rows; rows past seqlen_k are clamped to the last key (masked later)."""
-        tXsX = thr_copy.partition_D(sX)
-        tXcX = thr_copy.partition_S(cute.make_identity_tensor((self.tile_n, self.head_dim)))
-        for i in cutlass.range_constexpr(cute.size(tXsX, mode=[1])):
-            coord = tXcX[0, i, 0]
-            key_pos = cutlass.min(n_block * self.tile_n + coord[0], ctx.seqlen_k - 1)
-            block_col, slot, new_row = key_row_coords(key_pos, ctx.prefix_len, ctx.k_start, KV_BLOCK_SIZE)
-            col = Int64(coord[1])
-            if key_pos < ctx.prefix_len:
-                block = Int64(mBlockTables[ctx.batch_idx, block_col])
-                offset = (block * Int64(mXCache.stride[0]) + Int64(slot) * Int64(mXCache.stride[1])
-                          + Int64(ctx.kv_head) * Int64(mXCache.stride[2]) + col)
-                self._copy_row_chunk(row_copy, mXCache, offset, tXsX[None, i, 0])
+            ctx = _TileContext(q_start, q_len, k_start, prefix_len, seqlen_k, kv_head, m_block, batch_idx)
+            if warp_idx < self.producer_threads // 32:
+                cute.arch.setmaxregister_decrease(self.producer_regs)
+                row_offset = k_start - prefix_len
+                k_src = KeySource(mK, mKCache, sK, tma_k, mK_tma, kv_head, row_offset, self.tile_n, self.head_dim)
+                v_src = KeySource(mV, mVCache, sV, tma_v, mV_tma, kv_head, row_offset, self.tile_n, self.head_dim)
+                self.produce(mQ, sQ, k_src, v_src, mBlockTables, bars, row_copy, tidx, ctx, n_block_max)
             else:
-                offset = (Int64(new_row) * Int64(mX.stride[0]) + Int64(ctx.kv_head) * Int64(mX.stride[1])
-                          + col)
-                self._copy_row_chunk(row_copy, mX, offset, tXsX[None, i, 0])
+                cute.arch.setmaxregister_increase(self.mma_regs)
+                mma_wg = warp_idx // 4 - 1
+                self.consume(mO, mLSE, sQ, sK, sV, bars, mma_qk, mma_pv, tidx - self.producer_threads, mma_wg, ctx,
+                             n_block_max, cutlass.max(n_mask_start, 0), softmax_scale_log2)
 
-    @cute.jit
-    def _copy_row_chunk(self, row_copy, mSrc, elem_offset: Int64, dst):
-        """One 16-byte cp.async from mSrc's element `elem_offset` (64-bit: large KV pools)."""
-        src_ptr = cute.make_ptr(
-            self.dtype, mSrc.iterator.toint() + elem_offset * (self.dtype.width // 8),
-            cute.AddressSpace.gmem, assumed_align=16,
-        )
-        cute.copy(row_copy, cute.make_tensor(src_ptr, dst.layout), dst)
 
-    # ------------------------------------------------------------------ main loop
-    @cute.jit
-    def step(
-        self, n_block: Int32, masked: cutlass.Constexpr,
-        mK, mV, mKCache, mVCache, mBlockTables, sK, sV, thr_copy, row_copy, ctx,
-        mma_qk, mma_pv, thr_mma_qk, tSrQ, tSrK, tOrVt, acc_O, row_max, row_sum, tScS_rc, t0ScS_rc,
-        softmax_scale_log2: Float32,
-    ):
-        # K[n] (and Q) landed; everyone is done reading V from the previous step.
-        self._wait_loads_and_sync()
-        self.load_kv(mV, mVCache, mBlockTables, sV, thr_copy, row_copy, ctx, n_block)
-        cute.arch.cp_async_commit_group()
+class _Barriers:
+    """The CTA's mbarriers: Q full; per stage K/V full (1 arrival + TMA bytes) and empty (every MMA thread)."""
 
-        acc_S = cute.make_rmem_tensor(thr_mma_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
-        _wgmma(mma_qk, acc_S, tSrQ, tSrK, zero_init=True)
+    def __init__(self, storage):
+        self.q_full = storage.q_full.data_ptr()
+        self.k_full, self.k_empty = storage.k_full.data_ptr(), storage.k_empty.data_ptr()
+        self.v_full, self.v_empty = storage.v_full.data_ptr(), storage.v_empty.data_ptr()
 
-        if const_expr(masked):
-            self.apply_mask(acc_S, tScS_rc, t0ScS_rc, n_block, ctx)
-        self.online_softmax(acc_S, acc_O, row_max, row_sum, softmax_scale_log2)
-        tOrP = cute.make_rmem_tensor_like(acc_as_operand_a(acc_S), self.dtype)
-        tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
 
-        # V[n] landed; everyone is done reading K[n], so K[n-1] may overwrite it.
-        self._wait_loads_and_sync()
-        if n_block > 0:
-            self.load_kv(mK, mKCache, mBlockTables, sK, thr_copy, row_copy, ctx, n_block - 1)
-        cute.arch.cp_async_commit_group()
-        _wgmma(mma_pv, acc_O, tOrP, tOrVt, zero_init=False)
 
-    @cute.jit
-    def _wait_loads_and_sync(self):
-        cute.arch.cp_async_wait_group(0)
-        # cp.async writes are generic-proxy; wgmma reads shared memory through the async proxy.
-        cute.arch.fence_view_async_shared()
-        cute.arch.sync_threads()
-
-    @cute.jit
-    def apply_mask(self, acc_S, tScS_rc, t0ScS_rc, n_block: Int32, ctx):
-        """-inf for keys past seqlen_k and, if causal, past each row's key position: one select per
-        element against a per-row limit. Columns are compared as thread 0's (compile-time constants)
-        against limits shifted by this thread's column offset, so no column index is computed."""
-        s = acc_as_rows_cols(acc_S)
-        col_offset = n_block * self.tile_n + tScS_rc[0, 0][1]
-        seqlen_limit = ctx.seqlen_k - col_offset
-        for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
-            col_limit = seqlen_limit
-            if const_expr(self.causal):
-                token = (ctx.m_block * self.tile_m + tScS_rc[r, 0][0]) // self.group
-                col_limit = cutlass.min(query_key_position(token, ctx.q_len, ctx.seqlen_k) + 1 - col_offset,
-                                        seqlen_limit)
-            for c in cutlass.range_constexpr(cute.size(s, mode=[1])):
-                s[r, c] = -Float32.inf if t0ScS_rc[0, c][1] >= col_limit else s[r, c]
-
-    @cute.jit
-    def online_softmax(self, acc_S, acc_O, row_max, row_sum, softmax_scale_log2: Float32):
-        """S -> P = exp2(S*scale_log2 - running max); rescale O and the running sum."""
-        s = acc_as_rows_cols(acc_S)
-        o = acc_as_rows_cols(acc_O)
-        for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
-            tile_max = s[r, None].load().reduce(cute.ReductionOp.MAX, -Float32.inf, 0)
-            tile_max = _quad_allreduce_max(tile_max)
-            new_max = cutlass.max(row_max[r], tile_max)
-            # A row with every key masked so far keeps max -inf: use 0 so exp2 gives 0, not NaN.
-            max_scaled = new_max * softmax_scale_log2 if new_max != -Float32.inf else Float32(0.0)
-            p = cute.math.exp2(s[r, None].load() * softmax_scale_log2 - max_scaled, fastmath=True)
-            s[r, None].store(p)
-            correction = cute.math.exp2(row_max[r] * softmax_scale_log2 - max_scaled, fastmath=True)
-            row_sum[r] = row_sum[r] * correction + p.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
-            row_max[r] = new_max
-            o[r, None].store(o[r, None].load() * correction)
-
-    # ------------------------------------------------------------------ epilogue
-    @cute.jit
-    def epilogue(self, mO, mLSE, acc_O, row_max, row_sum, thr_mma_pv, ctx, softmax_scale_log2: Float32):
-        """O /= row sum, store valid rows to [q_start + token, head, :]; LSE in natural log."""
-        o = acc_as_rows_cols(acc_O)
-        tOcO = acc_as_rows_cols(thr_mma_pv.partition_C(cute.make_identity_tensor((self.tile_m, self.head_dim))))
-        lane = cute.arch.lane_idx()
-        for r in cutlass.range_constexpr(cute.size(o, mode=[0])):
-            total = _quad_allreduce_sum(row_sum[r])
-            inv = 1.0 / total if total > 0.0 else Float32(0.0)
-            row = ctx.m_block * self.tile_m + tOcO[r, 0][0]
-            token, head = packed_row_token_head(row, ctx.kv_head, self.group)
-            if token < ctx.q_len:
-                q_row = ctx.q_start + token
-                vals = (o[r, None].load() * inv).to(self.dtype)
-                out = cute.make_rmem_tensor_like(o[r, None], self.dtype)
-                out.store(vals)
-                for c in cutlass.range_constexpr(cute.size(o, mode=[1])):
-                    mO[q_row, head, tOcO[0, c][1]] = out[c]
-                if lane % 4 == 0:
-                    lse = -Float32.inf
-                    if total > 0.0:
-                        lse = (row_max[r] * softmax_scale_log2 + cute.math.log2(total, fastmath=True)) / LOG2_E
-                    mLSE[q_row, head] = lse
+def _init_barriers(q_full, k_full, k_empty, v_full, v_empty, stages: int, consumers: int):
+    cute.arch.mbarrier_init(q_full, 1)
+    for s in range(stages):
+        cute.arch.mbarrier_init(k_full + s, 1)
+        cute.arch.mbarrier_init(v_full + s, 1)
+        cute.arch.mbarrier_init(k_empty + s, consumers)
+        cute.arch.mbarrier_init(v_empty + s, consumers)
 
 
 class _TileContext:
@@ -370,30 +248,3 @@ class _TileContext:
         self.q_start, self.q_len, self.k_start = q_start, q_len, k_start
         self.prefix_len, self.seqlen_k = prefix_len, seqlen_k
         self.kv_head, self.m_block, self.batch_idx = kv_head, m_block, batch_idx
-
-
-@cute.jit
-def _wgmma(tiled_mma: cute.TiledMma, acc: cute.Tensor, tA: cute.Tensor, tB: cute.Tensor,
-           zero_init: cutlass.Constexpr):
-    """acc (+)= A @ B over the K blocks of the fragments, then wait for completion."""
-    warpgroup.fence()
-    atom = cute.make_mma_atom(tiled_mma.op)  # a fresh atom: its ACCUMULATE flag is mutated below
-    atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
-    for k in cutlass.range_constexpr(cute.size(tA, mode=[2])):
-        cute.gemm(atom, acc, tA[None, None, k], tB[None, None, k], acc)
-        atom.set(warpgroup.Field.ACCUMULATE, True)
-    warpgroup.commit_group()
-    warpgroup.wait_group(0)
-
-
-@cute.jit
-def _quad_allreduce_max(x: Float32) -> Float32:
-    """Max over the 4 lanes that share an accumulator row."""
-    x = cutlass.max(x, cute.arch.shuffle_sync_bfly(x, offset=2))
-    return cutlass.max(x, cute.arch.shuffle_sync_bfly(x, offset=1))
-
-
-@cute.jit
-def _quad_allreduce_sum(x: Float32) -> Float32:
-    x = x + cute.arch.shuffle_sync_bfly(x, offset=2)
-    return x + cute.arch.shuffle_sync_bfly(x, offset=1)

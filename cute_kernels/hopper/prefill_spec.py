@@ -47,15 +47,20 @@ class TileConfig:
     tile_m: int
     tile_n: int
     num_mma_warpgroups: int
+    stages: int = 2  # K and V ring depth (shared memory: Q + 2 * stages key tiles)
+    # setmaxnreg split of the 65536-register file over 1 producer + 2 MMA warpgroups (multiples of 8;
+    # the producer gathers the paged prefix with cp.async, so it keeps 40, not 24)
+    producer_registers: int = 40
+    mma_registers: int = 232
 
     @staticmethod
     def for_head_dim(head_dim: int) -> "TileConfig":
-        # 128x128 with 2 warpgroups (64 rows each) keeps S and O in registers for d <= 128.
+        # 128x128 with 2 MMA warpgroups (64 rows each) keeps S and O in registers for d <= 128.
         return TileConfig(tile_m=128, tile_n=128, num_mma_warpgroups=2)
 
     @property
     def num_threads(self) -> int:
-        return 128 * self.num_mma_warpgroups
+        return 128 * (self.num_mma_warpgroups + 1)  # + the producer warpgroup
 
 
 # The variants the runtime compiles: GQA ratios of the models we serve (1:1, 9:3, 32:8, 8:1).

@@ -2,7 +2,8 @@
 needed) and print one row per variant: compile seconds, HGMMA count and shapes, TMA / cp.async
 loads, registers and spills, and whether it exports ahead of time (aot: the .so it links to alone,
 or the .o without a CUDA toolkit). Exits non-zero when a variant fails to compile or export, or its
-SASS lacks the tensor-core instructions its design relies on (the kernel fell off the fast path).
+SASS lacks what its design relies on (hopper/prefill_rules.py: HGMMA, TMA, setmaxnreg, no spills or
+stack frame, no CTA-wide barrier inside a loop).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from cute_kernels.hopper.prefill_rules import prefill_sass_problems
 from cute_kernels.hopper.prefill_spec import selected_specs
 
 
@@ -36,11 +38,6 @@ class VariantReport:
         return not self.problems
 
 
-def required_hgmma_shapes(spec) -> set[str]:
-    """S = Q K^T is m64 x tile_n, O += P V is m64 x head_dim, both k16 into fp32."""
-    return {f"64x{spec.tile.tile_n}x16.F32", f"64x{spec.head_dim}x16.F32"}
-
-
 def check_prefill_variant(spec) -> VariantReport:
     from cute_kernels.hopper.prefill_compile import compile_prefill
 
@@ -51,14 +48,7 @@ def check_prefill_variant(spec) -> VariantReport:
     except Exception as exc:  # report every variant, then fail
         return VariantReport(spec.name, None, problems=f"compile failed: {type(exc).__name__}: {exc}"[:300])
     stats = sass_stats(compiled.artifacts["cubin"])
-    problems = []
-    missing = required_hgmma_shapes(spec) - set(stats.hgmma_shapes)
-    if missing:
-        problems.append(f"no HGMMA {sorted(missing)}")
-    if stats.hmma:
-        problems.append(f"{stats.hmma} HMMA (warp-level MMA fallback)")
-    if not stats.cp_async:
-        problems.append("no cp.async (LDGSTS) loads")
+    problems = prefill_sass_problems(spec, stats)
     aot = check_aot_export(spec, compiled, problems)
     return VariantReport(
         spec.name, compiled.compile_seconds, stats.hgmma, ",".join(stats.hgmma_shapes), stats.tma_load,

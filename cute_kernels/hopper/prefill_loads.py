@@ -1,0 +1,121 @@
+"""The prefill kernel's producer warpgroup: every global -> shared load, issued ahead of the MMA
+warpgroups into mbarrier-guarded stages (prefill_attention.py owns the roles and the barriers).
+
+- Key/value tiles made only of new keys go by TMA: one elected thread arms the stage's full barrier
+  with the tile's byte count and issues one bulk tensor copy (rows past the tensor's end are zeros,
+  rows of the next sequence are finite; both are masked to -inf in S, so P is exactly 0 there).
+- Tiles that touch the paged prefix (16-token blocks, too small for 128-row TMA boxes) and the
+  packed-GQA Q tile are gathered with cp.async by all 128 producer threads, which then wait for
+  their own copies, fence them to the async proxy (wgmma reads shared memory through it), meet at a
+  producer-only named barrier and let one thread arrive on the full barrier.
+Empty barriers: every MMA thread arrives once it is done reading a stage.
+"""
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32, Int64
+
+from .prefill_schedule import key_row_coords, packed_row_token_head
+from .prefill_spec import KV_BLOCK_SIZE
+
+PRODUCER_BARRIER_ID = 1  # named barrier of the producer warpgroup; 0 is the CTA-wide one
+
+
+class PrefillLoads:
+    """Producer-side methods of PrefillAttentionSm90 (a mixin: self carries the compile-time config)."""
+
+    @cute.jit
+    def produce(self, mQ, sQ, k_src, v_src, mBlockTables, bars, row_copy, ptid: Int32, ctx, n_block_max: Int32):
+        """Q once, then K[n] and V[n] for n = n_block_max-1 down to 0, in the consumers' order."""
+        thr_copy = row_copy.get_slice(ptid)
+        self.load_q(mQ, sQ, thr_copy, row_copy, ctx)
+        self._commit_cp_async(bars.q_full, ptid)
+        for i in cutlass.range(n_block_max, unroll=1):
+            n_block = n_block_max - 1 - i
+            stage, phase = i % self.stages, (i // self.stages) % 2
+            cute.arch.mbarrier_wait(bars.k_empty + stage, phase ^ 1)
+            self.load_kv_tile(k_src, mBlockTables, bars.k_full + stage, thr_copy, row_copy, ptid, ctx, n_block, stage)
+            cute.arch.mbarrier_wait(bars.v_empty + stage, phase ^ 1)
+            self.load_kv_tile(v_src, mBlockTables, bars.v_full + stage, thr_copy, row_copy, ptid, ctx, n_block, stage)
+
+    @cute.jit
+    def load_kv_tile(self, src, mBlockTables, full_bar, thr_copy, row_copy, ptid: Int32, ctx,
+                     n_block: Int32, stage: Int32):
+        if n_block * self.tile_n >= ctx.prefix_len:  # new keys only: one TMA box
+            if ptid == 0:
+                cute.arch.mbarrier_arrive_and_expect_tx(full_bar, self.kv_tile_bytes)
+                cute.copy(src.tma_atom, src.tma_gmem[None, n_block], src.tma_smem[None, stage], tma_bar_ptr=full_bar)
+        else:
+            self.gather_kv(src.rows, src.cache, mBlockTables, src.smem[None, None, stage], thr_copy, row_copy, ctx,
+                           n_block)
+            self._commit_cp_async(full_bar, ptid)
+
+    @cute.jit
+    def _commit_cp_async(self, full_bar, ptid: Int32):
+        """This thread's cp.async copies landed and are visible to wgmma; the last one to get here
+        after the producer barrier completes the stage (one arrival: the barrier's count)."""
+        cute.arch.cp_async_commit_group()
+        cute.arch.cp_async_wait_group(0)
+        cute.arch.fence_view_async_shared()
+        cute.arch.barrier(barrier_id=PRODUCER_BARRIER_ID, number_of_threads=self.producer_threads)
+        if ptid == 0:
+            cute.arch.mbarrier_arrive(full_bar)
+
+    @cute.jit
+    def load_q(self, mQ, sQ, thr_copy, row_copy, ctx):
+        """cp.async the tile's packed Q rows; rows past q_len repeat the last token (never stored)."""
+        tQsQ = thr_copy.partition_D(sQ)
+        tQcQ = thr_copy.partition_S(cute.make_identity_tensor((self.tile_m, self.head_dim)))
+        for i in cutlass.range_constexpr(cute.size(tQsQ, mode=[1])):
+            coord = tQcQ[0, i, 0]
+            row = ctx.m_block * self.tile_m + coord[0]
+            token, head = packed_row_token_head(row, ctx.kv_head, self.group)
+            token = cutlass.min(token, ctx.q_len - 1)
+            offset = (Int64(ctx.q_start + token) * Int64(mQ.stride[0]) + Int64(head) * Int64(mQ.stride[1])
+                      + Int64(coord[1]))
+            self._copy_row_chunk(row_copy, mQ, offset, tQsQ[None, i, 0])
+
+    @cute.jit
+    def gather_kv(self, mX, mXCache, mBlockTables, sX, thr_copy, row_copy, ctx, n_block: Int32):
+        """cp.async key tile n_block of K or V: prefix rows from the paged cache, the rest from the
+        packed new rows; rows past seqlen_k are clamped to the last key (masked later)."""
+        tXsX = thr_copy.partition_D(sX)
+        tXcX = thr_copy.partition_S(cute.make_identity_tensor((self.tile_n, self.head_dim)))
+        for i in cutlass.range_constexpr(cute.size(tXsX, mode=[1])):
+            coord = tXcX[0, i, 0]
+            key_pos = cutlass.min(n_block * self.tile_n + coord[0], ctx.seqlen_k - 1)
+            block_col, slot, new_row = key_row_coords(key_pos, ctx.prefix_len, ctx.k_start, KV_BLOCK_SIZE)
+            col = Int64(coord[1])
+            if key_pos < ctx.prefix_len:
+                block = Int64(mBlockTables[ctx.batch_idx, block_col])
+                offset = (block * Int64(mXCache.stride[0]) + Int64(slot) * Int64(mXCache.stride[1])
+                          + Int64(ctx.kv_head) * Int64(mXCache.stride[2]) + col)
+                self._copy_row_chunk(row_copy, mXCache, offset, tXsX[None, i, 0])
+            else:
+                offset = (Int64(new_row) * Int64(mX.stride[0]) + Int64(ctx.kv_head) * Int64(mX.stride[1])
+                          + col)
+                self._copy_row_chunk(row_copy, mX, offset, tXsX[None, i, 0])
+
+    @cute.jit
+    def _copy_row_chunk(self, row_copy, mSrc, elem_offset: Int64, dst):
+        """One 16-byte cp.async from mSrc's element `elem_offset` (64-bit: large KV pools)."""
+        src_ptr = cute.make_ptr(
+            self.dtype, mSrc.iterator.toint() + elem_offset * (self.dtype.width // 8),
+            cute.AddressSpace.gmem, assumed_align=16,
+        )
+        cute.copy(row_copy, cute.make_tensor(src_ptr, dst.layout), dst)
+
+
+class KeySource:
+    """Where the producer reads K (or V) from for one CTA: the packed new rows and the paged cache
+    (cp.async gathers), and the TMA view of the new rows of this KV head, tiled so that tile n holds
+    key positions n * tile_n ... (its rows start at k_start - prefix_len + n * tile_n)."""
+
+    def __init__(self, rows, cache, smem, tma_atom, mX_tma, kv_head, row_offset, tile_n: int, head_dim: int):
+        self.rows, self.cache, self.smem, self.tma_atom = rows, cache, smem, tma_atom
+        head = mX_tma[None, None, kv_head]
+        tiles = cute.local_tile(cute.domain_offset((row_offset, 0), head), (tile_n, head_dim), (None, 0))
+        # ((atom, rest), STAGE) and ((atom, rest), N): one TMA copy per stage / key tile
+        self.tma_smem, self.tma_gmem = cute.nvgpu.cpasync.tma_partition(
+            tma_atom, 0, cute.make_layout(1), cute.group_modes(smem, 0, 2), cute.group_modes(tiles, 0, 2))

@@ -1,0 +1,200 @@
+"""The prefill kernel's two MMA warpgroups: S = Q K^T, mask, online softmax, O += P V over the key
+tiles the producer streams into mbarrier-guarded stages, then O / rowsum and the LSE to global memory.
+
+The warpgroups split the tile's 128 query rows (64 each) and share every K/V stage; each thread
+arrives on a stage's empty barrier once its wgmma reads of that stage completed.
+"""
+from __future__ import annotations
+
+import math
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, const_expr
+from cutlass.cute.nvgpu import warpgroup
+
+from .prefill_schedule import packed_row_token_head, query_key_position
+from .wgmma_layouts import acc_as_operand_a, acc_as_rows_cols
+
+LOG2_E = math.log2(math.e)
+SCHEDULER_BARRIER_ID = 2  # named barriers 2 and 3: each MMA warpgroup's turn at the tensor cores
+
+
+class PrefillMma:
+    """Consumer-side methods of PrefillAttentionSm90 (a mixin: self carries the compile-time config).
+
+    Within a warpgroup, S[n+1] = Q K[n+1]^T is issued before O += P[n] V[n] and only the QK GEMM is
+    waited for (wait_group(1)), so the softmax of tile n+1 overlaps the PV GEMM of tile n. Between the
+    two warpgroups, named barriers hand the tensor cores back and forth (ping-pong): one warpgroup
+    issues its GEMMs while the other runs its softmax.
+    """
+
+    @cute.jit
+    def consume(self, mO, mLSE, sQ, sK, sV, bars, mma_qk, mma_pv, ctid: Int32, wg: Int32, ctx,
+                n_block_max: Int32, n_mask_start: Int32, softmax_scale_log2: Float32):
+        thr_mma_qk = mma_qk.get_slice(ctid)
+        thr_mma_pv = mma_pv.get_slice(ctid)
+        # V^T view [d, keys, stage] for the PV B operand (same bytes, MN-major).
+        sVt = cute.composition(sV, cute.make_ordered_layout((self.head_dim, self.tile_n, self.stages), order=(1, 0, 2)))
+        tSrQ = thr_mma_qk.make_fragment_A(thr_mma_qk.partition_A(sQ))
+        tSrK = thr_mma_qk.make_fragment_B(thr_mma_qk.partition_B(sK))
+        tOrVt = thr_mma_pv.make_fragment_B(thr_mma_pv.partition_B(sVt))
+        acc_O = cute.make_rmem_tensor(thr_mma_pv.partition_shape_C((self.tile_m, self.head_dim)), Float32)
+        acc_O.fill(0.0)
+        row_max = cute.make_rmem_tensor((cute.size(acc_as_rows_cols(acc_O), mode=[0]),), Float32)
+        row_sum = cute.make_rmem_tensor_like(row_max)
+        row_max.fill(-Float32.inf)
+        row_sum.fill(0.0)
+        # (row, column) of each S element this thread holds, and thread 0's (compile-time) columns
+        identity = cute.make_identity_tensor((self.tile_m, self.tile_n))
+        tScS_rc = acc_as_rows_cols(thr_mma_qk.partition_C(identity))
+        t0ScS_rc = acc_as_rows_cols(mma_qk.get_slice(0).partition_C(identity))
+        shape_S = thr_mma_qk.partition_shape_C((self.tile_m, self.tile_n))
+        tOrP = cute.make_rmem_tensor_like(acc_as_operand_a(cute.make_rmem_tensor(shape_S, Float32)), self.dtype)
+
+        common = (bars, mma_qk, mma_pv, tSrQ, tSrK, tOrVt, tOrP, acc_O, row_max, row_sum, tScS_rc, t0ScS_rc,
+                  shape_S, ctx, softmax_scale_log2)
+        cute.arch.mbarrier_wait(bars.q_full, 0)
+        if wg == 0:  # the first warpgroup issues first
+            cute.arch.barrier_arrive(barrier_id=SCHEDULER_BARRIER_ID, number_of_threads=self.mma_threads)
+        # Key tiles n_block_max-1 down to 0: the first always masked (it may be the ragged end),
+        # then the rest of the masked ones (diagonal), then the fully visible ones.
+        n_masked = n_block_max - cutlass.min(n_mask_start, n_block_max)
+        self.first_tile(n_block_max - 1, *common)
+        for i in cutlass.range(1, n_masked, unroll=1):
+            self.overlapped_step(i, n_block_max - 1 - i, True, wg, *common)
+        for i in cutlass.range(cutlass.max(n_masked, 1), n_block_max, unroll=1):
+            self.overlapped_step(i, n_block_max - 1 - i, False, wg, *common)
+        last = n_block_max - 1
+        cute.arch.mbarrier_wait(bars.v_full + last % self.stages, (last // self.stages) % 2)
+        _wgmma(mma_pv, acc_O, tOrP, tOrVt[None, None, None, last % self.stages], zero_init=False)
+        warpgroup.wait_group(0)
+        cute.arch.mbarrier_arrive(bars.v_empty + last % self.stages)
+        self.epilogue(mO, mLSE, acc_O, row_max, row_sum, thr_mma_pv, ctx, softmax_scale_log2)
+
+    @cute.jit
+    def first_tile(self, n_block: Int32, bars, mma_qk, mma_pv, tSrQ, tSrK, tOrVt, tOrP, acc_O, row_max, row_sum,
+                   tScS_rc, t0ScS_rc, shape_S, ctx, softmax_scale_log2: Float32):
+        """S[0] and its softmax into P; its PV GEMM is issued by the next step (or the tail)."""
+        cute.arch.mbarrier_wait(bars.k_full, 0)
+        acc_S = cute.make_rmem_tensor(shape_S, Float32)
+        _wgmma(mma_qk, acc_S, tSrQ, tSrK[None, None, None, 0], zero_init=True)
+        warpgroup.wait_group(0)
+        cute.arch.mbarrier_arrive(bars.k_empty)
+        self.apply_mask(acc_S, tScS_rc, t0ScS_rc, n_block, ctx)
+        self.online_softmax(acc_S, row_max, row_sum, softmax_scale_log2)
+        tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
+
+    @cute.jit
+    def overlapped_step(self, i: Int32, n_block: Int32, masked: cutlass.Constexpr, wg: Int32, bars, mma_qk, mma_pv,
+                        tSrQ, tSrK, tOrVt, tOrP, acc_O, row_max, row_sum, tScS_rc, t0ScS_rc, shape_S, ctx,
+                        softmax_scale_log2: Float32):
+        """Issue S[i] = Q K[i]^T and O += P[i-1] V[i-1]; softmax S[i] while the PV GEMM runs."""
+        stage, phase = i % self.stages, (i // self.stages) % 2
+        prev = i - 1
+        prev_stage, prev_phase = prev % self.stages, (prev // self.stages) % 2
+        cute.arch.mbarrier_wait(bars.k_full + stage, phase)
+        cute.arch.barrier(barrier_id=SCHEDULER_BARRIER_ID + wg, number_of_threads=self.mma_threads)
+        acc_S = cute.make_rmem_tensor(shape_S, Float32)
+        _wgmma(mma_qk, acc_S, tSrQ, tSrK[None, None, None, stage], zero_init=True)
+        cute.arch.mbarrier_wait(bars.v_full + prev_stage, prev_phase)
+        _wgmma(mma_pv, acc_O, tOrP, tOrVt[None, None, None, prev_stage], zero_init=False)
+        cute.arch.barrier_arrive(barrier_id=SCHEDULER_BARRIER_ID + 1 - wg, number_of_threads=self.mma_threads)
+        warpgroup.wait_group(1)  # S[i] is ready; the PV GEMM may still run
+        cute.arch.mbarrier_arrive(bars.k_empty + stage)
+        if const_expr(masked):
+            self.apply_mask(acc_S, tScS_rc, t0ScS_rc, n_block, ctx)
+        correction = self.online_softmax(acc_S, row_max, row_sum, softmax_scale_log2)
+        warpgroup.wait_group(0)  # P[i-1] V[i-1] is in acc_O; tOrP may be overwritten
+        cute.arch.mbarrier_arrive(bars.v_empty + prev_stage)
+        o = acc_as_rows_cols(acc_O)
+        for r in cutlass.range_constexpr(cute.size(o, mode=[0])):
+            o[r, None].store(o[r, None].load() * correction[r])
+        tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
+
+    @cute.jit
+    def apply_mask(self, acc_S, tScS_rc, t0ScS_rc, n_block: Int32, ctx):
+        """-inf for keys past seqlen_k and, if causal, past each row's key position: one select per
+        element against a per-row limit. Columns are compared as thread 0's (compile-time constants)
+        against limits shifted by this thread's column offset, so no column index is computed."""
+        s = acc_as_rows_cols(acc_S)
+        col_offset = n_block * self.tile_n + tScS_rc[0, 0][1]
+        seqlen_limit = ctx.seqlen_k - col_offset
+        for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
+            col_limit = seqlen_limit
+            if const_expr(self.causal):
+                token = (ctx.m_block * self.tile_m + tScS_rc[r, 0][0]) // self.group
+                col_limit = cutlass.min(query_key_position(token, ctx.q_len, ctx.seqlen_k) + 1 - col_offset,
+                                        seqlen_limit)
+            for c in cutlass.range_constexpr(cute.size(s, mode=[1])):
+                s[r, c] = -Float32.inf if t0ScS_rc[0, c][1] >= col_limit else s[r, c]
+
+    @cute.jit
+    def online_softmax(self, acc_S, row_max, row_sum, softmax_scale_log2: Float32):
+        """S -> P = exp2(S*scale_log2 - running max) in place; update the running max and sum; return
+        each row's correction exp2(old max - new max), by which O must be rescaled."""
+        s = acc_as_rows_cols(acc_S)
+        correction = cute.make_rmem_tensor_like(row_max)
+        for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
+            tile_max = s[r, None].load().reduce(cute.ReductionOp.MAX, -Float32.inf, 0)
+            tile_max = _quad_allreduce_max(tile_max)
+            new_max = cutlass.max(row_max[r], tile_max)
+            # A row with every key masked so far keeps max -inf: use 0 so exp2 gives 0, not NaN.
+            max_scaled = new_max * softmax_scale_log2 if new_max != -Float32.inf else Float32(0.0)
+            p = cute.math.exp2(s[r, None].load() * softmax_scale_log2 - max_scaled, fastmath=True)
+            s[r, None].store(p)
+            correction[r] = cute.math.exp2(row_max[r] * softmax_scale_log2 - max_scaled, fastmath=True)
+            row_sum[r] = row_sum[r] * correction[r] + p.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+            row_max[r] = new_max
+        return correction
+
+    # ------------------------------------------------------------------ epilogue
+    @cute.jit
+    def epilogue(self, mO, mLSE, acc_O, row_max, row_sum, thr_mma_pv, ctx, softmax_scale_log2: Float32):
+        """O /= row sum, store valid rows to [q_start + token, head, :]; LSE in natural log."""
+        o = acc_as_rows_cols(acc_O)
+        tOcO = acc_as_rows_cols(thr_mma_pv.partition_C(cute.make_identity_tensor((self.tile_m, self.head_dim))))
+        lane = cute.arch.lane_idx()
+        for r in cutlass.range_constexpr(cute.size(o, mode=[0])):
+            total = _quad_allreduce_sum(row_sum[r])
+            inv = 1.0 / total if total > 0.0 else Float32(0.0)
+            row = ctx.m_block * self.tile_m + tOcO[r, 0][0]
+            token, head = packed_row_token_head(row, ctx.kv_head, self.group)
+            if token < ctx.q_len:
+                q_row = ctx.q_start + token
+                vals = (o[r, None].load() * inv).to(self.dtype)
+                out = cute.make_rmem_tensor_like(o[r, None], self.dtype)
+                out.store(vals)
+                for c in cutlass.range_constexpr(cute.size(o, mode=[1])):
+                    mO[q_row, head, tOcO[0, c][1]] = out[c]
+                if lane % 4 == 0:
+                    lse = -Float32.inf
+                    if total > 0.0:
+                        lse = (row_max[r] * softmax_scale_log2 + cute.math.log2(total, fastmath=True)) / LOG2_E
+                    mLSE[q_row, head] = lse
+
+
+@cute.jit
+def _wgmma(tiled_mma: cute.TiledMma, acc: cute.Tensor, tA: cute.Tensor, tB: cute.Tensor,
+           zero_init: cutlass.Constexpr):
+    """Issue acc (+)= A @ B over the K blocks of the fragments as one wgmma group (callers wait)."""
+    warpgroup.fence()
+    atom = cute.make_mma_atom(tiled_mma.op)  # a fresh atom: its ACCUMULATE flag is mutated below
+    atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
+    for k in cutlass.range_constexpr(cute.size(tA, mode=[2])):
+        cute.gemm(atom, acc, tA[None, None, k], tB[None, None, k], acc)
+        atom.set(warpgroup.Field.ACCUMULATE, True)
+    warpgroup.commit_group()
+
+
+@cute.jit
+def _quad_allreduce_max(x: Float32) -> Float32:
+    """Max over the 4 lanes that share an accumulator row."""
+    x = cutlass.max(x, cute.arch.shuffle_sync_bfly(x, offset=2))
+    return cutlass.max(x, cute.arch.shuffle_sync_bfly(x, offset=1))
+
+
+@cute.jit
+def _quad_allreduce_sum(x: Float32) -> Float32:
+    x = x + cute.arch.shuffle_sync_bfly(x, offset=2)
+    return x + cute.arch.shuffle_sync_bfly(x, offset=1)
