@@ -32,7 +32,7 @@ def compiled_bf16_d128_gqa4():
 
 
 def test_prefill_sass_has_the_warp_specialized_design(compiled_bf16_d128_gqa4):
-    from cute_kernels.hopper.prefill_rules import prefill_sass_problems, required_hgmma_shapes
+    from cute_kernels.hopper.prefill_family import PREFILL, prefill_sass_problems, required_hgmma_shapes
     from cute_kernels.toolchain.sass import find_nvdisasm, sass_stats
 
     spec, compiled = compiled_bf16_d128_gqa4
@@ -44,13 +44,13 @@ def test_prefill_sass_has_the_warp_specialized_design(compiled_bf16_d128_gqa4):
     assert required_hgmma_shapes(spec) <= set(stats.hgmma_shapes)
     assert stats.hgmma >= 2 * (spec.head_dim // 16)  # at least one S and one PV k-loop
     assert stats.tma_load > 0 and stats.setmaxnreg >= 2  # producer lowers, MMA warpgroups raise
-    assert stats.spills == 0 and not stats.stack_frame and stats.loop_cta_barriers == 0
+    assert stats.spills == 0 and stats.stack_bytes == 0 and stats.loop_cta_barriers == 0
+    assert stats.registers == PREFILL.max_registers == 168  # 384 threads share the register file at launch
     assert stats.fsel <= 4 * 64, "the mask is one select per S element (64 per thread per masked tile)"
 
 
 GOOD_STATS = dict(hgmma=48, qgmma=0, hmma=0, tma_load=4, cp_async=80, local_load=0, local_store=0, registers=168,
-                  hgmma_shapes=("64x128x16.F32",), fsel=152, setmaxnreg=2, tma_store=0, stack_frame=False,
-                  loop_cta_barriers=0)
+                  hgmma_shapes=("64x128x16.F32",), fsel=152, setmaxnreg=2, loop_cta_barriers=0)
 
 
 @pytest.mark.parametrize("lacking,message", [
@@ -58,23 +58,30 @@ GOOD_STATS = dict(hgmma=48, qgmma=0, hmma=0, tma_load=4, cp_async=80, local_load
     (dict(setmaxnreg=0), "no USETMAXREG"),
     (dict(local_load=3), "local memory: 3 LDL"),
     (dict(local_store=1), "local memory: 0 LDL / 1 STL"),
-    (dict(stack_frame=True), "stack frame"),
+    (dict(stack_bytes=32), "32-byte stack frame"),
     (dict(loop_cta_barriers=2), "2 CTA-wide BAR.SYNC inside a loop"),
-    (dict(registers=200), "200 registers at launch > 168"),
+    (dict(registers=176), "176 registers > budget 168"),
     (dict(hgmma_shapes=("64x64x16.F32",)), "no HGMMA"),
     (dict(hmma=4), "HMMA (warp-level MMA fallback)"),
     (dict(cp_async=0), "no cp.async"),
 ])
-def test_each_prefill_rule_fails_a_kernel_lacking_it(lacking, message):
-    from cute_kernels.hopper.prefill_rules import prefill_sass_problems
+def test_each_prefill_rule_fails_a_kernel_lacking_it(monkeypatch, lacking, message):
+    """Through the check itself: the family's rules plus the ones every family gets."""
+    from cute_kernels.hopper import prefill_compile
+    from cute_kernels.hopper.prefill_family import PREFILL
     from cute_kernels.hopper.prefill_spec import PrefillSpec
-    from cute_kernels.toolchain.sass import SassStats
+    from cute_kernels.toolchain import aot_build, check, sass
+    from cute_kernels.toolchain.compile_cache import CompiledKernel
 
-    spec = PrefillSpec("bfloat16", 128, 4)
-    good = SassStats(**GOOD_STATS)
-    assert prefill_sass_problems(spec, good) == []
-    problems = prefill_sass_problems(spec, dataclasses.replace(good, **lacking))
-    assert len(problems) == 1 and message in problems[0], problems
+    monkeypatch.setattr(prefill_compile, "compile_prefill",
+                        lambda spec, keep_artifacts=False: CompiledKernel(None, 0.1, {"cubin": b"", "ptx": ""}))
+    monkeypatch.setattr(aot_build, "link_one", lambda *args: (1024, 2048))
+    spec, good = PrefillSpec("bfloat16", 128, 4), sass.SassStats(**GOOD_STATS)
+    monkeypatch.setattr(sass, "sass_stats", lambda cubin: good)
+    assert check.check_variant(PREFILL, spec).ok
+    monkeypatch.setattr(sass, "sass_stats", lambda cubin: dataclasses.replace(good, **lacking))
+    report = check.check_variant(PREFILL, spec)
+    assert not report.ok and message in report.problems and ";" not in report.problems, report.problems
 
 
 LOOP_SASS = """
@@ -102,14 +109,6 @@ def test_loop_barrier_detector(barrier, after, expected):
 
     stats = stats_from_sass(LOOP_SASS.format(barrier=barrier, after=after))
     assert stats.loop_cta_barriers == expected and stats.hgmma == 1
-
-
-def test_stack_frame_detector():
-    from cute_kernels.toolchain.sass import stats_from_sass
-
-    framed = LOOP_SASS.format(barrier="IADD3 R1, R1, -0x20, RZ", after="NOP")
-    assert stats_from_sass(framed).stack_frame
-    assert not stats_from_sass(LOOP_SASS.format(barrier="NOP", after="NOP")).stack_frame
 
 
 def test_compile_cache_compiles_each_spec_once():
@@ -151,12 +150,13 @@ def test_check_flags_missing_hgmma(monkeypatch):
     from cute_kernels.hopper import prefill_compile
     from cute_kernels.toolchain import check, sass
     from cute_kernels.toolchain.compile_cache import CompiledKernel
+    from cute_kernels.hopper.prefill_family import PREFILL
     from cute_kernels.hopper.prefill_spec import PrefillSpec
 
     monkeypatch.setattr(prefill_compile, "compile_prefill",
                         lambda spec, keep_artifacts=False: CompiledKernel(None, 0.1, {"cubin": b"", "ptx": ""}))
     monkeypatch.setattr(sass, "sass_stats", lambda cubin: sass.SassStats(0, 0, 16, 0, 8, 0, 0, 128, ("16x8x16",)))
-    report = check.check_prefill_variant(PrefillSpec("bfloat16", 64, 1))
+    report = check.check_variant(PREFILL, PrefillSpec("bfloat16", 64, 1))
     assert not report.ok and "no HGMMA" in report.problems and "HMMA" in report.problems
     assert "no UTMALDG" in report.problems and "no USETMAXREG" in report.problems
 
@@ -174,11 +174,13 @@ def test_check_fails_a_variant_that_does_not_export(monkeypatch):
     from cute_kernels.toolchain import aot_build, check
     from cute_kernels.hopper.prefill_spec import PrefillSpec
 
-    def broken(spec, compiled, work):
+    def broken(family, spec, compiled, work):
         raise RuntimeError("Failed to dump object file with PIC relocation")
 
     monkeypatch.setattr(aot_build, "link_one", broken)
-    report = check.check_prefill_variant(PrefillSpec("bfloat16", 64, 1))
+    from cute_kernels.hopper.prefill_family import PREFILL
+
+    report = check.check_variant(PREFILL, PrefillSpec("bfloat16", 64, 1))
     assert report.aot == "FAIL" and "aot export failed: RuntimeError: Failed to dump" in report.problems
 
 
@@ -188,3 +190,54 @@ def test_gpu_suite_dry_run():
     assert out.returncode == 0, out.stdout + out.stderr
     assert "prefill" in out.stdout
     assert "opens here (1 variants)" in out.stdout, "the dry run builds one AOT variant and opens its library"
+
+
+def test_check_fails_local_memory_a_stack_frame_and_registers_over_budget(monkeypatch):
+    import dataclasses
+
+    from cute_kernels.hopper import prefill_compile
+    from cute_kernels.hopper.prefill_family import PREFILL
+    from cute_kernels.hopper.prefill_spec import PrefillSpec
+    from cute_kernels.toolchain import aot_build, check, sass
+    from cute_kernels.toolchain.compile_cache import CompiledKernel
+
+    monkeypatch.setattr(prefill_compile, "compile_prefill",
+                        lambda spec, keep_artifacts=False: CompiledKernel(None, 0.1, {"cubin": b"", "ptx": ""}))
+    monkeypatch.setattr(aot_build, "link_one", lambda *args: (1024, 2048))
+    fast_path = ("64x128x16.F32", "64x64x16.F32")
+    clean = sass.SassStats(24, 0, 0, 4, 8, 0, 0, 200, fast_path, setmaxnreg=2)
+    monkeypatch.setattr(sass, "sass_stats", lambda cubin: clean)
+    spec, family = PrefillSpec("bfloat16", 64, 1), dataclasses.replace(PREFILL, max_registers=240)
+    assert check.check_variant(family, spec).ok  # the same stats minus the faults below pass
+    dirty = dataclasses.replace(clean, local_load=2, local_store=3, registers=250, stack_bytes=16)
+    monkeypatch.setattr(sass, "sass_stats", lambda cubin: dirty)
+    problems = check.check_variant(family, spec).problems
+    assert "local memory: 2 LDL / 3 STL" in problems and "16-byte stack frame" in problems
+    assert "250 registers > budget 240" in problems
+
+
+def test_stack_frame_is_read_from_the_cubin(compiled_bf16_d128_gqa4):
+    import struct
+
+    from cute_kernels.toolchain.sass import _elf_sections, cubin_stack_bytes
+
+    cubin = compiled_bf16_d128_gqa4[1].artifacts["cubin"]
+    assert cubin_stack_bytes(cubin) == 0
+    # Patch the first EIATTR_FRAME_SIZE record's value: the reader must see it.
+    off, size = _elf_sections(cubin)[".nv.info"]
+    record = cubin.index(bytes([4, 0x11, 8, 0]), off, off + size)
+    patched = bytearray(cubin)
+    struct.pack_into("<I", patched, record + 8, 48)
+    assert cubin_stack_bytes(bytes(patched)) == 48
+
+
+def test_kernel_families_import_without_the_dsl():
+    code = ("import sys; sys.modules['cutlass'] = None\n"
+            "from cute_kernels.hopper.families import FAMILIES, selected_variants\n"
+            "from cute_kernels.toolchain.aot_manifest import kernel_source_hash\n"
+            "assert selected_variants() and kernel_source_hash()\n"
+            "print(sorted(f.name for f in FAMILIES))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "prefill" in out.stdout

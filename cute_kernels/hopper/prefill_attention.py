@@ -21,6 +21,7 @@ from __future__ import annotations
 import cuda.bindings.driver as cuda
 
 import cutlass
+import cutlass.memory
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
@@ -189,7 +190,7 @@ class PrefillAttentionSm90(PrefillLoads, PrefillMma):
 
         # Tiles past this sequence's packed rows have no work (the grid covers the longest one).
         if m_block * self.tile_m < q_len * self.group:
-            smem = cutlass.utils.SmemAllocator()
+            smem = cutlass.memory.SmemAllocator()
             storage = smem.allocate(SharedStorage)
             sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
             sK = storage.sK.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)

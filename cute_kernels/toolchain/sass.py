@@ -23,12 +23,11 @@ _PATTERNS = {
     "cp_async": r"\bLDGSTS\b",
     "local_load": r"\bLDL\b",
     "local_store": r"\bSTL\b",
-    "fsel": r"\bFSEL\b",  # float selects: what a mask lowers to
-    "setmaxnreg": r"\bUSETMAXREG\b",  # warp-specialized register split (setmaxnreg)
+    "setmaxnreg": r"\bUSETMAXREG\b",  # warp-specialized register reallocation
     "tma_store": r"\bUTMASTG\b",
+    "bulk_copy": r"\bUBLKCP\b",  # cp.async.bulk (non-tensor)
+    "fsel": r"\bFSEL\b",  # float selects: what an attention mask lowers to
 }
-# A stack frame: the stack pointer R1 moved down (local arrays, spills, calls).
-_STACK_FRAME = re.compile(r"\b(?:IADD3|VIADD|IADD)\s+R1,\s*R1,\s*-0x")
 _ADDRESS = re.compile(r"/\*([0-9a-f]{4,})\*/")
 _LABEL = re.compile(r"^\s*(\.L_x_\d+):")
 _BRANCH_TARGET = re.compile(r"\bBRA\b[^`]*`\((\.L_x_\d+)\)")
@@ -47,10 +46,11 @@ class SassStats:
     local_store: int
     registers: int | None  # per thread, of the largest kernel in the cubin
     hgmma_shapes: tuple[str, ...]  # e.g. ("64x128x16.F32",)
-    fsel: int = 0
+    stack_bytes: int = 0  # largest frame / stack size a kernel in the cubin declares
     setmaxnreg: int = 0
     tma_store: int = 0
-    stack_frame: bool = False
+    bulk_copy: int = 0
+    fsel: int = 0
     loop_cta_barriers: int = 0  # BAR.SYNC on barrier 0 inside a loop (between its head and back branch)
 
     @property
@@ -94,11 +94,12 @@ def _elf_sections(cubin: bytes) -> dict[str, tuple[int, int]]:
 
 
 _EIATTR_REGCOUNT = 0x2F
+_EIATTR_STACK = (0x11, 0x12, 0x23)  # FRAME_SIZE, MIN_STACK_SIZE, MAX_STACK_SIZE
 _EIFMT_SIZES = {1: 0, 2: 1, 3: 2}  # attribute formats with fixed payload sizes; 4 = u16 length prefix
 
 
-def cubin_registers(cubin: bytes) -> int | None:
-    """Registers per thread (max over kernels), from the EIATTR_REGCOUNT records of `.nv.info`."""
+def _nv_info_max(cubin: bytes, attrs: tuple[int, ...]) -> int | None:
+    """Max over kernels of the (symbol, value) `.nv.info` records with one of these attribute ids."""
     if cubin[:4] != b"\x7fELF" or cubin[4] != 2:
         return None
     best = None
@@ -110,15 +111,25 @@ def cubin_registers(cubin: bytes) -> int | None:
             fmt, attr = cubin[pos], cubin[pos + 1]
             if fmt == 4:
                 length, = struct.unpack_from("<H", cubin, pos + 2)
-                if attr == _EIATTR_REGCOUNT and length == 8:
-                    regs = struct.unpack_from("<II", cubin, pos + 4)[1]
-                    best = regs if best is None else max(best, regs)
+                if attr in attrs and length == 8:
+                    value = struct.unpack_from("<II", cubin, pos + 4)[1]
+                    best = value if best is None else max(best, value)
                 pos += 4 + length
             elif fmt in _EIFMT_SIZES:
                 pos += 2 + _EIFMT_SIZES[fmt]
             else:
                 break
     return best
+
+
+def cubin_registers(cubin: bytes) -> int | None:
+    """Registers per thread (max over kernels), from the EIATTR_REGCOUNT records of `.nv.info`."""
+    return _nv_info_max(cubin, (_EIATTR_REGCOUNT,))
+
+
+def cubin_stack_bytes(cubin: bytes) -> int:
+    """Bytes of per-thread stack frame any kernel declares (0: none)."""
+    return _nv_info_max(cubin, _EIATTR_STACK) or 0
 
 
 def loop_cta_barriers(text: str) -> int:
@@ -142,12 +153,12 @@ def loop_cta_barriers(text: str) -> int:
                if _CTA_BARRIER.search(line) and any(head <= addr <= back for head, back in loops))
 
 
-def stats_from_sass(text: str, registers: int | None = None) -> SassStats:
+def stats_from_sass(text: str, registers: int | None = None, stack_bytes: int = 0) -> SassStats:
     counts = {key: len(re.findall(pat, text)) for key, pat in _PATTERNS.items()}
     shapes = tuple(sorted(set(re.findall(r"\b[HQ]GMMA\.(\d+x\d+x\d+\.[A-Z0-9]+)", text))))
-    return SassStats(**counts, registers=registers, hgmma_shapes=shapes,
-                     stack_frame=bool(_STACK_FRAME.search(text)), loop_cta_barriers=loop_cta_barriers(text))
+    return SassStats(**counts, registers=registers, hgmma_shapes=shapes, stack_bytes=stack_bytes,
+                     loop_cta_barriers=loop_cta_barriers(text))
 
 
 def sass_stats(cubin: bytes) -> SassStats:
-    return stats_from_sass(disassemble(cubin), cubin_registers(cubin))
+    return stats_from_sass(disassemble(cubin), cubin_registers(cubin), cubin_stack_bytes(cubin))
