@@ -4,9 +4,11 @@
 #   profiling/gpu_suite.sh --dry-run  CPU/CI: check this script, that the tests collect, list the bench
 #                                     cases, and build + open one AOT variant (when the DSL is here)
 # Kernels run ahead-of-time compiled (CUTE_KERNELS_PATH=aot by default): build them where the DSL is,
-#   python -m cute_kernels.aot --out build/aot        (~1 min on 2 cores, a few MB)
+#   python -m cute_kernels.aot --all --out build/aot  (every variant the GPU tests launch, non-causal too;
+#                                                      a few minutes on 2 cores, a few MB)
 # and carry build/aot to the GPU box (or point CUTE_AOT_DIR at them). Where the DSL is installed and
 # build/aot is missing or stale, this script builds it first. CUTE_KERNELS_PATH=jit uses the DSL's JIT.
+# The suite FAILS on a device that is not sm_90 (Hopper): a skipped GPU test proves nothing.
 # Later kernels add a line to TESTS and BENCHES.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -46,9 +48,11 @@ if (( DRY )); then
   else row aot "build (1 variant)" "skipped: nvidia-cutlass-dsl not installed"; fi
 else
   python -c 'import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)' || { echo "no CUDA device" >&2; exit 2; }
+  arch=$(python -c 'import torch; print("sm_%d%d" % torch.cuda.get_device_capability())')
+  [[ "$arch" == sm_90 ]] || { echo "FAIL: the device is $arch ($(python -c 'import torch; print(torch.cuda.get_device_name())')); the kernels and their GPU tests need sm_90" >&2; exit 3; }
   if [[ "$CUTE_KERNELS_PATH" == aot ]]; then
     if have_dsl && ! python -m cute_kernels.aot --status --out "$CUTE_AOT_DIR" > /dev/null 2>&1; then
-      python -m cute_kernels.aot --out "$CUTE_AOT_DIR" > "$OUT/aot_build.txt" 2>&1 || row aot build "FAIL: see $OUT/aot_build.txt"
+      python -m cute_kernels.aot --all --out "$CUTE_AOT_DIR" > "$OUT/aot_build.txt" 2>&1 || row aot build "FAIL: see $OUT/aot_build.txt"
     fi
     aot_line=$(aot_status "$CUTE_AOT_DIR")
     [[ "$aot_line" == *"opens here"* ]] || status=1

@@ -192,6 +192,42 @@ def test_gpu_suite_dry_run():
     assert "opens here (1 variants)" in out.stdout, "the dry run builds one AOT variant and opens its library"
 
 
+def test_gpu_suite_fails_on_a_device_that_is_not_sm90(tmp_path):
+    """A non-Hopper GPU would skip every GPU test: the suite must fail instead of reporting success."""
+    fake = tmp_path / "torch"
+    fake.mkdir()
+    (fake / "__init__.py").write_text(
+        "class cuda:\n"
+        "    is_available = staticmethod(lambda: True)\n"
+        "    get_device_capability = staticmethod(lambda *a: (8, 0))\n"
+        "    get_device_name = staticmethod(lambda *a: 'NVIDIA A100-SXM4-80GB')\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "OUT": str(tmp_path / "out")}
+    out = subprocess.run(["bash", str(REPO / "profiling" / "gpu_suite.sh")], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and "sm_80" in out.stderr and "need sm_90" in out.stderr, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("name,peak", [("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H100 PCIe", 756.0),
+                                       ("NVIDIA H100 NVL", 835.0), ("NVIDIA H200", 989.0), ("NVIDIA A100", None)])
+def test_bench_peak_table_reads_the_device_name(name, peak):
+    from profiling.gpu_peaks import peak_tflops
+
+    assert peak_tflops(name) == peak
+
+
+def test_bench_prefill_counts_only_visible_scores():
+    from profiling.bench_prefill import PREFILL_CASES, PrefillCase
+
+    full, causal = PrefillCase(1024, 128, False), PrefillCase(1024, 128, True)
+    assert causal.flops() == pytest.approx(full.flops() * (1024 + 1) / 2 / 1024)
+    paged = PrefillCase(1024, 128, True, prefix=1024)  # every query sees the whole prefix
+    assert paged.flops() == pytest.approx(causal.flops() + full.flops())
+    names = [c.name for c in PREFILL_CASES]
+    assert len(set(names)) == len(names) and any("paged" in n for n in names)
+    assert {c.head_dim for c in PREFILL_CASES} == {64, 128} and {c.causal for c in PREFILL_CASES} == {True, False}
+    assert min(c.seqlen for c in PREFILL_CASES) == 512 and max(c.seqlen for c in PREFILL_CASES) == 16384
+
+
 def test_check_fails_local_memory_a_stack_frame_and_registers_over_budget(monkeypatch):
     import dataclasses
 

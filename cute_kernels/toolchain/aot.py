@@ -45,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: build/aot)")
     parser.add_argument("--only", nargs="*", help="substrings of variant names to keep")
+    parser.add_argument("--all", action="store_true", help="also the variants the runtime does not use (the GPU tests do)")
     parser.add_argument("--cudart", choices=["static", "shared", "both"], default="both")
     parser.add_argument("--status", action="store_true", help="report the folder instead of building (no DSL needed)")
     args = parser.parse_args(argv)
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         return status(out)
 
     os.environ.setdefault("TMPDIR", tempfile.mkdtemp(prefix="cute_aot_"))  # the DSL's cache
-    variants = selected_variants(False, args.only)
+    variants = selected_variants(args.all, args.only)
     if not variants:
         print("aot: no variants selected", file=sys.stderr)
         return 1

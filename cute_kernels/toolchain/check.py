@@ -30,6 +30,8 @@ class VariantReport:
     cp_async: int = 0
     hmma: int = 0
     setmaxnreg: int = 0
+    fsel: int = 0  # float selects (a mask's cost)
+    loop_bar: int = 0  # CTA-wide BAR.SYNC inside loops
     registers: int | None = None
     spills: int = 0
     aot: str = "-"  # "so:NNNK" / "o:NNNK" when the variant exports and links, else "FAIL"
@@ -64,7 +66,8 @@ def check_variant(family: KernelFamily, spec) -> VariantReport:
     aot = check_aot_export(family, spec, compiled, problems) if family.shim else "-"
     return VariantReport(
         spec.name, compiled.compile_seconds, stats.hgmma + stats.qgmma, ",".join(stats.hgmma_shapes),
-        stats.tma_load, stats.cp_async, stats.hmma, stats.setmaxnreg, stats.registers, stats.spills, aot,
+        stats.tma_load, stats.cp_async, stats.hmma, stats.setmaxnreg, stats.fsel, stats.loop_cta_barriers,
+        stats.registers, stats.spills, aot,
         "; ".join(problems),
     )
 
@@ -83,7 +86,8 @@ def check_aot_export(family: KernelFamily, spec, compiled, problems: list[str]) 
 
 
 def format_table(reports: list[VariantReport]) -> str:
-    header = (f"{'variant':<40} {'compile_s':>9} {'GMMA':>5} {'shapes':<40} {'TMA':>4} {'cp.async':>8} {'maxnreg':>7} {'regs':>4} "
+    header = (f"{'variant':<40} {'compile_s':>9} {'GMMA':>5} {'shapes':<40} {'TMA':>4} {'cp.async':>8} {'maxnreg':>7} "
+              f"{'FSEL':>5} {'loopBAR':>7} {'regs':>4} "
               f"{'spills':>6} {'aot':>8}  status")
     lines = [header, "-" * len(header)]
     for r in reports:
@@ -91,7 +95,7 @@ def format_table(reports: list[VariantReport]) -> str:
         regs = str(r.registers) if r.registers is not None else "?"
         status = "ok" if r.ok else f"FAIL: {r.problems}"
         lines.append(f"{r.name:<40} {secs:>9} {r.hgmma:>5} {r.hgmma_shapes:<40} {r.tma_loads:>4} "
-                     f"{r.cp_async:>8} {r.setmaxnreg:>7} {regs:>4} {r.spills:>6} {r.aot:>8}  {status}")
+                     f"{r.cp_async:>8} {r.setmaxnreg:>7} {r.fsel:>5} {r.loop_bar:>7} {regs:>4} {r.spills:>6} {r.aot:>8}  {status}")
     return "\n".join(lines)
 
 
