@@ -110,17 +110,19 @@ GRID = [
 ]
 
 
+@pytest.mark.parametrize("tile_for_d", [128, 64])  # 128x128 tiles, and 192x128 (d 64)
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("q_lens,prefix_lens,heads,kv_heads", GRID)
-def test_kernel_schedule_matches_reference(q_lens, prefix_lens, heads, kv_heads, causal):
+def test_kernel_schedule_matches_reference(q_lens, prefix_lens, heads, kv_heads, causal, tile_for_d):
     batch = make_batch(q_lens, prefix_lens, heads, kv_heads, d=16)
     scale = 16 ** -0.5
     has_prefix = any(prefix_lens)
     kw = {} if has_prefix else dict(k_cache=None, v_cache=None, block_tables=None, prefix_lens=None)
     args = {**batch, **kw}
     ref = prefill_attention_ref(PrefillArgs(scale=scale, causal=causal, **args))
-    emu = emulate_kernel(scale=scale, causal=causal, **batch) if has_prefix else emulate_kernel(
-        scale=scale, causal=causal, **{**batch, "prefix_lens": torch.zeros(len(q_lens), dtype=torch.int32)})
+    tile = TileConfig.for_head_dim(tile_for_d)
+    emu = emulate_kernel(scale=scale, causal=causal, tile=tile, **batch) if has_prefix else emulate_kernel(
+        scale=scale, causal=causal, tile=tile, **{**batch, "prefix_lens": torch.zeros(len(q_lens), dtype=torch.int32)})
     assert not emu.isnan().any(), "kernel emulation left output rows unwritten"
     torch.testing.assert_close(emu, ref, rtol=1e-4, atol=1e-4)
 

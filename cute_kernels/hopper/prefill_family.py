@@ -45,11 +45,16 @@ def prefill_sass_problems(spec, stats) -> list[str]:
         problems.append("no cp.async (LDGSTS) for the paged prefix")
     if stats.loop_cta_barriers:
         problems.append(f"{stats.loop_cta_barriers} CTA-wide BAR.SYNC inside a loop")
+    tile = spec.tile
+    if stats.registers is not None and stats.registers > tile.launch_registers:
+        problems.append(f"{stats.registers} registers at launch > {tile.launch_registers} "
+                        f"({tile.num_threads} threads share the register file)")
     return problems
 
 
-# 1 producer + 2 MMA warpgroups share the 65536-register file at launch (setmaxnreg moves them later).
-LAUNCH_REGISTERS = 65536 // PrefillSpec("bfloat16", 128, 1).tile.num_threads // 8 * 8
+# The largest launch share over the tile shapes (the producer and MMA warpgroups' setmaxnreg move
+# registers between them later); each variant is held to its own shape's share above.
+LAUNCH_REGISTERS = max(PrefillSpec("bfloat16", d, 1).tile.launch_registers for d in (64, 128))
 
 
 def _compile(spec, keep_artifacts: bool) -> Any:

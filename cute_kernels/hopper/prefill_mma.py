@@ -17,7 +17,8 @@ from .prefill_schedule import packed_row_token_head, query_key_position
 from .wgmma_layouts import acc_as_operand_a, acc_as_rows_cols
 
 LOG2_E = math.log2(math.e)
-SCHEDULER_BARRIER_ID = 2  # named barriers 2 and 3: each MMA warpgroup's turn at the tensor cores
+SCHEDULER_BARRIER_ID = 2  # named barriers 2, 3(, 4): each MMA warpgroup's turn at the tensor cores
+PAIR = 256  # threads meeting at a scheduler barrier: the waiting warpgroup and the one handing over
 
 
 class PrefillMma:
@@ -25,8 +26,8 @@ class PrefillMma:
 
     Within a warpgroup, S[n+1] = Q K[n+1]^T is issued before O += P[n] V[n] and only the QK GEMM is
     waited for (wait_group(1)), so the softmax of tile n+1 overlaps the PV GEMM of tile n. Between the
-    two warpgroups, named barriers hand the tensor cores back and forth (ping-pong): one warpgroup
-    issues its GEMMs while the other runs its softmax.
+    warpgroups, named barriers pass the turn to issue GEMMs round-robin (ping-pong with two): one
+    warpgroup issues while the others run their softmax.
     """
 
     @cute.jit
@@ -56,7 +57,7 @@ class PrefillMma:
                   shape_S, ctx, softmax_scale_log2)
         cute.arch.mbarrier_wait(bars.q_full, 0)
         if wg == 0:  # the first warpgroup issues first
-            cute.arch.barrier_arrive(barrier_id=SCHEDULER_BARRIER_ID, number_of_threads=self.mma_threads)
+            cute.arch.barrier_arrive(barrier_id=SCHEDULER_BARRIER_ID, number_of_threads=PAIR)
         # Key tiles n_block_max-1 down to 0: the first always masked (it may be the ragged end),
         # then the rest of the masked ones (diagonal), then the fully visible ones.
         n_masked = n_block_max - cutlass.min(n_mask_start, n_block_max)
@@ -94,12 +95,12 @@ class PrefillMma:
         prev = i - 1
         prev_stage, prev_phase = prev % self.stages, (prev // self.stages) % 2
         cute.arch.mbarrier_wait(bars.k_full + stage, phase)
-        cute.arch.barrier(barrier_id=SCHEDULER_BARRIER_ID + wg, number_of_threads=self.mma_threads)
+        cute.arch.barrier(barrier_id=SCHEDULER_BARRIER_ID + wg, number_of_threads=PAIR)
         acc_S = cute.make_rmem_tensor(shape_S, Float32)
         _wgmma(mma_qk, acc_S, tSrQ, tSrK[None, None, None, stage], zero_init=True)
         cute.arch.mbarrier_wait(bars.v_full + prev_stage, prev_phase)
         _wgmma(mma_pv, acc_O, tOrP, tOrVt[None, None, None, prev_stage], zero_init=False)
-        cute.arch.barrier_arrive(barrier_id=SCHEDULER_BARRIER_ID + 1 - wg, number_of_threads=self.mma_threads)
+        cute.arch.barrier_arrive(barrier_id=SCHEDULER_BARRIER_ID + (wg + 1) % self.num_wg, number_of_threads=PAIR)
         warpgroup.wait_group(1)  # S[i] is ready; the PV GEMM may still run
         cute.arch.mbarrier_arrive(bars.k_empty + stage)
         if const_expr(masked):

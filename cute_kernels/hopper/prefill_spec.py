@@ -55,8 +55,17 @@ class TileConfig:
 
     @staticmethod
     def for_head_dim(head_dim: int) -> "TileConfig":
-        # 128x128 with 2 MMA warpgroups (64 rows each) keeps S and O in registers for d <= 128.
+        if head_dim <= 64:
+            # 192x128 with 3 MMA warpgroups: S (64), O (32) and P (32) fit 160 registers at d 64, and a
+            # third warpgroup keeps the tensor cores busy while two run softmax (FlashAttention-3's shape)
+            return TileConfig(tile_m=192, tile_n=128, num_mma_warpgroups=3, producer_registers=32, mma_registers=160)
+        # 128x128 with 2 MMA warpgroups (64 rows each) keeps S, P and O in 232 registers at d 128.
         return TileConfig(tile_m=128, tile_n=128, num_mma_warpgroups=2)
+
+    @property
+    def launch_registers(self) -> int:
+        """What every thread gets at launch: the register file split over the CTA (multiple of 8)."""
+        return 65536 // self.num_threads // 8 * 8
 
     @property
     def num_threads(self) -> int:
