@@ -234,8 +234,7 @@ def test_step_plan_spares_every_layer_a_device_sync(monkeypatch):
     from cute_kernels.hopper.prefill_host import plan_prefill
 
     x = make_batch([4, 9], [20, 40], 4, 2, d=64, dtype=torch.bfloat16)
-    plan = plan_prefill(x["cu_seqlens_q"], x["cu_seqlens_k"], x["prefix_lens"], x["block_tables"],
-                        x["k_cache"].shape[0])
+    plan = plan_prefill(x["prefix_lens"], x["block_tables"], x["k_cache"].shape[0])
 
     def sync(*_):
         raise AssertionError("host read of a tensor value (a device sync per layer)")

@@ -4,13 +4,14 @@ Contract: the same as reference.prefill_attention_ref (packed [tokens, heads, d]
 cu_seqlens, paged prefix through 16-token block tables, bottom-right causal, GQA by head ratio),
 plus an fp32 LSE [total_q, heads] output.
 
-Design (one CTA = 128 packed query rows of one KV head of one sequence; 3 warpgroups):
+Design (one CTA = tile_m packed query rows of one KV head of one sequence against 128-key tiles:
+128 rows and 2 MMA warpgroups at d 128, 192 rows and 3 at d 64; plus one producer warpgroup):
 - Packed GQA: rows are (token, query head of this KV head), so each K/V tile is loaded once per group.
 - Warp specialization: warpgroup 0 is the producer (registers lowered by setmaxnreg), issuing every
   load into a Q buffer and `stages`-deep K and V rings on mbarriers (prefill_loads.py): key tiles of
-  new keys by TMA, tiles touching the paged prefix and Q by cp.async gathers. Warpgroups 1-2 are the
-  MMA warpgroups (registers raised), 64 query rows each (prefill_mma.py). No CTA-wide barrier after
-  the barrier setup: stages are handed over by full/empty mbarriers only.
+  new keys by TMA, tiles touching the paged prefix and Q by cp.async gathers. The MMA warpgroups
+  (registers raised) own 64 query rows each (prefill_mma.py). No CTA-wide barrier after the barrier
+  setup: stages are handed over by full/empty mbarriers only.
 - S = Q K^T with SS wgmma, O += P V with RS wgmma (P stays in registers), fp32 accumulation; online
   softmax in fp32 with exp2; the mask is one select per element against a per-row limit.
 - Key tiles are visited from the last to the first so only the first few (diagonal / ragged) tiles

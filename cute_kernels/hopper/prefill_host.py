@@ -53,18 +53,15 @@ class PrefillLaunchArgs:
 
 @dataclass(frozen=True)
 class PrefillPlan:
-    """A step's prefill metadata as the kernel reads it (int32, contiguous), its block ids checked
+    """A step's paged-prefix metadata as the kernel reads it (int32, contiguous), its block ids checked
     against a cache of num_blocks blocks: the same for every layer, so checked once per step."""
 
-    cu_seqlens_q: torch.Tensor
-    cu_seqlens_k: torch.Tensor
     prefix_lens: torch.Tensor | None
     block_tables: torch.Tensor | None
     num_blocks: int
 
 
-def plan_prefill(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, prefix_lens: torch.Tensor | None,
-                 block_tables: torch.Tensor | None, num_blocks: int) -> PrefillPlan:
+def plan_prefill(prefix_lens: torch.Tensor | None, block_tables: torch.Tensor | None, num_blocks: int) -> PrefillPlan:
     """Check that every prefix fits its block-table row and every block id is in [0, num_blocks);
     ValueError otherwise. Reads the tables on the host: one device sync per step, not per layer."""
     if prefix_lens is not None:
@@ -76,7 +73,7 @@ def plan_prefill(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, prefix_
             check_block_ids(block_tables, int(prefix_lens.max()), num_blocks, KV_BLOCK_SIZE,
                             "prefill attention: prefix lengths")
         prefix_lens, block_tables = as_int32(prefix_lens), as_int32(block_tables)
-    return PrefillPlan(as_int32(cu_seqlens_q), as_int32(cu_seqlens_k), prefix_lens, block_tables, num_blocks)
+    return PrefillPlan(prefix_lens, block_tables, num_blocks)
 
 
 def _compact_strides(shape: torch.Size) -> tuple[int, ...]:
@@ -130,7 +127,7 @@ def _paged_prefix(args: PrefillArgs, batch: int) -> tuple[torch.Tensor, ...]:
         raise ValueError(f"prefill attention: block_tables {tuple(block_tables.shape)}, expected [{batch}, max_blocks]")
     plan = args.plan if isinstance(args.plan, PrefillPlan) else None
     if plan is None or plan.num_blocks != k_cache.shape[0] or plan.block_tables is None:
-        plan = plan_prefill(args.cu_seqlens_q, args.cu_seqlens_k, args.prefix_lens, block_tables, k_cache.shape[0])
+        plan = plan_prefill(args.prefix_lens, block_tables, k_cache.shape[0])
     return k_cache, v_cache, plan.block_tables, plan.prefix_lens
 
 

@@ -50,8 +50,7 @@ class CuteBackend(TorchBackend):
         if batch.cu_seqlens_q is not None and batch.prefill_plan is None:
             from cute_kernels.hopper.prefill_host import plan_prefill
 
-            cu = batch.cu_seqlens_q
-            batch.prefill_plan = plan_prefill(cu, cu, batch.prefix_lens, batch.prefill_block_tables, batch.num_blocks)
+            batch.prefill_plan = plan_prefill(batch.prefix_lens, batch.prefill_block_tables, batch.num_blocks)
         super().plan(batch)
 
     def prefill(self, args: PrefillArgs) -> torch.Tensor:
