@@ -93,6 +93,7 @@ def test_d64_tile_is_held_to_its_own_launch_share(monkeypatch):
 
     spec = PrefillSpec("bfloat16", 64, 3)
     assert (spec.tile.tile_m, spec.tile.num_threads, spec.tile.launch_registers) == (192, 512, 128)
+    assert PrefillSpec("bfloat16", 64, 3, causal=False).tile.tile_m == 128  # spilled at 192 rows
     stats = SassStats(**{**GOOD_STATS, "registers": 136, "hgmma_shapes": ("64x128x16.F32", "64x64x16.F32")})
     assert prefill_sass_problems(spec, stats) == ["136 registers at launch > 128 (512 threads share the register file)"]
 
