@@ -9,7 +9,8 @@ Design (one CTA = tile_m packed query rows of one KV head of one sequence agains
 - Packed GQA: rows are (token, query head of this KV head), so each K/V tile is loaded once per group.
 - Warp specialization: warpgroup 0 is the producer (registers lowered by setmaxnreg), issuing every
   load into a Q buffer and `stages`-deep K and V rings on mbarriers (prefill_loads.py): key tiles of
-  new keys by TMA, tiles touching the paged prefix and Q by cp.async gathers. The MMA warpgroups
+  new keys by TMA, tiles touching the paged prefix by cp.async gathers; Q by TMA without GQA packing,
+  else (rows interleave the group's heads) by cp.async. The MMA warpgroups
   (registers raised) own 64 query rows each (prefill_mma.py). No CTA-wide barrier after the barrier
   setup: stages are handed over by full/empty mbarriers only.
 - S = Q K^T with SS wgmma, O += P V with RS wgmma (P stays in registers), fp32 accumulation; online
@@ -19,13 +20,15 @@ Design (one CTA = tile_m packed query rows of one KV head of one sequence agains
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import cuda.bindings.driver as cuda
 
 import cutlass
 import cutlass.memory
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass import Float32, Int32
+from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.tensor_utils import LayoutEnum
 
@@ -55,6 +58,7 @@ class PrefillAttentionSm90(PrefillLoads, PrefillMma):
         self.num_threads = self.producer_threads + self.mma_threads
         self.producer_regs, self.mma_regs = tile.producer_registers, tile.mma_registers
         self.kv_tile_bytes = self.tile_n * self.head_dim * self.dtype.width // 8
+        self.q_tile_bytes = self.tile_m * self.head_dim * self.dtype.width // 8
 
     # ------------------------------------------------------------------ configuration
     def _smem_layout(self, rows: int, stages: int | None = None):
@@ -92,12 +96,12 @@ class PrefillAttentionSm90(PrefillLoads, PrefillMma):
         )
         return cute.make_tiled_copy_tv(atom, thr_layout, cute.make_layout((1, elems)))
 
-    def _tma_atom(self, mX: cute.Tensor, s_layout):
-        """TMA load of one [tile_n, d] key tile of one KV head from packed [tokens, kv_heads, d] rows."""
+    def _tma_atom(self, mX: cute.Tensor, s_layout, rows: int):
+        """TMA load of one [rows, d] tile of one head from packed [tokens, heads, d] rows."""
         tokens_d_heads = cute.make_tensor(mX.iterator, cute.select(mX.layout, mode=[0, 2, 1]))
         info = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileG2SOp(), tokens_d_heads, cute.select(s_layout, mode=[0, 1]),
-            (self.tile_n, self.head_dim),
+            (rows, self.head_dim),
         )
         return info.atom, info.tma_tensor
 
@@ -123,8 +127,10 @@ class PrefillAttentionSm90(PrefillLoads, PrefillMma):
         mma_qk, mma_pv = self._tiled_mmas()
         sQ_layout = self._smem_layout(self.tile_m)
         sKV_layout = self._smem_layout(self.tile_n, self.stages)
-        tma_k, mK_tma = self._tma_atom(mK, sKV_layout)
-        tma_v, mV_tma = self._tma_atom(mV, sKV_layout)
+        tma_k, mK_tma = self._tma_atom(mK, sKV_layout, self.tile_n)
+        tma_v, mV_tma = self._tma_atom(mV, sKV_layout, self.tile_n)
+        # Q by TMA when a tile's rows are consecutive tokens of one head (no packed GQA heads)
+        tma_q, mQ_tma = self._tma_atom(mQ, sQ_layout, self.tile_m) if self.group == 1 else (None, None)
 
         @cute.struct
         class SharedStorage:
@@ -142,7 +148,7 @@ class PrefillAttentionSm90(PrefillLoads, PrefillMma):
         num_kv_heads = mK.shape[1]
         self.kernel(
             mQ, mK, mV, mKCache, mVCache, mBlockTables, mPrefixLens, mCuSeqlensQ, mCuSeqlensK, mO, mLSE,
-            mK_tma, mV_tma, tma_k, tma_v, softmax_scale_log2, sQ_layout, sKV_layout, mma_qk, mma_pv,
+            mK_tma, mV_tma, tma_k, tma_v, mQ_tma, tma_q, softmax_scale_log2, sQ_layout, sKV_layout, mma_qk, mma_pv,
             self._row_copy(), SharedStorage,
         ).launch(
             grid=[num_m_blocks, num_kv_heads, batch],
@@ -171,6 +177,8 @@ class PrefillAttentionSm90(PrefillLoads, PrefillMma):
         mV_tma: cute.Tensor,
         tma_k: cute.CopyAtom,
         tma_v: cute.CopyAtom,
+        mQ_tma: Optional[cute.Tensor],
+        tma_q: Optional[cute.CopyAtom],
         softmax_scale_log2: Float32,
         sQ_layout: cute.ComposedLayout,
         sKV_layout: cute.ComposedLayout,
@@ -200,6 +208,8 @@ class PrefillAttentionSm90(PrefillLoads, PrefillMma):
             if warp_idx == 0:
                 cpasync.prefetch_descriptor(tma_k)
                 cpasync.prefetch_descriptor(tma_v)
+                if const_expr(tma_q is not None):
+                    cpasync.prefetch_descriptor(tma_q)
             if tidx == 0:
                 _init_barriers(bars.q_full, bars.k_full, bars.k_empty, bars.v_full, bars.v_empty, self.stages,
                                self.mma_threads)
@@ -216,7 +226,13 @@ class PrefillAttentionSm90(PrefillLoads, PrefillMma):
                 row_offset = k_start - prefix_len
                 k_src = KeySource(mK, mKCache, sK, tma_k, mK_tma, kv_head, row_offset, self.tile_n, self.head_dim)
                 v_src = KeySource(mV, mVCache, sV, tma_v, mV_tma, kv_head, row_offset, self.tile_n, self.head_dim)
-                self.produce(mQ, sQ, k_src, v_src, mBlockTables, bars, row_copy, tidx, ctx, n_block_max)
+                q_tma = None
+                if const_expr(tma_q is not None):
+                    gQ = cute.local_tile(cute.domain_offset((q_start, 0), mQ_tma[None, None, kv_head]),
+                                         (self.tile_m, self.head_dim), (m_block, 0))
+                    q_tma = (tma_q,) + tuple(cpasync.tma_partition(
+                        tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2)))
+                self.produce(mQ, sQ, q_tma, k_src, v_src, mBlockTables, bars, row_copy, tidx, ctx, n_block_max)
             else:
                 cute.arch.setmaxregister_increase(self.mma_regs)
                 mma_wg = warp_idx // 4 - 1

@@ -4,6 +4,7 @@ warpgroups into mbarrier-guarded stages (prefill_attention.py owns the roles and
 - Key/value tiles made only of new keys go by TMA: one elected thread arms the stage's full barrier
   with the tile's byte count and issues one bulk tensor copy (rows past the tensor's end are zeros,
   rows of the next sequence are finite; both are masked to -inf in S, so P is exactly 0 there).
+- Q comes by TMA too when its rows are consecutive tokens of one head (group 1).
 - Tiles that touch the paged prefix (16-token blocks, too small for 128-row TMA boxes) and the
   packed-GQA Q tile are gathered with cp.async by all 128 producer threads, which then wait for
   their own copies, fence them to the async proxy (wgmma reads shared memory through it), meet at a
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Int32, Int64
+from cutlass import Int32, Int64, const_expr
 
 from .prefill_schedule import key_row_coords, packed_row_token_head
 from .prefill_spec import KV_BLOCK_SIZE
@@ -26,11 +27,18 @@ class PrefillLoads:
     """Producer-side methods of PrefillAttentionSm90 (a mixin: self carries the compile-time config)."""
 
     @cute.jit
-    def produce(self, mQ, sQ, k_src, v_src, mBlockTables, bars, row_copy, ptid: Int32, ctx, n_block_max: Int32):
-        """Q once, then K[n] and V[n] for n = n_block_max-1 down to 0, in the consumers' order."""
+    def produce(self, mQ, sQ, q_tma, k_src, v_src, mBlockTables, bars, row_copy, ptid: Int32, ctx,
+                n_block_max: Int32):
+        """Q once (q_tma: (atom, smem, gmem) of a TMA load, or None for the cp.async gather), then K[n]
+        and V[n] for n = n_block_max-1 down to 0, in the consumers' order."""
         thr_copy = row_copy.get_slice(ptid)
-        self.load_q(mQ, sQ, thr_copy, row_copy, ctx)
-        self._commit_cp_async(bars.q_full, ptid)
+        if const_expr(q_tma is not None):
+            if ptid == 0:  # rows past q_len are the next sequence's (or zeros): never stored
+                cute.arch.mbarrier_arrive_and_expect_tx(bars.q_full, self.q_tile_bytes)
+                cute.copy(q_tma[0], q_tma[2], q_tma[1], tma_bar_ptr=bars.q_full)
+        else:
+            self.load_q(mQ, sQ, thr_copy, row_copy, ctx)
+            self._commit_cp_async(bars.q_full, ptid)
         for i in cutlass.range(n_block_max, unroll=1):
             n_block = n_block_max - 1 - i
             stage, phase = i % self.stages, (i // self.stages) % 2
@@ -53,8 +61,8 @@ class PrefillLoads:
 
     @cute.jit
     def _commit_cp_async(self, full_bar, ptid: Int32):
-        """This thread's cp.async copies landed and are visible to wgmma; the last one to get here
-        after the producer barrier completes the stage (one arrival: the barrier's count)."""
+        """Wait for this thread's cp.async copies and make them visible to wgmma (async proxy); once
+        every producer thread has (named barrier), thread 0 gives the full barrier its one arrival."""
         cute.arch.cp_async_commit_group()
         cute.arch.cp_async_wait_group(0)
         cute.arch.fence_view_async_shared()
