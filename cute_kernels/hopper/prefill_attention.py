@@ -18,9 +18,6 @@ Design (one CTA = 128 packed query rows of one KV head of one sequence, 2 MMA wa
 """
 from __future__ import annotations
 
-import math
-from typing import Optional
-
 import cuda.bindings.driver as cuda
 
 import cutlass
@@ -33,10 +30,8 @@ from cutlass.tensor_utils import LayoutEnum
 
 from .prefill_schedule import kv_block_range, key_row_coords, packed_row_token_head, query_key_position
 from .prefill_spec import KV_BLOCK_SIZE, PrefillSpec
+from .warpgroup_ops import DTYPES, online_softmax, quad_allreduce_sum, row_lse, wgmma
 from .wgmma_layouts import acc_as_rows_cols, acc_as_operand_a
-
-DTYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}
-LOG2_E = math.log2(math.e)
 
 
 class PrefillAttentionSm90:
@@ -279,11 +274,11 @@ class PrefillAttentionSm90:
         cute.arch.cp_async_commit_group()
 
         acc_S = cute.make_rmem_tensor(thr_mma_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
-        _wgmma(mma_qk, acc_S, tSrQ, tSrK, zero_init=True)
+        wgmma(mma_qk, acc_S, tSrQ, tSrK, zero_init=True)
 
         if const_expr(masked):
             self.apply_mask(acc_S, tScS_rc, n_block, ctx)
-        self.online_softmax(acc_S, acc_O, row_max, row_sum, softmax_scale_log2)
+        online_softmax(acc_S, acc_O, row_max, row_sum, softmax_scale_log2)
         tOrP = cute.make_rmem_tensor_like(acc_as_operand_a(acc_S), self.dtype)
         tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
 
@@ -292,7 +287,7 @@ class PrefillAttentionSm90:
         if n_block > 0:
             self.load_kv(mK, mKCache, mBlockTables, sK, thr_copy, row_copy, ctx, n_block - 1)
         cute.arch.cp_async_commit_group()
-        _wgmma(mma_pv, acc_O, tOrP, tOrVt, zero_init=False)
+        wgmma(mma_pv, acc_O, tOrP, tOrVt, zero_init=False)
 
     @cute.jit
     def _wait_loads_and_sync(self):
@@ -316,24 +311,6 @@ class PrefillAttentionSm90:
                 if tScS_rc[0, c][1] >= col_limit:
                     s[r, c] = -Float32.inf
 
-    @cute.jit
-    def online_softmax(self, acc_S, acc_O, row_max, row_sum, softmax_scale_log2: Float32):
-        """S -> P = exp2(S*scale_log2 - running max); rescale O and the running sum."""
-        s = acc_as_rows_cols(acc_S)
-        o = acc_as_rows_cols(acc_O)
-        for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
-            tile_max = s[r, None].load().reduce(cute.ReductionOp.MAX, -Float32.inf, 0)
-            tile_max = _quad_allreduce_max(tile_max)
-            new_max = cutlass.max(row_max[r], tile_max)
-            # A row with every key masked so far keeps max -inf: use 0 so exp2 gives 0, not NaN.
-            max_scaled = new_max * softmax_scale_log2 if new_max != -Float32.inf else Float32(0.0)
-            p = cute.math.exp2(s[r, None].load() * softmax_scale_log2 - max_scaled, fastmath=True)
-            s[r, None].store(p)
-            correction = cute.math.exp2(row_max[r] * softmax_scale_log2 - max_scaled, fastmath=True)
-            row_sum[r] = row_sum[r] * correction + p.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
-            row_max[r] = new_max
-            o[r, None].store(o[r, None].load() * correction)
-
     # ------------------------------------------------------------------ epilogue
     @cute.jit
     def epilogue(self, mO, mLSE, acc_O, row_max, row_sum, thr_mma_pv, ctx, softmax_scale_log2: Float32):
@@ -342,7 +319,7 @@ class PrefillAttentionSm90:
         tOcO = acc_as_rows_cols(thr_mma_pv.partition_C(cute.make_identity_tensor((self.tile_m, self.head_dim))))
         lane = cute.arch.lane_idx()
         for r in cutlass.range_constexpr(cute.size(o, mode=[0])):
-            total = _quad_allreduce_sum(row_sum[r])
+            total = quad_allreduce_sum(row_sum[r])
             inv = 1.0 / total if total > 0.0 else Float32(0.0)
             row = ctx.m_block * self.tile_m + tOcO[r, 0][0]
             token, head = packed_row_token_head(row, ctx.kv_head, self.group)
@@ -354,10 +331,7 @@ class PrefillAttentionSm90:
                 for c in cutlass.range_constexpr(cute.size(o, mode=[1])):
                     mO[q_row, head, tOcO[0, c][1]] = out[c]
                 if lane % 4 == 0:
-                    lse = -Float32.inf
-                    if total > 0.0:
-                        lse = (row_max[r] * softmax_scale_log2 + cute.math.log2(total, fastmath=True)) / LOG2_E
-                    mLSE[q_row, head] = lse
+                    mLSE[q_row, head] = row_lse(row_max[r], total, softmax_scale_log2)
 
 
 class _TileContext:
@@ -367,30 +341,3 @@ class _TileContext:
         self.q_start, self.q_len, self.k_start = q_start, q_len, k_start
         self.prefix_len, self.seqlen_k = prefix_len, seqlen_k
         self.kv_head, self.m_block, self.batch_idx = kv_head, m_block, batch_idx
-
-
-@cute.jit
-def _wgmma(tiled_mma: cute.TiledMma, acc: cute.Tensor, tA: cute.Tensor, tB: cute.Tensor,
-           zero_init: cutlass.Constexpr):
-    """acc (+)= A @ B over the K blocks of the fragments, then wait for completion."""
-    warpgroup.fence()
-    atom = cute.make_mma_atom(tiled_mma.op)  # a fresh atom: its ACCUMULATE flag is mutated below
-    atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
-    for k in cutlass.range_constexpr(cute.size(tA, mode=[2])):
-        cute.gemm(atom, acc, tA[None, None, k], tB[None, None, k], acc)
-        atom.set(warpgroup.Field.ACCUMULATE, True)
-    warpgroup.commit_group()
-    warpgroup.wait_group(0)
-
-
-@cute.jit
-def _quad_allreduce_max(x: Float32) -> Float32:
-    """Max over the 4 lanes that share an accumulator row."""
-    x = cutlass.max(x, cute.arch.shuffle_sync_bfly(x, offset=2))
-    return cutlass.max(x, cute.arch.shuffle_sync_bfly(x, offset=1))
-
-
-@cute.jit
-def _quad_allreduce_sum(x: Float32) -> Float32:
-    x = x + cute.arch.shuffle_sync_bfly(x, offset=2)
-    return x + cute.arch.shuffle_sync_bfly(x, offset=1)

@@ -1,0 +1,71 @@
+"""Register-level pieces shared by the Hopper attention kernels: the wgmma issue loop, quad
+reductions over an accumulator row, and the online-softmax update of one S tile (fp32, exp2)."""
+from __future__ import annotations
+
+import math
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32
+from cutlass.cute.nvgpu import warpgroup
+
+from .wgmma_layouts import acc_as_rows_cols
+
+DTYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}
+LOG2_E = math.log2(math.e)
+
+
+@cute.jit
+def wgmma(tiled_mma: cute.TiledMma, acc: cute.Tensor, tA: cute.Tensor, tB: cute.Tensor,
+          zero_init: cutlass.Constexpr):
+    """acc (+)= A @ B over the K blocks of the fragments, then wait for completion."""
+    warpgroup.fence()
+    atom = cute.make_mma_atom(tiled_mma.op)  # a fresh atom: its ACCUMULATE flag is mutated below
+    atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
+    for k in cutlass.range_constexpr(cute.size(tA, mode=[2])):
+        cute.gemm(atom, acc, tA[None, None, k], tB[None, None, k], acc)
+        atom.set(warpgroup.Field.ACCUMULATE, True)
+    warpgroup.commit_group()
+    warpgroup.wait_group(0)
+
+
+@cute.jit
+def quad_allreduce_max(x: Float32) -> Float32:
+    """Max over the 4 lanes that share an accumulator row."""
+    x = cutlass.max(x, cute.arch.shuffle_sync_bfly(x, offset=2))
+    return cutlass.max(x, cute.arch.shuffle_sync_bfly(x, offset=1))
+
+
+@cute.jit
+def quad_allreduce_sum(x: Float32) -> Float32:
+    x = x + cute.arch.shuffle_sync_bfly(x, offset=2)
+    return x + cute.arch.shuffle_sync_bfly(x, offset=1)
+
+
+@cute.jit
+def online_softmax(acc_S, acc_O, row_max, row_sum, softmax_scale_log2: Float32):
+    """S -> P = exp2(S*scale_log2 - running max); rescale O and the running sum (this thread's part
+    of each row: the quad's lanes hold the rest, reduced at the end)."""
+    s = acc_as_rows_cols(acc_S)
+    o = acc_as_rows_cols(acc_O)
+    for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
+        tile_max = s[r, None].load().reduce(cute.ReductionOp.MAX, -Float32.inf, 0)
+        tile_max = quad_allreduce_max(tile_max)
+        new_max = cutlass.max(row_max[r], tile_max)
+        # A row with every key masked so far keeps max -inf: use 0 so exp2 gives 0, not NaN.
+        max_scaled = new_max * softmax_scale_log2 if new_max != -Float32.inf else Float32(0.0)
+        p = cute.math.exp2(s[r, None].load() * softmax_scale_log2 - max_scaled, fastmath=True)
+        s[r, None].store(p)
+        correction = cute.math.exp2(row_max[r] * softmax_scale_log2 - max_scaled, fastmath=True)
+        row_sum[r] = row_sum[r] * correction + p.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+        row_max[r] = new_max
+        o[r, None].store(o[r, None].load() * correction)
+
+
+@cute.jit
+def row_lse(row_max: Float32, total: Float32, softmax_scale_log2: Float32) -> Float32:
+    """Natural-log LSE of one row from its running max (unscaled) and quad-reduced sum; -inf if empty."""
+    lse = -Float32.inf
+    if total > 0.0:
+        lse = (row_max * softmax_scale_log2 + cute.math.log2(total, fastmath=True)) / LOG2_E
+    return lse
