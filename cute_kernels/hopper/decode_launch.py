@@ -3,11 +3,12 @@ from the DSL's JIT (DECODE_CACHE: each spec compiles once per process) or from t
 library (decode_aot.py), as toolchain/kernel_path.py says."""
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from cute_kernels.toolchain.kernel_path import kernel_path
 
-from .decode_host import DecodeLaunchArgs
 from .prefill_launch import _as_cute
 
 # Which modes of each kernel tensor are runtime sizes (head_dim and the 16-token block are static).
@@ -15,7 +16,8 @@ _DECODE_DYNAMIC_MODES = ((0, 1), (0, 2), (0, 2), (0, 1), (0,), (0,), (0, 1), (0,
 _MERGE_DYNAMIC_MODES = ((0, 1, 2), (0, 1, 2), (0, 1), (0, 1))
 
 
-def launch_decode(args: DecodeLaunchArgs) -> None:
+def launch_decode(args: Any) -> None:
+    """Launch for a decode_host.DecodeLaunchArgs (not imported: decode_host imports this module)."""
     if kernel_path() == "aot":
         from .decode_aot import launch_decode_aot
 
@@ -23,7 +25,7 @@ def launch_decode(args: DecodeLaunchArgs) -> None:
     _launch_decode_jit(args)
 
 
-def _launch_decode_jit(args: DecodeLaunchArgs) -> None:
+def _launch_decode_jit(args: Any) -> None:
     import cuda.bindings.driver as cuda
     import cutlass
 
