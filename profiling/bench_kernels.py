@@ -1,9 +1,11 @@
-"""Kernel benchmarks on the GPU: `python profiling/bench_kernels.py prefill [--json PATH] [--dry-run]`.
+"""Kernel benchmarks on the GPU: `python profiling/bench_kernels.py {prefill,decode} [--json PATH] [--dry-run]`.
 
 prefill: the cute sm_90a prefill kernel vs torch SDPA (flash backend) on the same inputs, causal
 TFLOP/s (half the square counted) and the fraction of the chip's dense bf16 peak. One row per case;
 `path` says whether the kernel ran JIT-compiled (DSL) or from the AOT library
 (cute_kernels.toolchain.kernel_path).
+decode: the paged split-KV decode kernel's bandwidth as a fraction of the measured device copy
+bandwidth, beside the torch reference and FlashInfer when importable (profiling/decode_bench.py).
 """
 from __future__ import annotations
 
@@ -115,7 +117,13 @@ def run_prefill(dry_run: bool) -> list[dict]:
     return rows
 
 
-BENCHES = {"prefill": run_prefill}
+def run_decode(dry_run: bool) -> list[dict]:
+    from profiling.decode_bench import run_decode_bench
+
+    return run_decode_bench(dry_run, _time_ms)
+
+
+BENCHES = {"prefill": run_prefill, "decode": run_decode}
 
 
 def main(argv: list[str] | None = None) -> int:

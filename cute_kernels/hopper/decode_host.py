@@ -15,7 +15,7 @@ import torch
 from cute_kernels.attention_args import DecodeArgs
 from cute_kernels.paged_tables import as_int32, check_block_ids
 
-from .decode_spec import H100_SMS, QUERY_ROWS, DecodeMergeSpec, DecodeSpec, num_splits
+from .decode_spec import H100_SMS, MAX_SPLITS, QUERY_ROWS, DecodeMergeSpec, DecodeSpec, num_splits
 from .prefill_spec import KV_BLOCK_SIZE
 
 _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -62,6 +62,8 @@ def plan_decode(block_tables: torch.Tensor, context_lens: torch.Tensor, num_bloc
         check_block_ids(tables, max_context, num_blocks, KV_BLOCK_SIZE, "decode attention: context lengths")
     if splits is None:
         splits = num_splits(batch, kv_heads, max_context, num_sms)
+    if not 1 <= splits <= MAX_SPLITS:
+        raise ValueError(f"decode attention: {splits} splits, the merge takes 1 to {MAX_SPLITS}")
     return DecodePlan(tables, lens, cu, max_q, int(cu[-1]), splits, num_blocks)
 
 
