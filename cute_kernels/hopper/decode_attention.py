@@ -29,14 +29,15 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.memory
 import cutlass.pipeline as pipeline
-import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass import Float32, Int32, Int64, const_expr
-from cutlass.cute.nvgpu import cpasync, warpgroup
-from cutlass.tensor_utils import LayoutEnum
+from cutlass import Float32, Int32, Int64
+from cutlass.cute.nvgpu import cpasync
 
 from .decode_spec import BLOCKS_PER_TILE, KEYS_PER_TILE, QUERY_ROWS, DecodeSpec
 from .prefill_spec import KV_BLOCK_SIZE
-from .warpgroup_ops import DTYPES, online_softmax, quad_allreduce_sum, row_lse, wgmma
+from .warpgroup_ops import (
+    DTYPES, attention_tiled_mmas, copy_row_chunk, make_row_copy, online_softmax, quad_allreduce_sum, row_lse,
+    swizzled_rows_layout, wgmma,
+)
 from .wgmma_layouts import acc_as_operand_a, acc_as_rows_cols
 
 CONSUMER_THREADS = 128  # one warpgroup
@@ -56,37 +57,6 @@ class DecodeAttentionSm90:
         self.num_threads = CONSUMER_THREADS + 32
 
     # ------------------------------------------------------------------ configuration
-    def _smem_layout(self, shape: tuple):
-        """GMMA-swizzled row-major layout, rows before column atoms: the 16 rows of one cache block
-        in one 64-column (128 B) swizzle span are contiguous, one TMA box."""
-        atom = warpgroup.make_smem_layout_atom(
-            sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, self.dtype, self.head_dim), self.dtype
-        )
-        return cute.tile_to_shape(atom, shape, order=tuple(range(len(shape))))
-
-    def _tiled_mmas(self):
-        mma_qk = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K,
-            Float32, atom_layout_mnk=(1, 1, 1), tiler_mn=(QUERY_ROWS, KEYS_PER_TILE),
-        )
-        # V is [keys, d] row-major: as the B operand of P @ V it is MN-major (d contiguous).
-        mma_pv = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN,
-            Float32, atom_layout_mnk=(1, 1, 1), tiler_mn=(QUERY_ROWS, self.head_dim),
-            a_source=warpgroup.OperandSource.RMEM,
-        )
-        return mma_qk, mma_pv
-
-    def _q_copy(self):
-        """cp.async tiled copy over the consumer threads: 16 B of one Q row each."""
-        elems = 128 // self.dtype.width
-        chunks = self.head_dim // elems
-        atom = cute.make_copy_atom(
-            cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), self.dtype, num_bits_per_copy=128
-        )
-        threads = cute.make_ordered_layout((CONSUMER_THREADS // chunks, chunks), order=(1, 0))
-        return cute.make_tiled_copy_tv(atom, threads, cute.make_layout((1, elems)))
-
     def _cache_tma(self, mCache: cute.Tensor, block_layout):
         """TMA atom over the cache viewed as (slot, d, kv_head, block): a box is one head's 16 x d block."""
         view = cute.make_tensor(mCache.iterator, cute.select(mCache.layout, mode=[1, 3, 2, 0]))
@@ -112,11 +82,12 @@ class DecodeAttentionSm90:
         num_splits: Int32,
         stream: cuda.CUstream,
     ):
-        mma_qk, mma_pv = self._tiled_mmas()
+        mma_qk, mma_pv = attention_tiled_mmas(self.dtype, self.head_dim, KEYS_PER_TILE)
         d = self.head_dim
-        sQ_layout = self._smem_layout((QUERY_ROWS, d))
-        sKV_layout = self._smem_layout((KEYS_PER_TILE, d, self.stages))
-        block_layout = self._smem_layout((KV_BLOCK_SIZE, d))
+        # Rows before column atoms: the 16 rows of one cache block in one 128 B column span are one TMA box.
+        sQ_layout = swizzled_rows_layout(self.dtype, d, (QUERY_ROWS, d))
+        sKV_layout = swizzled_rows_layout(self.dtype, d, (KEYS_PER_TILE, d, self.stages))
+        block_layout = swizzled_rows_layout(self.dtype, d, (KV_BLOCK_SIZE, d))
         tma_k, gK = self._cache_tma(mKCache, block_layout)
         tma_v, gV = self._cache_tma(mVCache, block_layout)
 
@@ -130,7 +101,7 @@ class DecodeAttentionSm90:
         self.kernel(
             mQ, tma_k, gK, tma_v, gV, mBlockTables, mContextLens, mCuSeqlensQ, mO, mLSE, mOPartial,
             mLSEPartial, softmax_scale_log2, num_splits, sQ_layout, sKV_layout,
-            mma_qk, mma_pv, self._q_copy(), SharedStorage,
+            mma_qk, mma_pv, make_row_copy(self.dtype, d, CONSUMER_THREADS), SharedStorage,
         ).launch(
             grid=[num_splits, mKCache.shape[2], mContextLens.shape[0]],
             block=[self.num_threads, 1, 1],
@@ -298,10 +269,7 @@ class DecodeAttentionSm90:
             head = ctx.kv_head * ctx.group + coord[0] % ctx.group
             offset = (Int64(ctx.q_start + token) * Int64(mQ.stride[0]) + Int64(head) * Int64(mQ.stride[1])
                       + Int64(coord[1]))
-            src = cute.make_ptr(self.dtype, mQ.iterator.toint() + offset * (self.dtype.width // 8),
-                                cute.AddressSpace.gmem, assumed_align=16)
-            dst = tQsQ[None, i, 0]
-            cute.copy(q_copy, cute.make_tensor(src, dst.layout), dst)
+            copy_row_chunk(q_copy, self.dtype, mQ, offset, tQsQ[None, i, 0])
 
     @cute.jit
     def apply_mask(self, acc_S, tScS_rc, tile: Int32, ctx):

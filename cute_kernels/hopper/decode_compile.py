@@ -5,20 +5,16 @@ batch, query tokens per sequence, head counts, cache size, block-table width and
 """
 from __future__ import annotations
 
-import tempfile
-
 import cutlass
 import cutlass.cute as cute
 from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
 
-from cute_kernels.toolchain.compile_cache import CompileCache, CompiledKernel, timed
+from cute_kernels.toolchain.compile_cache import CompileCache, CompiledKernel, compile_sm90
 from .decode_attention import DecodeAttentionSm90
 from .decode_merge import DecodeMergeSm90
 from .decode_spec import DecodeMergeSpec, DecodeSpec
 from .prefill_spec import KV_BLOCK_SIZE
 from .warpgroup_ops import DTYPES
-
-TARGET_ARCH = "sm_90a"
 
 
 def _compact(dtype, shape: tuple, align: int = 16):
@@ -60,17 +56,7 @@ def compile_decode(spec: DecodeSpec | DecodeMergeSpec, keep_artifacts: bool = Fa
     """Compile either kernel for sm_90a; with keep_artifacts the PTX text and cubin bytes are returned too."""
     kernel = DecodeAttentionSm90(spec) if isinstance(spec, DecodeSpec) else DecodeMergeSm90(spec)
     args = fake_arguments(spec)
-    options = f"--gpu-arch {TARGET_ARCH}"
-    if not keep_artifacts:
-        fn, seconds = timed(lambda: cute.compile(kernel, *args, options=options))
-        return CompiledKernel(fn, seconds)
-    with tempfile.TemporaryDirectory(prefix="cute_dump_") as dump_dir:
-        options += f" --keep-ptx --keep-cubin --dump-dir {dump_dir}"
-        fn, seconds = timed(lambda: cute.compile(kernel, *args, options=options))
-        artifacts = {"ptx": fn.artifacts.PTX, "cubin": fn.artifacts.CUBIN}
-    if not isinstance(artifacts["cubin"], (bytes, bytearray)):
-        raise RuntimeError(f"{spec.name}: the DSL kept no cubin ({artifacts['cubin']!r})")
-    return CompiledKernel(fn, seconds, artifacts)
+    return compile_sm90(kernel, args, spec.name, keep_artifacts)
 
 
 DECODE_CACHE = CompileCache(compile_decode)

@@ -23,14 +23,14 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.memory
 import cutlass.cute as cute
-import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, Int64, const_expr
-from cutlass.cute.nvgpu import cpasync, warpgroup
-from cutlass.tensor_utils import LayoutEnum
 
 from .prefill_schedule import kv_block_range, key_row_coords, packed_row_token_head, query_key_position
 from .prefill_spec import KV_BLOCK_SIZE, PrefillSpec
-from .warpgroup_ops import DTYPES, online_softmax, quad_allreduce_sum, row_lse, wgmma
+from .warpgroup_ops import (
+    DTYPES, attention_tiled_mmas, copy_row_chunk, online_softmax, quad_allreduce_sum, make_row_copy, row_lse,
+    swizzled_rows_layout, wgmma,
+)
 from .wgmma_layouts import acc_as_rows_cols, acc_as_operand_a
 
 
@@ -51,37 +51,7 @@ class PrefillAttentionSm90:
 
     # ------------------------------------------------------------------ configuration
     def _smem_layout(self, rows: int):
-        """Row-major [rows, head_dim] tile with the widest GMMA swizzle (K-major for Q and K)."""
-        atom = warpgroup.make_smem_layout_atom(
-            sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, self.dtype, self.head_dim), self.dtype
-        )
-        return cute.tile_to_shape(atom, (rows, self.head_dim), order=(0, 1))
-
-    def _tiled_mmas(self):
-        wg_layout = (self.num_wg, 1, 1)  # warpgroups split the query rows
-        mma_qk = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K,
-            Float32, atom_layout_mnk=wg_layout, tiler_mn=(64, self.tile_n),
-        )
-        # V is [keys, d] row-major: as the B operand of P @ V it is MN-major (d contiguous).
-        mma_pv = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN,
-            Float32, atom_layout_mnk=wg_layout, tiler_mn=(64, self.head_dim),
-            a_source=warpgroup.OperandSource.RMEM,
-        )
-        return mma_qk, mma_pv
-
-    def _row_copy(self):
-        """cp.async tiled copy: each thread moves 16 B of one row per issue."""
-        elems = 128 // self.dtype.width
-        chunks_per_row = self.head_dim // elems
-        atom = cute.make_copy_atom(
-            cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), self.dtype, num_bits_per_copy=128
-        )
-        thr_layout = cute.make_ordered_layout(
-            (self.num_threads // chunks_per_row, chunks_per_row), order=(1, 0)
-        )
-        return cute.make_tiled_copy_tv(atom, thr_layout, cute.make_layout((1, elems)))
+        return swizzled_rows_layout(self.dtype, self.head_dim, (rows, self.head_dim))
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -102,7 +72,7 @@ class PrefillAttentionSm90:
         max_seqlen_q: Int32,
         stream: cuda.CUstream,
     ):
-        mma_qk, mma_pv = self._tiled_mmas()
+        mma_qk, mma_pv = attention_tiled_mmas(self.dtype, self.head_dim, self.tile_n, self.num_wg)
         sQ_layout = self._smem_layout(self.tile_m)
         sKV_layout = self._smem_layout(self.tile_n)
 
@@ -117,7 +87,8 @@ class PrefillAttentionSm90:
         num_kv_heads = mK.shape[1]
         self.kernel(
             mQ, mK, mV, mKCache, mVCache, mBlockTables, mPrefixLens, mCuSeqlensQ, mCuSeqlensK, mO, mLSE,
-            softmax_scale_log2, sQ_layout, sKV_layout, mma_qk, mma_pv, self._row_copy(), SharedStorage,
+            softmax_scale_log2, sQ_layout, sKV_layout, mma_qk, mma_pv,
+            make_row_copy(self.dtype, self.head_dim, self.num_threads), SharedStorage,
         ).launch(
             grid=[num_m_blocks, num_kv_heads, batch],
             block=[self.num_threads, 1, 1],
@@ -228,7 +199,7 @@ class PrefillAttentionSm90:
             token = cutlass.min(token, ctx.q_len - 1)
             offset = (Int64(ctx.q_start + token) * Int64(mQ.stride[0]) + Int64(head) * Int64(mQ.stride[1])
                       + Int64(coord[1]))
-            self._copy_row_chunk(row_copy, mQ, offset, tQsQ[None, i, 0])
+            copy_row_chunk(row_copy, self.dtype, mQ, offset, tQsQ[None, i, 0])
 
     @cute.jit
     def load_kv(self, mX, mXCache, mBlockTables, sX, thr_copy, row_copy, ctx, n_block: Int32):
@@ -245,20 +216,11 @@ class PrefillAttentionSm90:
                 block = Int64(mBlockTables[ctx.batch_idx, block_col])
                 offset = (block * Int64(mXCache.stride[0]) + Int64(slot) * Int64(mXCache.stride[1])
                           + Int64(ctx.kv_head) * Int64(mXCache.stride[2]) + col)
-                self._copy_row_chunk(row_copy, mXCache, offset, tXsX[None, i, 0])
+                copy_row_chunk(row_copy, self.dtype, mXCache, offset, tXsX[None, i, 0])
             else:
                 offset = (Int64(new_row) * Int64(mX.stride[0]) + Int64(ctx.kv_head) * Int64(mX.stride[1])
                           + col)
-                self._copy_row_chunk(row_copy, mX, offset, tXsX[None, i, 0])
-
-    @cute.jit
-    def _copy_row_chunk(self, row_copy, mSrc, elem_offset: Int64, dst):
-        """One 16-byte cp.async from mSrc's element `elem_offset` (64-bit: large KV pools)."""
-        src_ptr = cute.make_ptr(
-            self.dtype, mSrc.iterator.toint() + elem_offset * (self.dtype.width // 8),
-            cute.AddressSpace.gmem, assumed_align=16,
-        )
-        cute.copy(row_copy, cute.make_tensor(src_ptr, dst.layout), dst)
+                copy_row_chunk(row_copy, self.dtype, mX, offset, tXsX[None, i, 0])
 
     # ------------------------------------------------------------------ main loop
     @cute.jit
