@@ -18,20 +18,11 @@ from cute_kernels.hopper.decode_aot import AotDecodeKernels, decode_c_args
 from cute_kernels.hopper.decode_family import DECODE, DECODE_MERGE
 from cute_kernels.hopper.decode_host import prepare_decode_args
 from cute_kernels.hopper.decode_spec import DecodeMergeSpec, DecodeSpec
+from tests.test_aot import toolkit  # noqa: F401  (the fixture: CUDA 13 headers + cudart, or skip)
 from tests.test_decode_attention import decode_case
 
 REPO = Path(__file__).resolve().parents[1]
 SPEC, MERGE = DecodeSpec("float16", 64), DecodeMergeSpec("float16", 64)
-
-
-@pytest.fixture(scope="module")
-def toolkit():
-    from cute_kernels.toolchain.aot_link import find_cuda_toolkit
-
-    kit = find_cuda_toolkit()
-    if kit is None:
-        pytest.skip("no CUDA 13 headers + cudart (CUDA_HOME, /usr/local/cuda or pip nvidia-cuda-runtime)")
-    return kit
 
 
 @pytest.fixture(scope="module")
