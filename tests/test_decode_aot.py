@@ -114,7 +114,8 @@ def _mock_shim(built, toolkit, tmp_path, family, spec) -> ctypes.CDLL:
     (tmp_path / "mock.c").write_text(_MOCK_DSL.replace("PREFIX", spec.name).replace("CIFACE", ciface))
     objects = [compile_shim(spec.name, out / spec.name, tmp_path / "shim.o", toolkit, family.shim),
                compile_common(tmp_path / "common.o", toolkit)]
-    subprocess.run([_cc(), *_cflags(toolkit), "-c", str(tmp_path / "mock.c"), "-o", str(tmp_path / "mock.o")], check=True)
+    mock = [_cc(), *_cflags(toolkit), "-c", str(tmp_path / "mock.c"), "-o", str(tmp_path / "mock.o")]
+    subprocess.run(mock, check=True)
     so = tmp_path / "mock.so"
     subprocess.run([_cc(), "-shared", "-o", str(so), *map(str, objects), str(tmp_path / "mock.o")], check=True)
     return AotDecodeKernels(so, {"variants": [spec.name]})

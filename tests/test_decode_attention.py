@@ -238,7 +238,8 @@ def _check(args: DecodeArgs, launch, dtype) -> None:
     got = launch.out.float().cpu()
     assert not got.isnan().any() and not launch.lse.isnan().any()
     err = (got - want_o).flatten(2).norm(dim=-1) / want_o.flatten(2).norm(dim=-1).clamp_min(1e-6)
-    assert err.max() <= 1e-2, f"worst (token, head) relative error {err.max():.2e} at {divmod(int(err.argmax()), err.shape[1])}"
+    worst = divmod(int(err.argmax()), err.shape[1])
+    assert err.max() <= 1e-2, f"worst (token, head) relative error {err.max():.2e} at {worst}"
     torch.testing.assert_close(launch.lse.cpu(), want_lse, rtol=0, atol=1e-3)
     if launch.num_splits > 1:  # the partials themselves, where a split sees any key
         visible = ref_lse > -math.inf

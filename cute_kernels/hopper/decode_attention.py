@@ -8,12 +8,14 @@ output and LSE of each split, which decode_merge.py combines.
 Design: one CTA = one (split, KV head, sequence); 4 consumer warps (one warpgroup) + 1 producer warp.
 - Packed GQA: the CTA's 64 query rows are (query token, query head of this KV head), so each K/V
   byte is read once for the whole group (rows past q_len * group are padding, never stored).
-- Decode is bandwidth-bound: the kernel's job is to keep K/V streaming. The producer warp issues one
-  TMA per 16-token cache block and tensor (box [1, 16, 1, d] of the [num_blocks, 16, kv_heads, d]
-  cache, whose 16 rows of one head sit at stride kv_heads * d: one descriptor instruction per
-  block, written in the GMMA swizzle, 64-bit addressing in hardware, the block id a coordinate),
-  4 blocks per stage into a 3-6 stage ring completed on mbarriers (PipelineTmaAsync). Block-table
-  entries are read 32 at a time by the producer's lanes, one group ahead, and shuffled out.
+- Decode is bandwidth-bound: the kernel's job is to keep K/V streaming. The producer warp issues
+  TMA copies of whole cache blocks: the cache [num_blocks, 16, kv_heads, d] is viewed as
+  (slot, d, kv_head, block) and a box is one head's 16 rows (at stride kv_heads * d) by one 128-byte
+  swizzle span of d (one box per block and tensor at d = 64, two at d = 128), so there is no per-row
+  copy, the GMMA swizzle is written by the copy engine, addressing is 64-bit in hardware and the block
+  id is just a coordinate. 4 blocks make a stage of a 3-6 stage ring completed on mbarriers
+  (PipelineTmaAsync). Block-table entries are read 32 at a time by the producer's lanes, one group
+  ahead of use, and shuffled out.
 - Math on the tensor cores with warpgroup MMA: the group is padded to M = 64 rows. The FLOPs are
   wasted but free (a tile's two wgmmas take a fraction of the time its 16-32 KiB take to arrive),
   and the consumer warps stay mostly idle, waiting on the next stage: per-warp mma.sync or FMA
@@ -164,8 +166,8 @@ class DecodeAttentionSm90:
         )
 
         if warp_idx == PRODUCER_WARP:
-            self.produce(tma_k, gK_all, _as_blocks(sK), tma_v, gV_all, _as_blocks(sV), kv_pipeline, mBlockTables, batch_idx,
-                         kv_head, context_len, tile_lo, n_local)
+            self.produce(tma_k, gK_all, _as_blocks(sK), tma_v, gV_all, _as_blocks(sV), kv_pipeline,
+                         mBlockTables, batch_idx, kv_head, context_len, tile_lo, n_local)
         else:
             ctx = _DecodeContext(q_start, q_len, context_len, group, kv_head, split, num_splits)
             self.consume(mQ, sQ, sK, sV, q_copy, mma_qk, mma_pv, kv_pipeline, mO, mLSE, mOPartial,

@@ -12,7 +12,7 @@ import cuda.bindings.driver as cuda
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32
+from cutlass import Float32
 
 from .decode_spec import MAX_SPLITS, DecodeMergeSpec
 from .warpgroup_ops import DTYPES, LOG2_E
