@@ -5,7 +5,7 @@ TFLOP/s (half the square counted) and the fraction of the chip's dense bf16 peak
 `path` says whether the kernel ran JIT-compiled (DSL) or from the AOT library
 (cute_kernels.toolchain.kernel_path).
 decode: the paged split-KV decode kernel's bandwidth as a fraction of the measured device copy
-bandwidth, beside the torch reference and FlashInfer when importable (profiling/decode_bench.py).
+bandwidth, beside the torch reference and FlashInfer / flash-attn when importable (profiling/decode_bench.py).
 """
 from __future__ import annotations
 

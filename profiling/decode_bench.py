@@ -1,6 +1,7 @@
 """`bench_kernels.py decode`: the cute paged decode kernel's achieved bandwidth, as a fraction of this
 device's copy bandwidth measured in the same run (a large torch device-to-device copy), beside the
-torch reference and, where importable, FlashInfer's paged decode on the same cache.
+torch reference and, where importable, FlashInfer's paged decode and flash-attn's kvcache function
+on the same cache.
 
 Bytes counted are the ones a decode must move: every context token's K and V of every KV head once,
 plus q and the output. A kernel that reads each K/V byte once at copy speed scores 1.0.
@@ -85,6 +86,27 @@ def _flashinfer_ms(args, case: DecodeCase, time_ms: Callable) -> float | None:
     return time_ms(lambda: wrapper.run(args.q, (args.k_cache, args.v_cache)))
 
 
+def _flash_attn_ms(args, time_ms: Callable) -> float | None:
+    """flash-attn's flash_attn_with_kvcache over the same paged cache, when it is installed (FA2 wants
+    pages of 256 tokens and refuses ours: the row then says so)."""
+    try:
+        from flash_attn import flash_attn_with_kvcache
+    except ImportError:
+        return None
+    q = args.q.unsqueeze(1)  # [batch, 1 new token, heads, d]
+    return time_ms(lambda: flash_attn_with_kvcache(q, args.k_cache, args.v_cache, cache_seqlens=args.context_lens,
+                                                   block_table=args.block_tables, softmax_scale=args.scale))
+
+
+def _peer_columns(name: str, measure: Callable[[], float | None], gbs: Callable, cute_ms: float) -> dict:
+    """A peer's GB/s and its time over ours, nothing when it is not installed, its error when it fails."""
+    try:
+        ms = measure()
+    except Exception as exc:  # noqa: BLE001 - a peer's failure is reported, not fatal
+        return {name: f"error {type(exc).__name__}"}
+    return {} if ms is None else {f"{name}_GBs": round(gbs(ms)), f"vs_{name}": round(ms / cute_ms, 2)}
+
+
 def bench_decode_case(case: DecodeCase, copy_gbs: float, time_ms: Callable) -> dict:
     import torch
 
@@ -106,13 +128,8 @@ def bench_decode_case(case: DecodeCase, copy_gbs: float, time_ms: Callable) -> d
            "cute_GBs": round(gbs(cute_ms)), "of_copy": round(gbs(cute_ms) / copy_gbs, 2),
            "torch_ref_GBs": round(gbs(torch_ms)), "vs_torch_ref": round(torch_ms / cute_ms, 1),
            "rel_err": f"{err:.1e}"}
-    try:
-        fi_ms = _flashinfer_ms(args, case, time_ms)
-    except Exception as exc:  # noqa: BLE001 - a peer's failure is reported, not fatal
-        row["flashinfer"] = f"error {type(exc).__name__}"
-    else:
-        if fi_ms is not None:
-            row.update(flashinfer_GBs=round(gbs(fi_ms)), vs_flashinfer=round(fi_ms / cute_ms, 2))
+    row |= _peer_columns("flashinfer", lambda: _flashinfer_ms(args, case, time_ms), gbs, cute_ms)
+    row |= _peer_columns("flash_attn", lambda: _flash_attn_ms(args, time_ms), gbs, cute_ms)
     return row
 
 
