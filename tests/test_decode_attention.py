@@ -178,6 +178,20 @@ def test_prepare_args_shapes_and_placeholders():
     assert prepare_decode_args(args).num_splits == num_splits(2, 2, 700)
 
 
+def test_a_step_plan_is_reused_by_every_layer():
+    """What the engine does once per step (and once per captured CUDA-graph batch size, with the split
+    count fixed): the plan's tables and split count are taken as they are, with no device sync."""
+    args = decode_case([20, 700], heads=8, kv_heads=2, d=64, dtype=torch.bfloat16)
+    plan = plan_decode(args.block_tables, args.context_lens, args.k_cache.shape[0], 2, splits=5)
+    args.plan = plan
+    launch = prepare_decode_args(args)
+    assert launch.num_splits == 5 and launch.plan is plan and launch.out_partial.shape == (5, 2, 8, 64)
+    other = decode_case([20, 700], heads=8, kv_heads=2, d=64, dtype=torch.bfloat16, seed=1)
+    with pytest.raises(ValueError, match="another cache"):
+        prepare_decode_args(DecodeArgs(other.q, other.k_cache[:-1], other.v_cache[:-1], other.block_tables,
+                                       other.context_lens, 0.1, plan=plan))
+
+
 def test_bad_inputs_raise_value_errors():
     args = decode_case([20, 33], heads=6, kv_heads=2, d=64, dtype=torch.bfloat16)
     num_blocks = args.k_cache.shape[0]
