@@ -4,6 +4,11 @@ the torch entry point `decode_attention(args)` (reference.decode_attention_ref's
 The checks that need the tables' values (block ids in range, lengths within the tables) and the
 split count (from the longest context) sync the device, so they live in a DecodePlan made once per
 step, outside any CUDA graph: pass it as DecodeArgs.plan and a launch syncs nothing.
+Under a captured graph the split count is a grid dimension, so capture each batch size with a plan
+of fixed `splits` (e.g. num_splits(batch, kv_heads, max_model_len)) over the static table tensors
+(plan_decode keeps int32 contiguous tensors as they are, so in-place updates reach the replay);
+padding rows need a context length >= 1 and valid block ids. Any split count is correct for any
+context: splits past a sequence's last tile write an empty partial that the merge skips.
 """
 from __future__ import annotations
 
