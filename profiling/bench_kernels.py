@@ -1,9 +1,11 @@
-"""Kernel benchmarks on the GPU: `python profiling/bench_kernels.py prefill [--json PATH] [--dry-run]`.
+"""Kernel benchmarks on the GPU: `python profiling/bench_kernels.py {prefill,decode} [--json PATH] [--dry-run]`.
 
 prefill (profiling/bench_prefill.py): the cute sm_90a prefill kernel vs torch SDPA with the cuDNN and
 flash backends on the same inputs, TFLOP/s over the visible score entries and the fraction of the
 device's dense bf16 peak (profiling/gpu_peaks.py). One row per case; `path` says whether the kernel
 ran JIT-compiled (DSL) or from the AOT library (cute_kernels.toolchain.kernel_path).
+decode: the paged split-KV decode kernel's bandwidth as a fraction of the measured device copy
+bandwidth, beside the torch reference and FlashInfer / flash-attn when importable (profiling/decode_bench.py).
 """
 from __future__ import annotations
 
@@ -15,8 +17,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from profiling.bench_prefill import run_prefill  # noqa: E402
+from profiling.gpu_peaks import time_ms  # noqa: E402
 
-BENCHES = {"prefill": run_prefill}
+
+def run_decode(dry_run: bool) -> list[dict]:
+    from profiling.decode_bench import run_decode_bench
+
+    return run_decode_bench(dry_run, time_ms)
+
+
+BENCHES = {"prefill": run_prefill, "decode": run_decode}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,11 +18,9 @@ export TMPDIR="${TMPDIR:-$OUT}"   # the DSL's cache stays with this run
 export CUTE_KERNELS_PATH="${CUTE_KERNELS_PATH:-aot}"
 export CUTE_AOT_DIR="${CUTE_AOT_DIR:-$PWD/build/aot}"
 
-TESTS=(tests/test_prefill_attention.py tests/test_aot.py)   # GPU numerics (pytest marker: gpu)
-BENCHES=(prefill)                                           # profiling/bench_kernels.py <name>
-# Seconds, first: a broken kernel stops the suite here instead of failing every test below.
-SMOKE=("tests/test_aot.py::test_aot_and_jit_kernels_each_match_the_reference_gpu"
-       "tests/test_prefill_attention.py::test_prefill_numerics_gpu[32-8-128-True-True]")
+TESTS=(tests/test_prefill_attention.py tests/test_aot.py   # GPU numerics (pytest marker: gpu)
+       tests/test_decode_attention.py)
+BENCHES=(prefill decode)                                    # profiling/bench_kernels.py <name>
 
 DRY=0
 [[ "${1:-}" == "--dry-run" ]] && DRY=1
@@ -35,8 +33,8 @@ aot_status() { python -m cute_kernels.aot --status --out "$1" 2>&1 | tail -n 1; 
 
 if (( DRY )); then
   bash -n "$0" && row check gpu_suite.sh "syntax ok" || { row check gpu_suite.sh FAIL; status=1; }
-  n=$(python -m pytest -q --collect-only -m gpu "${SMOKE[@]}" 2>/dev/null | grep -c '::') || true
-  if (( n >= ${#SMOKE[@]} )); then row smoke "${#SMOKE[@]} ids" "$n gpu tests collect"; else row smoke ids "FAIL: $n collected"; status=1; fi
+  if smoke=$(python profiling/gpu_smoke.py --dry-run 2>&1); then row smoke gpu_smoke.py "$smoke"
+  else row smoke gpu_smoke.py "FAIL: $smoke"; status=1; fi
   for t in "${TESTS[@]}"; do
     n=$(python -m pytest -q --collect-only -m gpu "$t" 2>/dev/null | grep -c '::') || true
     if (( n > 0 )); then row tests "$t" "$n gpu tests collect"; else row tests "$t" "FAIL: none collected"; status=1; fi
@@ -66,12 +64,12 @@ else
     if have_dsl; then row kernels jit "nvidia-cutlass-dsl installed"
     else row kernels jit "FAIL: nvidia-cutlass-dsl missing"; status=1; fi
   fi
-  if ! python -m pytest -q -m gpu "${SMOKE[@]}" -p no:cacheprovider > "$OUT/smoke.txt" 2>&1; then
-    row smoke "${#SMOKE[@]} ids" "FAIL: $(tail -n 1 "$OUT/smoke.txt") (the rest not run)"
+  if ! python profiling/gpu_smoke.py > "$OUT/smoke.txt" 2>&1; then  # a minute: broken kernels stop the run here
+    row smoke gpu_smoke.py "FAIL: $(tail -n 1 "$OUT/smoke.txt") (the rest not run)"
     printf '%s\n' "${rows[@]}"
     exit 1
   fi
-  row smoke "${#SMOKE[@]} ids" "$(tail -n 1 "$OUT/smoke.txt")"
+  row smoke gpu_smoke.py "$(tail -n 1 "$OUT/smoke.txt")"
   for t in "${TESTS[@]}"; do
     python -m pytest -q -m gpu "$t" -p no:cacheprovider > "$OUT/test_$(basename "$t" .py).txt" 2>&1
     rc=$?

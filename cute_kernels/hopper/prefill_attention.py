@@ -27,17 +27,14 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.memory
 import cutlass.cute as cute
-import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, const_expr
-from cutlass.cute.nvgpu import cpasync, warpgroup
-from cutlass.tensor_utils import LayoutEnum
+from cutlass.cute.nvgpu import cpasync
 
 from .prefill_loads import KeySource, PrefillLoads
 from .prefill_mma import PrefillMma
 from .prefill_schedule import kv_block_range
 from .prefill_spec import PrefillSpec
-
-DTYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}
+from .warpgroup_ops import DTYPES, attention_tiled_mmas, make_row_copy, swizzled_rows_layout
 
 
 class PrefillAttentionSm90(PrefillLoads, PrefillMma):
@@ -63,38 +60,8 @@ class PrefillAttentionSm90(PrefillLoads, PrefillMma):
     # ------------------------------------------------------------------ configuration
     def _smem_layout(self, rows: int, stages: int | None = None):
         """Row-major [rows, head_dim(, stage)] tile with the widest GMMA swizzle (K-major for Q and K)."""
-        atom = warpgroup.make_smem_layout_atom(
-            sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, self.dtype, self.head_dim), self.dtype
-        )
-        if stages is None:
-            return cute.tile_to_shape(atom, (rows, self.head_dim), order=(0, 1))
-        return cute.tile_to_shape(atom, (rows, self.head_dim, stages), order=(0, 1, 2))
-
-    def _tiled_mmas(self):
-        wg_layout = (self.num_wg, 1, 1)  # warpgroups split the query rows
-        mma_qk = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K,
-            Float32, atom_layout_mnk=wg_layout, tiler_mn=(64, self.tile_n),
-        )
-        # V is [keys, d] row-major: as the B operand of P @ V it is MN-major (d contiguous).
-        mma_pv = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN,
-            Float32, atom_layout_mnk=wg_layout, tiler_mn=(64, self.head_dim),
-            a_source=warpgroup.OperandSource.RMEM,
-        )
-        return mma_qk, mma_pv
-
-    def _row_copy(self):
-        """cp.async tiled copy for the producer warpgroup: each thread moves 16 B of one row per issue."""
-        elems = 128 // self.dtype.width
-        chunks_per_row = self.head_dim // elems
-        atom = cute.make_copy_atom(
-            cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), self.dtype, num_bits_per_copy=128
-        )
-        thr_layout = cute.make_ordered_layout(
-            (self.producer_threads // chunks_per_row, chunks_per_row), order=(1, 0)
-        )
-        return cute.make_tiled_copy_tv(atom, thr_layout, cute.make_layout((1, elems)))
+        shape = (rows, self.head_dim) if stages is None else (rows, self.head_dim, stages)
+        return swizzled_rows_layout(self.dtype, self.head_dim, shape)
 
     def _tma_atom(self, mX: cute.Tensor, s_layout, rows: int):
         """TMA load of one [rows, d] tile of one head from packed [tokens, heads, d] rows."""
@@ -124,7 +91,7 @@ class PrefillAttentionSm90(PrefillLoads, PrefillMma):
         max_seqlen_q: Int32,
         stream: cuda.CUstream,
     ):
-        mma_qk, mma_pv = self._tiled_mmas()
+        mma_qk, mma_pv = attention_tiled_mmas(self.dtype, self.head_dim, self.tile_n, self.num_wg)
         sQ_layout = self._smem_layout(self.tile_m)
         sKV_layout = self._smem_layout(self.tile_n, self.stages)
         tma_k, mK_tma = self._tma_atom(mK, sKV_layout, self.tile_n)
@@ -149,7 +116,7 @@ class PrefillAttentionSm90(PrefillLoads, PrefillMma):
         self.kernel(
             mQ, mK, mV, mKCache, mVCache, mBlockTables, mPrefixLens, mCuSeqlensQ, mCuSeqlensK, mO, mLSE,
             mK_tma, mV_tma, tma_k, tma_v, mQ_tma, tma_q, softmax_scale_log2, sQ_layout, sKV_layout, mma_qk, mma_pv,
-            self._row_copy(), SharedStorage,
+            make_row_copy(self.dtype, self.head_dim, self.producer_threads), SharedStorage,
         ).launch(
             grid=[num_m_blocks, num_kv_heads, batch],
             block=[self.num_threads, 1, 1],

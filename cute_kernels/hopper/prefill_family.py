@@ -73,7 +73,7 @@ PREFILL = KernelFamily(
     name="prefill", specs=prefill_specs, compile=_compile, sass_problems=prefill_sass_problems,
     max_registers=LAUNCH_REGISTERS, fake_args=_fake_args, shim_abi=SHIM_ABI, shim="prefill_aot_shim.c",
     sources=("hopper/prefill_attention.py", "hopper/prefill_loads.py", "hopper/prefill_mma.py",
-             "hopper/prefill_schedule.py", "hopper/prefill_spec.py",
-             "hopper/prefill_compile.py", "hopper/wgmma_layouts.py", "hopper/prefill_family.py",
+             "hopper/prefill_schedule.py", "hopper/prefill_spec.py", "hopper/prefill_compile.py",
+             "hopper/wgmma_layouts.py", "hopper/warpgroup_ops.py", "hopper/prefill_family.py",
              "toolchain/csrc/prefill_aot.h", "toolchain/csrc/prefill_aot_shim.c"),
 )

@@ -19,6 +19,7 @@ from cutlass import Int32, Int64, const_expr
 
 from .prefill_schedule import key_row_coords, packed_row_token_head
 from .prefill_spec import KV_BLOCK_SIZE
+from .warpgroup_ops import copy_row_chunk
 
 PRODUCER_BARRIER_ID = 1  # named barrier of the producer warpgroup; 0 is the CTA-wide one
 
@@ -82,7 +83,7 @@ class PrefillLoads:
             token = cutlass.min(token, ctx.q_len - 1)
             offset = (Int64(ctx.q_start + token) * Int64(mQ.stride[0]) + Int64(head) * Int64(mQ.stride[1])
                       + Int64(coord[1]))
-            self._copy_row_chunk(row_copy, mQ, offset, tQsQ[None, i, 0])
+            copy_row_chunk(row_copy, self.dtype, mQ, offset, tQsQ[None, i, 0])
 
     @cute.jit
     def gather_kv(self, mX, mXCache, mBlockTables, sX, thr_copy, row_copy, ctx, n_block: Int32):
@@ -99,20 +100,11 @@ class PrefillLoads:
                 block = Int64(mBlockTables[ctx.batch_idx, block_col])
                 offset = (block * Int64(mXCache.stride[0]) + Int64(slot) * Int64(mXCache.stride[1])
                           + Int64(ctx.kv_head) * Int64(mXCache.stride[2]) + col)
-                self._copy_row_chunk(row_copy, mXCache, offset, tXsX[None, i, 0])
+                copy_row_chunk(row_copy, self.dtype, mXCache, offset, tXsX[None, i, 0])
             else:
                 offset = (Int64(new_row) * Int64(mX.stride[0]) + Int64(ctx.kv_head) * Int64(mX.stride[1])
                           + col)
-                self._copy_row_chunk(row_copy, mX, offset, tXsX[None, i, 0])
-
-    @cute.jit
-    def _copy_row_chunk(self, row_copy, mSrc, elem_offset: Int64, dst):
-        """One 16-byte cp.async from mSrc's element `elem_offset` (64-bit: large KV pools)."""
-        src_ptr = cute.make_ptr(
-            self.dtype, mSrc.iterator.toint() + elem_offset * (self.dtype.width // 8),
-            cute.AddressSpace.gmem, assumed_align=16,
-        )
-        cute.copy(row_copy, cute.make_tensor(src_ptr, dst.layout), dst)
+                copy_row_chunk(row_copy, self.dtype, mX, offset, tXsX[None, i, 0])
 
 
 class KeySource:

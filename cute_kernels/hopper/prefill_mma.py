@@ -6,17 +6,15 @@ arrives on a stage's empty barrier once its wgmma reads of that stage completed.
 """
 from __future__ import annotations
 
-import math
-
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import warpgroup
 
 from .prefill_schedule import packed_row_token_head, query_key_position
+from .warpgroup_ops import quad_allreduce_sum, rescale_rows, row_lse, softmax_update, wgmma_issue
 from .wgmma_layouts import acc_as_operand_a, acc_as_rows_cols
 
-LOG2_E = math.log2(math.e)
 SCHEDULER_BARRIER_ID = 2  # named barriers 2, 3(, 4): each MMA warpgroup's turn at the tensor cores
 PAIR = 256  # threads meeting at a scheduler barrier: the waiting warpgroup and the one handing over
 
@@ -68,7 +66,7 @@ class PrefillMma:
             self.overlapped_step(i, n_block_max - 1 - i, False, wg, *common)
         last = n_block_max - 1
         cute.arch.mbarrier_wait(bars.v_full + last % self.stages, (last // self.stages) % 2)
-        _wgmma(mma_pv, acc_O, tOrP, tOrVt[None, None, None, last % self.stages], zero_init=False)
+        wgmma_issue(mma_pv, acc_O, tOrP, tOrVt[None, None, None, last % self.stages], zero_init=False)
         warpgroup.wait_group(0)
         cute.arch.mbarrier_arrive(bars.v_empty + last % self.stages)
         self.epilogue(mO, mLSE, acc_O, row_max, row_sum, thr_mma_pv, ctx, softmax_scale_log2)
@@ -79,11 +77,11 @@ class PrefillMma:
         """S[0] and its softmax into P; its PV GEMM is issued by the next step (or the tail)."""
         cute.arch.mbarrier_wait(bars.k_full, 0)
         acc_S = cute.make_rmem_tensor(shape_S, Float32)
-        _wgmma(mma_qk, acc_S, tSrQ, tSrK[None, None, None, 0], zero_init=True)
+        wgmma_issue(mma_qk, acc_S, tSrQ, tSrK[None, None, None, 0], zero_init=True)
         warpgroup.wait_group(0)
         cute.arch.mbarrier_arrive(bars.k_empty)
         self.apply_mask(acc_S, tScS_rc, t0ScS_rc, n_block, ctx)
-        self.online_softmax(acc_S, row_max, row_sum, softmax_scale_log2)
+        softmax_update(acc_S, row_max, row_sum, softmax_scale_log2)
         tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
 
     @cute.jit
@@ -97,20 +95,18 @@ class PrefillMma:
         cute.arch.mbarrier_wait(bars.k_full + stage, phase)
         cute.arch.barrier(barrier_id=SCHEDULER_BARRIER_ID + wg, number_of_threads=PAIR)
         acc_S = cute.make_rmem_tensor(shape_S, Float32)
-        _wgmma(mma_qk, acc_S, tSrQ, tSrK[None, None, None, stage], zero_init=True)
+        wgmma_issue(mma_qk, acc_S, tSrQ, tSrK[None, None, None, stage], zero_init=True)
         cute.arch.mbarrier_wait(bars.v_full + prev_stage, prev_phase)
-        _wgmma(mma_pv, acc_O, tOrP, tOrVt[None, None, None, prev_stage], zero_init=False)
+        wgmma_issue(mma_pv, acc_O, tOrP, tOrVt[None, None, None, prev_stage], zero_init=False)
         cute.arch.barrier_arrive(barrier_id=SCHEDULER_BARRIER_ID + (wg + 1) % self.num_wg, number_of_threads=PAIR)
         warpgroup.wait_group(1)  # S[i] is ready; the PV GEMM may still run
         cute.arch.mbarrier_arrive(bars.k_empty + stage)
         if const_expr(masked):
             self.apply_mask(acc_S, tScS_rc, t0ScS_rc, n_block, ctx)
-        correction = self.online_softmax(acc_S, row_max, row_sum, softmax_scale_log2)
+        correction = softmax_update(acc_S, row_max, row_sum, softmax_scale_log2)
         warpgroup.wait_group(0)  # P[i-1] V[i-1] is in acc_O; tOrP may be overwritten
         cute.arch.mbarrier_arrive(bars.v_empty + prev_stage)
-        o = acc_as_rows_cols(acc_O)
-        for r in cutlass.range_constexpr(cute.size(o, mode=[0])):
-            o[r, None].store(o[r, None].load() * correction[r])
+        rescale_rows(acc_O, correction)
         tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
 
     @cute.jit
@@ -130,25 +126,6 @@ class PrefillMma:
             for c in cutlass.range_constexpr(cute.size(s, mode=[1])):
                 s[r, c] = -Float32.inf if t0ScS_rc[0, c][1] >= col_limit else s[r, c]
 
-    @cute.jit
-    def online_softmax(self, acc_S, row_max, row_sum, softmax_scale_log2: Float32):
-        """S -> P = exp2(S*scale_log2 - running max) in place; update the running max and sum; return
-        each row's correction exp2(old max - new max), by which O must be rescaled."""
-        s = acc_as_rows_cols(acc_S)
-        correction = cute.make_rmem_tensor_like(row_max)
-        for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
-            tile_max = s[r, None].load().reduce(cute.ReductionOp.MAX, -Float32.inf, 0)
-            tile_max = _quad_allreduce_max(tile_max)
-            new_max = cutlass.max(row_max[r], tile_max)
-            # A row with every key masked so far keeps max -inf: use 0 so exp2 gives 0, not NaN.
-            max_scaled = new_max * softmax_scale_log2 if new_max != -Float32.inf else Float32(0.0)
-            p = cute.math.exp2(s[r, None].load() * softmax_scale_log2 - max_scaled, fastmath=True)
-            s[r, None].store(p)
-            correction[r] = cute.math.exp2(row_max[r] * softmax_scale_log2 - max_scaled, fastmath=True)
-            row_sum[r] = row_sum[r] * correction[r] + p.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
-            row_max[r] = new_max
-        return correction
-
     # ------------------------------------------------------------------ epilogue
     @cute.jit
     def epilogue(self, mO, mLSE, acc_O, row_max, row_sum, thr_mma_pv, ctx, softmax_scale_log2: Float32):
@@ -157,7 +134,7 @@ class PrefillMma:
         tOcO = acc_as_rows_cols(thr_mma_pv.partition_C(cute.make_identity_tensor((self.tile_m, self.head_dim))))
         lane = cute.arch.lane_idx()
         for r in cutlass.range_constexpr(cute.size(o, mode=[0])):
-            total = _quad_allreduce_sum(row_sum[r])
+            total = quad_allreduce_sum(row_sum[r])
             inv = 1.0 / total if total > 0.0 else Float32(0.0)
             row = ctx.m_block * self.tile_m + tOcO[r, 0][0]
             token, head = packed_row_token_head(row, ctx.kv_head, self.group)
@@ -169,33 +146,4 @@ class PrefillMma:
                 for c in cutlass.range_constexpr(cute.size(o, mode=[1])):
                     mO[q_row, head, tOcO[0, c][1]] = out[c]
                 if lane % 4 == 0:
-                    lse = -Float32.inf
-                    if total > 0.0:
-                        lse = (row_max[r] * softmax_scale_log2 + cute.math.log2(total, fastmath=True)) / LOG2_E
-                    mLSE[q_row, head] = lse
-
-
-@cute.jit
-def _wgmma(tiled_mma: cute.TiledMma, acc: cute.Tensor, tA: cute.Tensor, tB: cute.Tensor,
-           zero_init: cutlass.Constexpr):
-    """Issue acc (+)= A @ B over the K blocks of the fragments as one wgmma group (callers wait)."""
-    warpgroup.fence()
-    atom = cute.make_mma_atom(tiled_mma.op)  # a fresh atom: its ACCUMULATE flag is mutated below
-    atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
-    for k in cutlass.range_constexpr(cute.size(tA, mode=[2])):
-        cute.gemm(atom, acc, tA[None, None, k], tB[None, None, k], acc)
-        atom.set(warpgroup.Field.ACCUMULATE, True)
-    warpgroup.commit_group()
-
-
-@cute.jit
-def _quad_allreduce_max(x: Float32) -> Float32:
-    """Max over the 4 lanes that share an accumulator row."""
-    x = cutlass.max(x, cute.arch.shuffle_sync_bfly(x, offset=2))
-    return cutlass.max(x, cute.arch.shuffle_sync_bfly(x, offset=1))
-
-
-@cute.jit
-def _quad_allreduce_sum(x: Float32) -> Float32:
-    x = x + cute.arch.shuffle_sync_bfly(x, offset=2)
-    return x + cute.arch.shuffle_sync_bfly(x, offset=1)
+                    mLSE[q_row, head] = row_lse(row_max[r], total, softmax_scale_log2)

@@ -26,13 +26,15 @@ _PATTERNS = {
     "setmaxnreg": r"\bUSETMAXREG\b",  # warp-specialized register reallocation
     "tma_store": r"\bUTMASTG\b",
     "bulk_copy": r"\bUBLKCP\b",  # cp.async.bulk (non-tensor)
-    "fsel": r"\bFSEL\b",  # float selects: what an attention mask lowers to
+    "mbarrier_waits": r"\bSYNCS\.PHASECHK\b",  # waits on mbarrier phases (async pipelines)
+    "fsel": r"\bFSEL\b",  # float selects: what an attention mask lowers to (bf16; fp16 gets SEL)
 }
 _ADDRESS = re.compile(r"/\*([0-9a-f]{4,})\*/")
 _LABEL = re.compile(r"^\s*(\.L_x_\d+):")
 _BRANCH_TARGET = re.compile(r"\bBRA\b[^`]*`\((\.L_x_\d+)\)")
-# barrier 0 is the CTA-wide one (__syncthreads); named barriers (ids > 0) sync only their warps
-_CTA_BARRIER = re.compile(r"\bBAR\.SYNC(?:\.DEFER_BLOCKING)?\s+0x0\b")
+# BAR.SYNC over the whole CTA: barrier 0 with no thread count (named barriers name a count).
+_CTA_BARRIER = re.compile(r"/\*([0-9a-f]+)\*/\s+BAR\.SYNC(?:\.DEFER_BLOCKING)?\s+0x0\s*;")
+_FIRST_TMA = re.compile(r"/\*([0-9a-f]+)\*/[^\n]*\bUTMALDG\b")
 
 
 @dataclass(frozen=True)
@@ -50,8 +52,11 @@ class SassStats:
     setmaxnreg: int = 0
     tma_store: int = 0
     bulk_copy: int = 0
+    mbarrier_waits: int = 0
+    cta_barrier_offsets: tuple[int, ...] = ()  # byte offsets of CTA-wide BAR.SYNCs
+    first_tma_offset: int | None = None  # byte offset of the first UTMALDG
     fsel: int = 0
-    loop_cta_barriers: int = 0  # BAR.SYNC on barrier 0 inside a loop (between its head and back branch)
+    loop_cta_barriers: int = 0  # CTA-wide BAR.SYNCs inside a loop (between its head and back branch)
 
     @property
     def spills(self) -> int:
@@ -133,8 +138,8 @@ def cubin_stack_bytes(cubin: bytes) -> int:
 
 
 def loop_cta_barriers(text: str) -> int:
-    """CTA-wide barriers (BAR.SYNC 0x0) inside loops: a loop is a backward branch, from its BRA back
-    to its target label; each barrier is counted once however many loops hold it."""
+    """CTA-wide barriers inside loops: a loop is a backward branch, from its BRA back to its target
+    label; each barrier is counted once however many loops hold it."""
     labels, instructions, pending = {}, [], []
     for line in text.splitlines():
         label = _LABEL.match(line)
@@ -156,7 +161,10 @@ def loop_cta_barriers(text: str) -> int:
 def stats_from_sass(text: str, registers: int | None = None, stack_bytes: int = 0) -> SassStats:
     counts = {key: len(re.findall(pat, text)) for key, pat in _PATTERNS.items()}
     shapes = tuple(sorted(set(re.findall(r"\b[HQ]GMMA\.(\d+x\d+x\d+\.[A-Z0-9]+)", text))))
+    first_tma = _FIRST_TMA.search(text)
     return SassStats(**counts, registers=registers, hgmma_shapes=shapes, stack_bytes=stack_bytes,
+                     cta_barrier_offsets=tuple(int(m, 16) for m in _CTA_BARRIER.findall(text)),
+                     first_tma_offset=int(first_tma.group(1), 16) if first_tma else None,
                      loop_cta_barriers=loop_cta_barriers(text))
 
 
