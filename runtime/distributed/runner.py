@@ -20,10 +20,10 @@ import numpy as np
 import torch
 import torch.multiprocessing as mp
 
-from runtime.distributed import group
+from runtime.distributed.group import GroupSpec, TPGroup, rank_device
 from runtime.distributed.plan import rank_shard, threads_per_rank
 from runtime.distributed.shard import shard_checkpoint
-from runtime.distributed.worker import STOP, RankSpec, build_rank_runner, worker_main
+from runtime.distributed.worker import STOP, RankSpec, build_rank_runner, connect, worker_main
 from runtime.errors import EngineDeadError
 from runtime.kv_cache import KVLedger
 from runtime.model.attention_batch import AttentionBatch
@@ -45,12 +45,12 @@ def _exit_status(process: mp.Process) -> str:
 
 
 class TensorParallelRunner:
-    def __init__(self, inner: ModelRunner, workers: list[mp.Process], spec: group.GroupSpec,
-                 control, threads_before: int) -> None:
+    def __init__(self, inner: ModelRunner, workers: list[mp.Process], spec: GroupSpec, tp: TPGroup,
+                 threads_before: int) -> None:
         self.inner = inner
         self.workers = workers
         self.spec = spec
-        self.control = control
+        self.tp: TPGroup | None = tp
         self.error: EngineDeadError | None = None
         self._threads_before = threads_before
         self._chunks: list[SeqChunk] | None = None
@@ -81,7 +81,7 @@ class TensorParallelRunner:
                 rows: np.ndarray) -> torch.Tensor:
         self.check_workers()
         try:
-            group.broadcast(self._chunks, self.control)
+            self.tp.broadcast_object(self._chunks)
             return self.inner.forward(ids, positions, batch, rows)
         except RuntimeError as exc:  # a collective lost a rank (or timed out)
             time.sleep(0.2)  # let a dying worker's exit code settle, for the message
@@ -122,7 +122,7 @@ class TensorParallelRunner:
         self.closed = True
         if graceful and not self._dead_workers():
             try:
-                group.broadcast(STOP, self.control)
+                self.tp.broadcast_object(STOP)
             except RuntimeError:
                 pass
         deadline = time.monotonic() + (STOP_TIMEOUT_S if graceful else 0.0)
@@ -131,7 +131,8 @@ class TensorParallelRunner:
             if p.is_alive():
                 p.kill()
                 p.join(STOP_TIMEOUT_S)
-        group.leave(self.spec, 0)
+        self.tp = None  # drops rank 0's ends of both groups
+        self.spec.remove()
         torch.set_num_threads(self._threads_before)
 
 
@@ -162,7 +163,7 @@ def make_tp_runner(cfg: ModelConfig, tensors: dict[str, torch.Tensor], kv_budget
                    block_size: int, device: torch.device, dtype: torch.dtype, backend: str,
                    world_size: int) -> tuple[TensorParallelRunner, KVLedger]:
     """Rank 0's runner over world_size ranks; consumes `tensors`. The ledger is one rank's."""
-    spec = group.GroupSpec.create(world_size, device)
+    spec = GroupSpec.create(world_size, device)
     threads_before = torch.get_num_threads()
     threads = threads_per_rank(world_size)
     torch.set_num_threads(threads)
@@ -176,21 +177,21 @@ def make_tp_runner(cfg: ModelConfig, tensors: dict[str, torch.Tensor], kv_budget
         ledger.tensor_parallel_size = world_size
         ledger.require_blocks()
         exact = ledger.num_blocks * ledger.bytes_per_token * block_size
-        specs = [RankSpec(r, tensors=shards[r], kv_budget_bytes=exact, device=str(group.rank_device(device, r)),
+        specs = [RankSpec(r, tensors=shards[r], kv_budget_bytes=exact, device=str(rank_device(device, r)),
                           **common) for r in range(1, world_size)]
         shards.clear()
         started = _spawn(specs)
         specs.clear()
         _await_ready(started)
-        control = group.join(spec, 0, device)
+        tp = connect(rank0, inner)
     except BaseException:
         for p, _ in started:
             p.kill()
             p.join(STOP_TIMEOUT_S)
-        group.leave(spec, 0)
+        spec.remove()
         torch.set_num_threads(threads_before)
         raise
-    return TensorParallelRunner(inner, [p for p, _ in started], spec, control, threads_before), ledger
+    return TensorParallelRunner(inner, [p for p, _ in started], spec, tp, threads_before), ledger
 
 
 @atexit.register

@@ -8,14 +8,16 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 import torch
 
-from runtime.distributed import group
+from runtime.distributed.group import GroupSpec, TPGroup
 from runtime.distributed.layers import parallelize
 from runtime.distributed.plan import local_config, rank_shard
+from runtime.kv_cache import KVLedger
 from runtime.model.factory import make_runner
 from runtime.model_runner import ModelRunner
 from weights.config import ModelConfig
@@ -36,16 +38,21 @@ class RankSpec:
     dtype: torch.dtype
     backend: str
     threads: int
-    group: group.GroupSpec
+    group: GroupSpec
 
 
-def build_rank_runner(spec: RankSpec, kv_budget) -> tuple[ModelRunner, object]:
-    """This rank's model (its shard wrapped in the collectives) over its own KV heads."""
+def build_rank_runner(spec: RankSpec, kv_budget: int | Callable[[], int]) -> tuple[ModelRunner, KVLedger]:
+    """This rank's model over its own KV heads; it joins the others in connect()."""
     shard = rank_shard(spec.config, spec.rank, spec.group.world_size)
-    runner, ledger = make_runner(local_config(spec.config, shard), spec.tensors, kv_budget, spec.block_size,
-                                 spec.device, spec.dtype, spec.backend)
-    parallelize(runner.model, spec.config, shard)
-    return runner, ledger
+    return make_runner(local_config(spec.config, shard), spec.tensors, kv_budget, spec.block_size,
+                       spec.device, spec.dtype, spec.backend)
+
+
+def connect(spec: RankSpec, runner: ModelRunner) -> TPGroup:
+    """Join the groups (every rank at once) and wrap the model in the collectives that use them."""
+    tp = TPGroup(spec.group, spec.rank, torch.device(spec.device))
+    parallelize(runner.model, spec.config, rank_shard(spec.config, spec.rank, spec.group.world_size), tp)
+    return tp
 
 
 def _exit_with_parent() -> None:
@@ -71,13 +78,10 @@ def worker_main(spec: RankSpec, ready: Connection) -> None:
         ready.send(f"{type(exc).__name__}: {exc}")
         return
     ready.send("ready")
-    device = torch.device(spec.device)
     try:
-        control = group.join(spec.group, spec.rank, device)
-        while (chunks := group.broadcast(None, control)) is not STOP:
+        tp = connect(spec, runner)
+        while (chunks := tp.broadcast_object()) is not STOP:
             runner.forward(*runner.prepare(chunks))
     except Exception:  # rank 0 gone or a collective failed: rank 0 sees it from its side
         traceback.print_exc(file=sys.stderr)
         sys.exit(1)
-    finally:
-        group.leave(spec.group, spec.rank)

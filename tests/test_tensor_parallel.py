@@ -1,0 +1,167 @@
+"""Tensor parallelism on the CPU (gloo): the same tokens as one process, with every engine feature, and
+worker failures that fail fast instead of hanging; no worker process outlives the tests."""
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import threading
+import time
+
+import httpx
+import multiprocessing as mp
+import pytest
+import torch
+
+from runtime.distributed.plan import check_tp_size, local_config, rank_shard
+from runtime.distributed.shard import shard_checkpoint
+from runtime.engine_config import EngineConfig
+from runtime.errors import EngineDeadError, UserError
+from runtime.llm import LLM
+from runtime.sampling_params import SamplingParams
+from tests.server_utils import TINY_MODEL, live_server
+from tests.test_spec import mixed_prompts
+from tests.tiny_engine import tiny_engine, tiny_weights
+
+PROMPTS = ["hello world", "the quick brown fox", "abc" * 20, "tensor parallel " * 6]
+GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+SEEDED = SamplingParams(max_tokens=24, ignore_eos=True, temperature=1.0, top_p=0.9, seed=7)
+
+
+def tp_workers() -> list[mp.Process]:
+    return [p for p in mp.active_children() if p.name.startswith("cute-serve-tp")]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_orphans():
+    yield
+    deadline = time.monotonic() + 10
+    while tp_workers() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not tp_workers(), "tensor-parallel workers outlived their engines"
+
+
+def tokens(engine, prompts, params) -> list[list[int]]:
+    return [o.outputs[0].token_ids for o in LLM.from_engine(engine).generate(prompts, params, use_tqdm=False)]
+
+
+@pytest.fixture(scope="module")
+def kv4_pair():
+    """One process and two ranks over the same random model with 4 KV heads (2 per rank)."""
+    one, two = tiny_engine(kv_heads=4), tiny_engine(kv_heads=4, tensor_parallel_size=2)
+    yield one, two
+    one.close()
+    two.close()
+    assert not any(p.is_alive() for p in two.runner.workers)
+
+
+def test_tp2_greedy_tokens_equal_one_process(kv4_pair):
+    one, two = kv4_pair
+    assert tokens(two, PROMPTS, GREEDY) == tokens(one, PROMPTS, GREEDY)
+
+
+def test_tp2_seeded_sampling_equals_one_process(kv4_pair):
+    one, two = kv4_pair
+    assert tokens(two, PROMPTS, SEEDED) == tokens(one, PROMPTS, SEEDED)
+
+
+def test_tp2_ledger_counts_one_ranks_heads_and_weights(kv4_pair):
+    one, two = kv4_pair
+    assert two.ledger.bytes_per_token * 2 == one.ledger.bytes_per_token
+    assert two.ledger.weight_bytes < 0.6 * one.ledger.weight_bytes  # norms are replicated, the rest halves
+    assert two.ledger.describe().startswith("tensor parallel 2, per rank: ")
+    assert two.describe()["tensor parallel"].startswith("2 ranks, ") and one.describe()["tensor parallel"] == "off"
+
+
+def test_prefix_caching_preemption_and_ngram_speculation_under_tp():
+    """KV heads replicated (1 KV head, 2 ranks), a pool small enough to preempt, shared prefixes and
+    n-gram drafts: the tokens still match one process's."""
+    prompts = mixed_prompts()[:5]  # two repetitive ones the n-gram proposer finds matches in
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    config = dict(kv_heads=1, num_blocks=12, speculative="ngram", max_num_seqs=4)
+    one, two = tiny_engine(**config), tiny_engine(tensor_parallel_size=2, **config)
+    try:
+        assert two.runner.model.layers[0].cfg.num_kv_heads == 1  # each rank holds the one KV head
+        assert tokens(two, prompts, params) == tokens(one, prompts, params)
+        stats = two.stats
+        assert stats.preemptions > 0 and stats.prefix_cache_hits > 0 and stats.spec_accepted > 0
+        assert (stats.preemptions, stats.prefix_cache_hits, stats.spec_accepted) == (
+            one.stats.preemptions, one.stats.prefix_cache_hits, one.stats.spec_accepted)
+    finally:
+        one.close()
+        two.close()
+
+
+def test_killing_a_worker_mid_run_fails_the_server_with_503_not_a_hang():
+    engine = tiny_engine(kv_heads=4, tensor_parallel_size=2)
+    worker = engine.runner.workers[0]
+    got: dict[str, object] = {}
+    with live_server(engine) as srv:
+        def stream() -> None:
+            body = {"model": TINY_MODEL, "prompt": "x", "max_tokens": 900, "ignore_eos": True, "stream": True}
+            with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=60) as r:
+                got["text"] = "".join(r.iter_lines())
+
+        client = threading.Thread(target=stream)
+        client.start()
+        deadline = time.monotonic() + 30
+        while srv.async_engine.snapshot().generated_tokens < 5 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.kill(worker.pid, signal.SIGKILL)
+        client.join(60)
+        assert not client.is_alive(), "the stream hung after a worker died"
+        assert "worker rank 1" in got["text"] and "SIGKILL" in got["text"]
+        r = httpx.post(srv.url + "/v1/completions", json={"model": TINY_MODEL, "prompt": "hi", "max_tokens": 2})
+        assert r.status_code == 503 and "worker rank 1" in r.json()["error"]["message"]
+        assert httpx.get(srv.url + "/health").status_code == 503
+    assert engine.runner.closed and not any(p.is_alive() for p in engine.runner.workers)
+    with pytest.raises(EngineDeadError, match="SIGKILL"):
+        engine.runner.check_workers()
+
+
+def test_a_worker_killed_between_steps_is_found_before_the_next_step():
+    llm = LLM.from_engine(tiny_engine(kv_heads=4, tensor_parallel_size=2))
+    os.kill(llm.engine.runner.workers[0].pid, signal.SIGKILL)
+    llm.engine.runner.workers[0].join(10)
+    with pytest.raises(EngineDeadError, match=r"worker rank 1 \(pid \d+\) died \(killed by SIGKILL\)"):
+        llm.generate(["hi"], GREEDY, use_tqdm=False)
+    assert not any(p.is_alive() for p in llm.engine.runner.workers)
+
+
+# -- sizes and shards, no processes -------------------------------------------------------------
+
+def test_sizes_that_do_not_split_are_user_errors_before_anything_is_built():
+    workers = len(tp_workers())
+    with pytest.raises(UserError, match="tensor_parallel_size must be a positive integer"):
+        EngineConfig(tensor_parallel_size=0)
+    cfg, _ = tiny_weights()  # 4 heads, 2 KV heads, MLP 96
+    with pytest.raises(UserError, match="4 attention heads do not divide by 3"):
+        check_tp_size(cfg, 3)
+    cfg6 = dataclasses.replace(cfg, num_heads=6, num_kv_heads=3)
+    with pytest.raises(UserError, match="3 KV heads neither divide by 2 nor divide it"):
+        check_tp_size(cfg6, 2)
+    with pytest.raises(UserError, match="4 attention heads"):
+        tiny_engine(tensor_parallel_size=3)
+    assert len(tp_workers()) == workers
+
+
+def test_shards_reassemble_the_checkpoint_and_replicate_kv_heads():
+    cfg, full = tiny_weights(num_key_value_heads=1)  # 4 query heads over 1 KV head, on 2 ranks
+    parts = [shard_checkpoint(cfg, full, rank_shard(cfg, r, 2)) for r in range(2)]
+    a = "model.layers.0.self_attn."
+    assert torch.equal(torch.cat([p[a + "q_proj.weight"] for p in parts]), full[a + "q_proj.weight"])
+    assert torch.equal(torch.cat([p[a + "o_proj.weight"] for p in parts], dim=1), full[a + "o_proj.weight"])
+    assert all(torch.equal(p[a + "k_proj.weight"], full[a + "k_proj.weight"]) for p in parts)  # replicated
+    m = "model.layers.1.mlp."
+    assert torch.equal(torch.cat([p[m + "up_proj.weight"] for p in parts]), full[m + "up_proj.weight"])
+    assert torch.equal(torch.cat([p[m + "down_proj.weight"] for p in parts], dim=1), full[m + "down_proj.weight"])
+    local = local_config(cfg, rank_shard(cfg, 1, 2))
+    assert (local.num_heads, local.num_kv_heads, local.intermediate_size) == (2, 1, 48)
+
+
+def test_vocabulary_pads_to_a_multiple_of_the_ranks():
+    cfg, full = tiny_weights()  # vocabulary 260 over 3 ranks: 87 rows each, the last 86 real + 1 zero row
+    cfg = dataclasses.replace(cfg, num_heads=6, num_kv_heads=3)
+    last = shard_checkpoint(cfg, {"lm_head.weight": full["lm_head.weight"]}, rank_shard(cfg, 2, 3))["lm_head.weight"]
+    assert last.shape[0] == 87 and torch.equal(last[:86], full["lm_head.weight"][174:])
+    assert not last[86:].any()
