@@ -165,3 +165,20 @@ def test_vocabulary_pads_to_a_multiple_of_the_ranks():
     last = shard_checkpoint(cfg, {"lm_head.weight": full["lm_head.weight"]}, rank_shard(cfg, 2, 3))["lm_head.weight"]
     assert last.shape[0] == 87 and torch.equal(last[:86], full["lm_head.weight"][174:])
     assert not last[86:].any()
+
+
+@pytest.mark.slow  # ~2 min on 2 shared cores: the real model loaded twice, three ranks started
+def test_tp3_on_the_default_model_matches_one_process():
+    """SmolLM2-135M: 9 query heads and 3 KV heads, one KV head per rank."""
+    from runtime.engine import LLMEngine
+    from runtime.load import load_model
+
+    cfg, tensors, tok, _ = load_model(None)
+    copy = {k: v.clone() for k, v in tensors.items()}
+    config = dict(device="cpu", kv_cache_memory=32 << 20, log_ledger=False)
+    prompts = [tok.encode("The three primary colors are"), tok.encode("def fibonacci(n):")]
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    with LLMEngine(EngineConfig(**config), cfg, tensors, tok) as one, \
+            LLMEngine(EngineConfig(tensor_parallel_size=3, **config), cfg, copy, tok) as three:
+        assert three.runner.model.layers[0].cfg.num_kv_heads == 1
+        assert tokens(three, prompts, params) == tokens(one, prompts, params)
