@@ -28,10 +28,11 @@ class CommTimer:
 
     seconds: float = 0.0
     calls: int = 0
+    broadcast_seconds: float = 0.0  # rank 0 sending each step's chunks
     sync: bool = False
 
     def reset(self) -> None:
-        self.seconds, self.calls = 0.0, 0
+        self.seconds, self.calls, self.broadcast_seconds = 0.0, 0, 0.0
 
 
 COMM = CommTimer()  # one per process: a process is one rank

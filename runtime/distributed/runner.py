@@ -21,6 +21,7 @@ import torch
 import torch.multiprocessing as mp
 
 from runtime.distributed.group import GroupSpec, TPGroup, rank_device
+from runtime.distributed.layers import COMM
 from runtime.distributed.plan import rank_shard, threads_per_rank
 from runtime.distributed.shard import shard_checkpoint
 from runtime.distributed.worker import STOP, RankSpec, build_rank_runner, connect, worker_main
@@ -81,7 +82,9 @@ class TensorParallelRunner:
                 rows: np.ndarray) -> torch.Tensor:
         self.check_workers()
         try:
+            t0 = time.perf_counter()
             self.tp.broadcast_object(self._chunks)
+            COMM.broadcast_seconds += time.perf_counter() - t0
             return self.inner.forward(ids, positions, batch, rows)
         except RuntimeError as exc:  # a collective lost a rank (or timed out)
             time.sleep(0.2)  # let a dying worker's exit code settle, for the message
