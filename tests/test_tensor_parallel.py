@@ -19,6 +19,7 @@ from runtime.engine_config import EngineConfig
 from runtime.errors import EngineDeadError, UserError
 from runtime.llm import LLM
 from runtime.sampling_params import SamplingParams
+from runtime.spec.draft_model import DraftModelProposer
 from tests.server_utils import TINY_MODEL, live_server
 from tests.test_spec import mixed_prompts
 from tests.tiny_engine import tiny_engine, tiny_weights
@@ -74,8 +75,8 @@ def test_tp2_ledger_counts_one_ranks_heads_and_weights(kv4_pair):
 
 
 def test_prefix_caching_preemption_and_ngram_speculation_under_tp():
-    """KV heads replicated (1 KV head, 2 ranks), a pool small enough to preempt, shared prefixes and
-    n-gram drafts: the tokens still match one process's."""
+    """KV heads replicated (1 KV head, 2 ranks), a pool small enough to preempt, shared prefixes,
+    n-gram drafts, then a draft model: the tokens still match one process's."""
     prompts = mixed_prompts()[:5]  # two repetitive ones the n-gram proposer finds matches in
     params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
     config = dict(kv_heads=1, num_blocks=12, speculative="ngram", max_num_seqs=4)
@@ -87,6 +88,13 @@ def test_prefix_caching_preemption_and_ngram_speculation_under_tp():
         assert stats.preemptions > 0 and stats.prefix_cache_hits > 0 and stats.spec_accepted > 0
         assert (stats.preemptions, stats.prefix_cache_hits, stats.spec_accepted) == (
             one.stats.preemptions, one.stats.prefix_cache_hits, one.stats.spec_accepted)
+        for engine in (one, two):  # a draft model (the target's own weights) runs on rank 0 alone
+            cfg, weights = tiny_weights(num_key_value_heads=1)
+            engine.set_proposer(DraftModelProposer(cfg, weights, engine.model_config, engine.config, engine.device,
+                                                   engine.dtype, kv_budget_bytes=8 << 20))
+            engine.reset_stats()
+        assert tokens(two, prompts, params) == tokens(one, prompts, params)
+        assert two.stats.spec_accepted == one.stats.spec_accepted > 0
     finally:
         one.close()
         two.close()
@@ -182,3 +190,19 @@ def test_tp3_on_the_default_model_matches_one_process():
             LLMEngine(EngineConfig(tensor_parallel_size=3, **config), cfg, copy, tok) as three:
         assert three.runner.model.layers[0].cfg.num_kv_heads == 1
         assert tokens(three, prompts, params) == tokens(one, prompts, params)
+
+
+def test_llm_takes_the_size_and_its_deletion_stops_the_workers(tmp_path):
+    import gc
+
+    from tests.server_utils import write_tiny_model
+
+    llm = LLM(model=write_tiny_model(str(tmp_path)), tensor_parallel_size=2, kv_cache_memory=1 << 20,
+              log_ledger=False)
+    workers = list(llm.engine.runner.workers)
+    assert len(llm.generate(["hi"], GREEDY, use_tqdm=False)[0].outputs[0].token_ids) == 24
+    del llm
+    gc.collect()
+    for p in workers:
+        p.join(10)
+    assert not any(p.is_alive() for p in workers)
