@@ -13,7 +13,7 @@ import logging
 import signal
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from multiprocessing.connection import wait
 
 import numpy as np
@@ -89,7 +89,7 @@ class TensorParallelRunner:
         except RuntimeError as exc:  # a collective lost a rank (or timed out)
             time.sleep(0.2)  # let a dying worker's exit code settle, for the message
             dead = self._dead_workers()
-            self._fail(dead[0] if dead else f"a collective failed ({str(exc).splitlines()[0][:200]})")
+            self._fail(dead[0] if dead else f"rank 0's step failed ({str(exc).splitlines()[0][:200]})")
 
     def run(self, chunks: list[SeqChunk]) -> torch.Tensor:
         return self.forward(*self.prepare(chunks))
@@ -139,16 +139,15 @@ class TensorParallelRunner:
         torch.set_num_threads(self._threads_before)
 
 
-def _spawn(specs: list[RankSpec]) -> list[tuple[mp.Process, object]]:
+def _spawn(specs: Iterable[RankSpec], started: list[tuple[mp.Process, object]]) -> None:
+    """Start one worker per spec (its shard goes into shared memory as the process starts)."""
     ctx = mp.get_context("spawn")
-    started = []
     for spec in specs:
         ours, theirs = ctx.Pipe(duplex=False)
         p = ctx.Process(target=worker_main, args=(spec, theirs), name=f"cute-serve-tp{spec.rank}", daemon=True)
         p.start()
         theirs.close()
         started.append((p, ours))
-    return started
 
 
 def _await_ready(started: list[tuple[mp.Process, object]]) -> None:
@@ -170,21 +169,21 @@ def make_tp_runner(cfg: ModelConfig, tensors: dict[str, torch.Tensor], kv_budget
     threads_before = torch.get_num_threads()
     threads = threads_per_rank(world_size)
     torch.set_num_threads(threads)
-    shards = [shard_checkpoint(cfg, tensors, rank_shard(cfg, r, world_size)) for r in range(world_size)]
-    tensors.clear()
     common = dict(config=cfg, block_size=block_size, dtype=dtype, backend=backend, threads=threads, group=spec)
     started: list[tuple[mp.Process, object]] = []
+
+    def shard(r: int) -> dict[str, torch.Tensor]:  # one rank's copy at a time: never all N at once
+        return shard_checkpoint(cfg, tensors, rank_shard(cfg, r, world_size))
+
     try:
-        rank0 = RankSpec(0, tensors=shards[0], kv_budget_bytes=0, device=str(device), **common)
+        rank0 = RankSpec(0, tensors=shard(0), kv_budget_bytes=0, device=str(device), **common)
         inner, ledger = build_rank_runner(rank0, kv_budget)
         ledger.tensor_parallel_size = world_size
         ledger.require_blocks()
         exact = ledger.num_blocks * ledger.bytes_per_token * block_size
-        specs = [RankSpec(r, tensors=shards[r], kv_budget_bytes=exact, device=str(rank_device(device, r)),
-                          **common) for r in range(1, world_size)]
-        shards.clear()
-        started = _spawn(specs)
-        specs.clear()
+        _spawn((RankSpec(r, tensors=shard(r), kv_budget_bytes=exact, device=str(rank_device(device, r)), **common)
+                for r in range(1, world_size)), started)
+        tensors.clear()
         _await_ready(started)
         tp = connect(rank0, inner)
     except BaseException:
