@@ -1,7 +1,7 @@
 """Tensor parallelism: where a step's time goes with the model split over N ranks, TP=1 against TP=N.
 
-    python profiling/bench_tp.py [--model PATH] [--sizes 1,2] [--device cpu|cuda] [--prompts 4]
-        [--prompt-tokens 192] [--max-tokens 32] [--json out.json] [--smoke]
+    python profiling/bench_tp.py [--model PATH | --even-135m] [--sizes 1,2] [--device cpu|cuda] [--prompts 4]
+        [--prompt-tokens 192] [--max-tokens 32] [--threads N] [--json out.json] [--smoke]
 
 Rank 0's forward time per step, prefill steps and decode steps apart, split into communication (the
 all-reduces after o_proj and down and of the embedding, the all-gather of the sampled logits, and the
@@ -31,10 +31,22 @@ from runtime.errors import UserError  # noqa: E402
 from runtime.sampling_params import SamplingParams  # noqa: E402
 
 
-def load(args) -> tuple:
-    if args.smoke and args.model is None:
-        from tests.tiny_engine import byte_tokenizer, tiny_weights  # the unit tests' random model, 4 KV heads
+# SmolLM2-135M's sizes with 8 query / 4 KV heads of 72 (its 9 / 3 split only by 3): random weights
+EVEN_135M = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=8,
+                 num_key_value_heads=4, head_dim=72)
 
+
+def load(args) -> tuple:
+    if args.even_135m or (args.smoke and args.model is None):
+        from tests.tiny_engine import byte_tokenizer, tiny_weights  # the unit tests' random models
+
+        if args.even_135m:
+            from runtime.load import load_model
+            from tests.hf_tiny import our_config, state_dict, tiny_hf_model
+
+            real, _, tok, _ = load_model(None)  # its tokenizer, for prompts and outputs
+            hf = tiny_hf_model("llama", vocab_size=real.vocab_size, max_position_embeddings=2048, **EVEN_135M)
+            return our_config(hf), state_dict(hf), tok, "random llama of SmolLM2-135M's sizes, 8 heads / 4 KV heads"
         cfg, tensors = tiny_weights(num_key_value_heads=4)
         return cfg, tensors, byte_tokenizer(), "tiny random 2-layer llama (4 KV heads)"
     from runtime.load import load_model
@@ -105,6 +117,8 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     ap.add_argument("--threads", type=int, default=None, help="torch threads of TP=1 (default: all cores; TP=N "
                                                                 "ranks get cores / N each)")
+    ap.add_argument("--even-135m", action="store_true", help="a random model of SmolLM2-135M's sizes whose heads "
+                                                                 "split by 2 (8 query, 4 KV)")
     ap.add_argument("--smoke", action="store_true", help="seconds: a tiny random model, short prompts")
     args = ap.parse_args()
     if args.smoke:

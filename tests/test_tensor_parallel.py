@@ -206,3 +206,51 @@ def test_llm_takes_the_size_and_its_deletion_stops_the_workers(tmp_path):
     for p in workers:
         p.join(10)
     assert not any(p.is_alive() for p in workers)
+
+
+def _children(pid: int) -> list[int]:
+    """Live processes whose parent is pid (zombies excluded)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(entry))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow  # a server process with two ranks: ~40 s on 2 shared cores
+def test_server_with_two_ranks_serves_and_its_shutdown_stops_the_worker(tmp_path):
+    import tempfile
+
+    from profiling.bench_serving import start_server, stop_server
+    from tests.server_utils import write_tiny_model
+
+    log = tempfile.TemporaryFile("w+")
+    proc, url = start_server(["--model", write_tiny_model(str(tmp_path)), "--tensor-parallel-size", "2",
+                              "--kv-cache-memory", "8MiB", "--served-model-name", TINY_MODEL], log, timeout=300)
+    try:
+        r = httpx.post(url + "/v1/completions", json={"model": TINY_MODEL, "prompt": "hi", "max_tokens": 4,
+                                                       "ignore_eos": True}, timeout=60)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+        workers = [pid for pid in _children(proc.pid) if b"spawn_main" in open(f"/proc/{pid}/cmdline", "rb").read()]
+        assert len(workers) == 1
+    finally:
+        stop_server(proc)
+    log.seek(0)
+    assert proc.returncode == 0 and "tensor parallel 2, per rank: " in log.read()
+    deadline = time.monotonic() + 10
+    while any(map(_alive, workers)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(map(_alive, workers)), "the server left a worker behind"
