@@ -3,13 +3,14 @@ worker failures that fail fast instead of hanging; no worker process outlives th
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing as mp
 import os
 import signal
+import tempfile
 import threading
 import time
 
 import httpx
-import multiprocessing as mp
 import pytest
 import torch
 
@@ -232,8 +233,6 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.slow  # a server process with two ranks: ~40 s on 2 shared cores
 def test_server_with_two_ranks_serves_and_its_shutdown_stops_the_worker(tmp_path):
-    import tempfile
-
     from profiling.bench_serving import start_server, stop_server
     from tests.server_utils import write_tiny_model
 
