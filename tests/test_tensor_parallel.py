@@ -253,3 +253,22 @@ def test_server_with_two_ranks_serves_and_its_shutdown_stops_the_worker(tmp_path
     while any(map(_alive, workers)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(map(_alive, workers)), "the server left a worker behind"
+
+
+def test_a_process_that_exits_without_closing_leaves_no_worker():
+    import subprocess
+    import sys
+
+    from tests.server_utils import REPO
+
+    script = ("from tests.tiny_engine import tiny_engine\n"
+              "engine = tiny_engine(kv_heads=4, tensor_parallel_size=2)\n"
+              "print(engine.runner.workers[0].pid, flush=True)\n")
+    res = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": REPO})
+    assert res.returncode == 0, res.stderr
+    pid = int(res.stdout.split()[-1])
+    deadline = time.monotonic() + 10
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(pid), "the worker outlived its process"

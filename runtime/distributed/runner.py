@@ -121,6 +121,10 @@ class TensorParallelRunner:
         if not self.closed:
             self._teardown(graceful=self.error is None)
 
+    def __del__(self) -> None:  # an engine dropped without close(): its workers must not linger
+        if not getattr(self, "closed", True):
+            self._teardown(graceful=False)
+
     def _teardown(self, graceful: bool) -> None:
         self.closed = True
         if graceful and not self._dead_workers():
@@ -156,7 +160,12 @@ def _await_ready(started: list[tuple[mp.Process, object]]) -> None:
     for rank, (p, conn) in enumerate(started, 1):
         if not wait([conn, p.sentinel], timeout=max(0.0, deadline - time.monotonic())):
             raise EngineDeadError(f"tensor-parallel worker rank {rank} did not start within {START_TIMEOUT_S:.0f} s")
-        message = conn.recv() if conn.poll() else f"died while starting ({_exit_status(p)})"
+        if conn.poll():
+            message = conn.recv()
+        else:
+            p.join(STOP_TIMEOUT_S)
+            message = (f"died while starting ({_exit_status(p)}); a script that starts an engine when imported "
+                       f"needs `if __name__ == \"__main__\":`, since spawned workers import the main script")
         if message != "ready":
             raise EngineDeadError(f"tensor-parallel worker rank {rank} failed to start: {message}")
 
