@@ -255,6 +255,7 @@ def test_server_with_two_ranks_serves_and_its_shutdown_stops_the_worker(tmp_path
     assert not any(map(_alive, workers)), "the server left a worker behind"
 
 
+@pytest.mark.slow  # a fresh interpreter importing torch and transformers: ~15-40 s on 2 shared cores
 def test_a_process_that_exits_without_closing_leaves_no_worker():
     import subprocess
     import sys
