@@ -86,6 +86,11 @@ class LLMEngine:
         if close is not None:
             close()
 
+    def failure(self) -> str | None:
+        """Why no step can run any more (a tensor-parallel worker died), or None; safe from any thread."""
+        failure = getattr(self.runner, "failure", None)
+        return failure() if failure is not None else None
+
     def __enter__(self) -> "LLMEngine":
         return self
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing as mp
 import os
+import re
 import signal
 import tempfile
 import threading
@@ -128,13 +129,20 @@ def test_killing_a_worker_mid_run_fails_the_server_with_503_not_a_hang():
         engine.runner.check_workers()
 
 
-def test_a_worker_killed_between_steps_is_found_before_the_next_step():
-    llm = LLM.from_engine(tiny_engine(kv_heads=4, tensor_parallel_size=2))
-    os.kill(llm.engine.runner.workers[0].pid, signal.SIGKILL)
-    llm.engine.runner.workers[0].join(10)
-    with pytest.raises(EngineDeadError, match=r"worker rank 1 \(pid \d+\) died \(killed by SIGKILL\)"):
-        llm.generate(["hi"], GREEDY, use_tqdm=False)
-    assert not any(p.is_alive() for p in llm.engine.runner.workers)
+def test_a_worker_killed_while_idle_is_found_before_the_next_step():
+    engine = tiny_engine(kv_heads=4, tensor_parallel_size=2)
+    worker = engine.runner.workers[0]
+    with live_server(engine) as srv:
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.join(10)
+        health = httpx.get(srv.url + "/health")  # no request has come since: /health still finds out
+        sent = httpx.post(srv.url + "/v1/completions", json={"model": TINY_MODEL, "prompt": "hi", "max_tokens": 2})
+    for r in (health, sent):
+        assert r.status_code == 503
+        assert re.search(r"worker rank 1 \(pid \d+\) died \(killed by SIGKILL\)", r.json()["error"]["message"])
+    assert not any(p.is_alive() for p in engine.runner.workers)
+    with pytest.raises(EngineDeadError, match="closed"):  # the server's shutdown closed it
+        LLM.from_engine(engine).generate(["hi"], GREEDY, use_tqdm=False)
 
 
 # -- sizes and shards, no processes -------------------------------------------------------------

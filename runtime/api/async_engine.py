@@ -165,7 +165,8 @@ class AsyncEngine:
         if self._draining:
             return EngineUnavailableError("the server is shutting down")
         if self.is_running:
-            return None
+            failure = self.engine.failure()  # e.g. a worker died while the engine sat idle
+            return None if failure is None else EngineUnavailableError(f"the engine cannot run: {failure}")
         return EngineUnavailableError("the engine is not running" + (f": {self.error}" if self.error else ""))
 
     def add_observer(self, observer: OutputObserver) -> None:

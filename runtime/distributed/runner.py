@@ -99,6 +99,13 @@ class TensorParallelRunner:
         return [f"worker rank {r} (pid {p.pid}) died ({_exit_status(p)})"
                 for r, p in enumerate(self.workers, 1) if p.sentinel in gone]
 
+    def failure(self) -> str | None:
+        """What stops this runner (a failure, a dead worker, close), found without acting on it."""
+        if self.error is not None or self.closed:
+            return str(self.error or "the tensor-parallel engine is closed")
+        dead = self._dead_workers()
+        return dead[0] if dead else None
+
     def check_workers(self) -> None:
         """Raise EngineDeadError if the engine failed before or a worker has died since the last step."""
         if self.error is not None:
