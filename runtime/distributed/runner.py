@@ -9,6 +9,7 @@ way the runner kills the rest and raises EngineDeadError from then on. close() s
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import signal
 import time
@@ -154,7 +155,7 @@ def _spawn(specs: Iterable[RankSpec], started: list[tuple[mp.Process, object]]) 
     """Start one worker per spec (its shard goes into shared memory as the process starts)."""
     ctx = mp.get_context("spawn")
     for spec in specs:
-        ours, theirs = ctx.Pipe(duplex=False)
+        ours, theirs = ctx.Pipe()
         p = ctx.Process(target=worker_main, args=(spec, theirs), name=f"cute-serve-tp{spec.rank}", daemon=True)
         p.start()
         theirs.close()
@@ -191,15 +192,17 @@ def make_tp_runner(cfg: ModelConfig, tensors: dict[str, torch.Tensor], kv_budget
     def shard(r: int) -> dict[str, torch.Tensor]:  # one rank's copy at a time: never all N at once
         return shard_checkpoint(cfg, tensors, rank_shard(cfg, r, world_size))
 
-    try:
-        rank0 = RankSpec(0, tensors=shard(0), kv_budget_bytes=0, device=str(device), **common)
+    try:  # the workers start first, so their start-up and weights overlap rank 0's
+        _spawn((RankSpec(r, tensors=shard(r), device=str(rank_device(device, r)), **common)
+                for r in range(1, world_size)), started)
+        rank0 = RankSpec(0, tensors=shard(0), device=str(device), **common)
+        tensors.clear()
         inner, ledger = build_rank_runner(rank0, kv_budget)
         ledger.tensor_parallel_size = world_size
         ledger.require_blocks()
-        exact = ledger.num_blocks * ledger.bytes_per_token * block_size
-        _spawn((RankSpec(r, tensors=shard(r), kv_budget_bytes=exact, device=str(rank_device(device, r)), **common)
-                for r in range(1, world_size)), started)
-        tensors.clear()
+        for _, link in started:
+            with contextlib.suppress(OSError):  # a worker that already failed: _await_ready says why
+                link.send(ledger.num_blocks * ledger.bytes_per_token * block_size)
         _await_ready(started)
         tp = connect(rank0, inner)
     except BaseException:

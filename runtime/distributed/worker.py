@@ -32,7 +32,6 @@ class RankSpec:
     rank: int
     config: ModelConfig  # the full model's
     tensors: dict[str, torch.Tensor]  # this rank's shard of the checkpoint
-    kv_budget_bytes: int  # exactly rank 0's blocks: every rank holds the same blocks of its own heads
     block_size: int
     device: str
     dtype: torch.dtype
@@ -67,17 +66,19 @@ def _exit_with_parent() -> None:
     threading.Thread(target=watch, name="tp-parent-watch", daemon=True).start()
 
 
-def worker_main(spec: RankSpec, ready: Connection) -> None:
+def worker_main(spec: RankSpec, link: Connection) -> None:
+    """link: rank 0 sends the KV budget once its own model is built (exactly its blocks: every rank holds
+    the same blocks of its own heads); the worker answers "ready" or why it failed."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is rank 0's to handle: it tears us down
     _exit_with_parent()
     torch.set_num_threads(spec.threads)
     try:
-        runner, _ = build_rank_runner(spec, spec.kv_budget_bytes)
+        runner, _ = build_rank_runner(spec, link.recv)  # weights first (beside rank 0's), then the budget
         spec.tensors = {}
     except BaseException as exc:
-        ready.send(f"{type(exc).__name__}: {exc}")
+        link.send(f"{type(exc).__name__}: {exc}")
         return
-    ready.send("ready")
+    link.send("ready")
     try:
         tp = connect(spec, runner)
         while (chunks := tp.broadcast_object()) is not STOP:
