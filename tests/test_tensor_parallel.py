@@ -184,7 +184,7 @@ def test_vocabulary_pads_to_a_multiple_of_the_ranks():
     assert not last[86:].any()
 
 
-@pytest.mark.slow  # ~2 min on 2 shared cores: the real model loaded twice, three ranks started
+@pytest.mark.slow  # ~1 min on 2 shared cores: the real model loaded twice, three ranks started
 def test_tp3_on_the_default_model_matches_one_process():
     """SmolLM2-135M: 9 query heads and 3 KV heads, one KV head per rank."""
     from runtime.engine import LLMEngine
