@@ -1,8 +1,8 @@
-"""The prefill kernel's two MMA warpgroups: S = Q K^T, mask, online softmax, O += P V over the key
-tiles the producer streams into mbarrier-guarded stages, then O / rowsum and the LSE to global memory.
+"""The prefill kernel's MMA warpgroups: S = Q K^T, mask, online softmax, O += P V over the key tiles
+the producer streams into mbarrier-guarded stages, then O / rowsum and the LSE to global memory.
 
-The warpgroups split the tile's 128 query rows (64 each) and share every K/V stage; each thread
-arrives on a stage's empty barrier once its wgmma reads of that stage completed.
+The warpgroups split the tile's query rows (64 each: 2 at d 128, 3 at d 64) and share every K/V
+stage; each thread arrives on a stage's empty barrier once its wgmma reads of that stage completed.
 """
 from __future__ import annotations
 
