@@ -26,6 +26,9 @@ _PATTERNS = {
     "setmaxnreg": r"\bUSETMAXREG\b",  # warp-specialized register reallocation
     "tma_store": r"\bUTMASTG\b",
     "bulk_copy": r"\bUBLKCP\b",  # cp.async.bulk (non-tensor)
+    "global_load_128": r"\bLDG\.E(?:\.[A-Z0-9_]+)*\.128\b",  # 16-byte vector loads
+    "global_store_128": r"\bSTG\.E(?:\.[A-Z0-9_]+)*\.128\b",
+    "global_16bit": r"\b(?:LDG|STG)\.E(?:\.[A-Z0-9_]+)*\.(?:U16|S16)\b",  # one 16-bit element at a time
 }
 
 
@@ -44,6 +47,9 @@ class SassStats:
     setmaxnreg: int = 0
     tma_store: int = 0
     bulk_copy: int = 0
+    global_load_128: int = 0
+    global_store_128: int = 0
+    global_16bit: int = 0
 
     @property
     def spills(self) -> int:
