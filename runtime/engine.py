@@ -21,6 +21,7 @@ from runtime.errors import RequestError, UserError
 from runtime.host_allocator import tune_host_allocator
 from runtime.kv.block_manager import BlockManager
 from runtime.kv.block_pool import BlockPool
+from runtime.model.cuda_graphs import CudaGraphRunner, uses_graphs
 from runtime.model.factory import make_runner
 from runtime.model_runner import SeqChunk
 from runtime.output_processor import OutputProcessor, RequestState
@@ -58,10 +59,15 @@ class LLMEngine:
             raise UserError(f"the KV cache budget ({self.ledger.budget_bytes} bytes) holds no block of "
                             f"{config.block_size} tokens ({need} bytes needed)")
         self.stats = EngineStats()
-        self.pool = BlockPool(self.ledger.num_blocks, config.enable_prefix_caching)
+        self.graphs = self._capture_graphs()
+        pool_blocks = self.ledger.num_blocks - (self.graphs is not None)  # the last block: graphs' scratch
+        if pool_blocks < 1:
+            raise UserError("the KV cache budget holds one block only, and CUDA graphs need it as scratch: "
+                            "raise --kv-cache-memory or pass --enforce-eager")
+        self.pool = BlockPool(pool_blocks, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, BlockManager(self.pool, config.block_size), self.stats, self.max_model_len)
-        self.limits = RequestLimits(tokenizer, model_config.vocab_size, self.max_model_len, self.ledger.max_tokens,
-                                    config.scheduler == "static")
+        self.limits = RequestLimits(tokenizer, model_config.vocab_size, self.max_model_len,
+                                    pool_blocks * config.block_size, config.scheduler == "static")
         eos_ids = set(tokenizer.eos_token_ids) | set(model_config.eos_token_ids)
         self.output = OutputProcessor(tokenizer, eos_ids, self.max_model_len, self.stats)
         self.proposer: Proposer | None = None
@@ -70,6 +76,14 @@ class LLMEngine:
         self._aborted: list[RequestState] = []
         if config.log_ledger:
             log.info(self.ledger.describe())
+
+    def _capture_graphs(self) -> CudaGraphRunner | None:
+        """Decode graphs on CUDA unless --enforce-eager; their scratch KV block is the pool's last."""
+        if not uses_graphs(self.device, self.config.enforce_eager):
+            return None
+        graphs = CudaGraphRunner(self.runner, self.config.max_num_seqs, self.max_model_len, self.ledger.num_blocks - 1)
+        graphs.capture()
+        return graphs
 
     def set_proposer(self, proposer: Proposer | None) -> None:
         """Speculate with this proposer from now on (a draft model gets its own KV pool); engine idle."""
@@ -178,10 +192,11 @@ class LLMEngine:
                                    num_logits=len(spec) + 1 if reaches_end else 0))
             if reaches_end:
                 rows_of.append((seq, spec))
-        prepared = self.runner.prepare(chunks)
+        graph = self.graphs is not None and self.graphs.can_run(chunks)
+        prepared = None if graph else self.runner.prepare(chunks)
         if nvtx.ON: nvtx.pop()
         t1 = time.perf_counter()
-        logits = self.runner.forward(*prepared)
+        logits = self.graphs.run(chunks) if graph else self.runner.forward(*prepared)
         t2 = time.perf_counter()
         if nvtx.ON: nvtx.push("sample")
         sampled = sample_step(rows_of, logits, drafts, self.output.eos_ids, self.output.grammar_of)
@@ -239,4 +254,12 @@ class LLMEngine:
                 "backend": self.runner.model.backend.describe(), "block size": str(self.config.block_size),
                 "scheduler": self.config.scheduler,
                 "prefix caching": "on" if self.config.enable_prefix_caching else "off",
-                "speculative": (self.config.speculative or "on") if self.proposer else "off", "memory ledger": self.ledger.describe()}
+                "speculative": (self.config.speculative or "on") if self.proposer else "off",
+                "cuda graphs": self._describe_graphs(), "memory ledger": self.ledger.describe()}
+
+    def _describe_graphs(self) -> str:
+        g = self.graphs
+        if g is None:
+            return "off"
+        return (f"decode at batch {', '.join(map(str, g.sizes))} (captured in {g.capture_seconds:.1f} s, "
+                f"{g.graph_bytes / 2**20:.0f} MiB)")

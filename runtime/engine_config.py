@@ -56,6 +56,8 @@ class EngineConfig:
     ngram_min: int = flag(1, "smallest n-gram to match (default: %(default)s)")
     ngram_max: int = flag(4, "largest n-gram to match (default: %(default)s)")
     seed: int = flag(0, "seed for requests that do not set one", flag="--engine-seed")
+    enforce_eager: bool = flag(False, "run every step eagerly (default: decode steps on CUDA replay CUDA graphs "
+                               "captured at start for batch sizes 1, 2, 4, ... up to --max-num-seqs)")
     log_ledger: bool = True
 
     def __post_init__(self) -> None:

@@ -1,11 +1,13 @@
 """The torch backend: the references of cute_kernels/reference.py, which run on any device and dtype
-and are the oracle the other backends are tested against."""
+and are the oracle the other backends are tested against. A step that a CUDA graph captures carries a
+StaticDecodePlan and decodes with the sync-free reference of cute_kernels/reference_static.py."""
 from __future__ import annotations
 
 import torch
 
 from cute_kernels import reference
 from cute_kernels.attention_args import DecodeArgs, PrefillArgs
+from cute_kernels.reference_static import StaticDecodePlan, decode_attention_static_ref
 from runtime.model.attention_backend import AttentionBackend
 from runtime.model.attention_batch import AttentionBatch
 
@@ -25,6 +27,8 @@ class TorchBackend(AttentionBackend):
         return reference.prefill_attention_ref(args)
 
     def decode(self, args: DecodeArgs) -> torch.Tensor:
+        if isinstance(args.plan, StaticDecodePlan):
+            return decode_attention_static_ref(args)
         return reference.decode_attention_ref(args)
 
     def write_kv(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
