@@ -2,7 +2,9 @@
 
     python profiling/bench_generate.py [--model PATH] [--new-tokens 128] [--repeats 3]
 
-Prints TTFT and decode tokens/s of each and the ratio (ours / transformers).
+Prints TTFT and decode tokens/s of each and the ratio (ours / transformers). With `--device cuda`:
+an 8B-shaped random model on the GPU instead, TPOT against its weight-bandwidth floor and batch-64
+throughput (profiling/bench_generate_gpu.py); `--dry-run` lists those cases without a GPU.
 """
 from __future__ import annotations
 
@@ -56,7 +58,11 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", default=None, help="write results here")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--dry-run", action="store_true", help="--device cuda: list the cases, run nothing")
     args = ap.parse_args()
+    if args.device == "cuda":
+        return gpu_main(args)
     from transformers import AutoModelForCausalLM
 
     cfg, tensors, tok, path = load_model(args.model)
@@ -86,5 +92,17 @@ def main() -> None:
             json.dump({**res, "ratio": ratio, "identical_tokens": same, "prompt_tokens": len(ids), "new_tokens": n}, f, indent=2)
 
 
+def gpu_main(args: argparse.Namespace) -> int:
+    from profiling import bench_generate_gpu
+
+    rows = bench_generate_gpu.run(args.dry_run)
+    for row in rows:
+        print("  ".join(f"{k}={v}" for k, v in row.items()))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,9 +1,10 @@
-"""Kernel benchmarks on the GPU: `python profiling/bench_kernels.py prefill [--json PATH] [--dry-run]`.
+"""Kernel benchmarks on the GPU: `python profiling/bench_kernels.py {prefill,fused} [--json PATH] [--dry-run]`.
 
 prefill: the cute sm_90a prefill kernel vs torch SDPA (flash backend) on the same inputs, causal
 TFLOP/s (half the square counted) and the fraction of the chip's dense bf16 peak. One row per case;
 `path` says whether the kernel ran JIT-compiled (DSL) or from the AOT library
 (cute_kernels.toolchain.kernel_path).
+fused: the fused elementwise kernels vs the device copy bandwidth and the torch references (bench_fused.py).
 """
 from __future__ import annotations
 
@@ -115,7 +116,13 @@ def run_prefill(dry_run: bool) -> list[dict]:
     return rows
 
 
-BENCHES = {"prefill": run_prefill}
+def run_fused(dry_run: bool) -> list[dict]:
+    from profiling.bench_fused import run
+
+    return run(dry_run, _time_ms)
+
+
+BENCHES = {"prefill": run_prefill, "fused": run_fused}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,6 +7,9 @@
 #   python -m cute_kernels.aot --out build/aot        (~1 min on 2 cores, a few MB)
 # and carry build/aot to the GPU box (or point CUTE_AOT_DIR at them). Where the DSL is installed and
 # build/aot is missing or stale, this script builds it first. CUTE_KERNELS_PATH=jit uses the DSL's JIT.
+# Order: a one-minute smoke (profiling/gpu_smoke.py: the library opens, one small launch of each kernel
+# family matches its reference) that stops the suite on failure; then TESTS, BENCHES and GENERATE, each
+# under what is left of an 8-minute budget. The suite FAILS (not skips) on a device that is not sm_90.
 # Later kernels add a line to TESTS and BENCHES.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -16,8 +19,11 @@ export TMPDIR="${TMPDIR:-$OUT}"   # the DSL's cache stays with this run
 export CUTE_KERNELS_PATH="${CUTE_KERNELS_PATH:-aot}"
 export CUTE_AOT_DIR="${CUTE_AOT_DIR:-$PWD/build/aot}"
 
-TESTS=(tests/test_prefill_attention.py tests/test_aot.py)   # GPU numerics (pytest marker: gpu)
-BENCHES=(prefill)                                           # profiling/bench_kernels.py <name>
+TESTS=(tests/test_prefill_attention.py tests/test_aot.py    # GPU numerics (pytest marker: gpu)
+       tests/test_fused_ops.py tests/test_cuda_graphs.py tests/test_engine_gpu.py)
+BENCHES=(prefill fused)                                     # profiling/bench_kernels.py <name>
+GENERATE=(profiling/bench_generate.py --device cuda)        # the engine on an 8B-shaped random model
+BUDGET_S=470                                                # the whole suite, smoke included (< 8 min)
 
 DRY=0
 [[ "${1:-}" == "--dry-run" ]] && DRY=1
@@ -26,6 +32,8 @@ status=0
 rows=()
 row() { rows+=("$(printf '%-10s %-34s %s' "$1" "$2" "$3")"); }
 have_dsl() { python -c 'import cutlass' 2>/dev/null; }
+# run a step under what is left of the budget; a step that cannot start or is cut off fails the suite
+budgeted() { local left=$(( BUDGET_S - SECONDS )); (( left > 5 )) || return 124; timeout "$left" "$@"; }
 aot_status() { python -m cute_kernels.aot --status --out "$1" 2>&1 | tail -n 1; }
 
 if (( DRY )); then
@@ -39,6 +47,12 @@ if (( DRY )); then
       row bench "$b" "$(wc -l < "$OUT/bench_$b.txt") cases (dry run)"
     else row bench "$b" FAIL; status=1; fi
   done
+  if python "${GENERATE[@]}" --dry-run > "$OUT/generate.txt"; then
+    row bench generate "$(wc -l < "$OUT/generate.txt") cases (dry run)"
+  else row bench generate FAIL; status=1; fi
+  if python profiling/gpu_smoke.py --dry-run > "$OUT/smoke.txt"; then
+    row smoke gpu_smoke.py "$(wc -l < "$OUT/smoke.txt") checks (dry run)"
+  else row smoke gpu_smoke.py FAIL; status=1; fi
   if have_dsl; then
     if python -m cute_kernels.aot --out "$OUT/aot" --only bfloat16_d128_g4 > "$OUT/aot.txt" 2>&1; then
       row aot "build + open (1 variant)" "$(aot_status "$OUT/aot")"
@@ -46,6 +60,8 @@ if (( DRY )); then
   else row aot "build (1 variant)" "skipped: nvidia-cutlass-dsl not installed"; fi
 else
   python -c 'import torch,sys; sys.exit(0 if torch.cuda.is_available() else 1)' || { echo "no CUDA device" >&2; exit 2; }
+  arch=$(python -c 'import torch; print("sm_%d%d" % torch.cuda.get_device_capability())')
+  [[ "$arch" == sm_90 ]] || { echo "FAIL: the suite needs an sm_90 (Hopper) GPU, found $arch" >&2; exit 1; }
   if [[ "$CUTE_KERNELS_PATH" == aot ]]; then
     if have_dsl && ! python -m cute_kernels.aot --status --out "$CUTE_AOT_DIR" > /dev/null 2>&1; then
       python -m cute_kernels.aot --out "$CUTE_AOT_DIR" > "$OUT/aot_build.txt" 2>&1 || row aot build "FAIL: see $OUT/aot_build.txt"
@@ -57,19 +73,29 @@ else
     if have_dsl; then row kernels jit "nvidia-cutlass-dsl installed"
     else row kernels jit "FAIL: nvidia-cutlass-dsl missing"; status=1; fi
   fi
+  if timeout 60 python profiling/gpu_smoke.py > "$OUT/smoke.txt" 2>&1; then
+    while IFS= read -r line; do row smoke gpu_smoke.py "$line"; done < "$OUT/smoke.txt"
+  else
+    while IFS= read -r line; do row smoke gpu_smoke.py "$line"; done < <(tail -n 3 "$OUT/smoke.txt")
+    row smoke gpu_smoke.py "FAIL: stopping here (logs in $OUT)"; status=1
+    printf '%s\n' "${rows[@]}"; exit $status
+  fi
   for t in "${TESTS[@]}"; do
-    python -m pytest -q -m gpu "$t" -p no:cacheprovider > "$OUT/test_$(basename "$t" .py).txt" 2>&1
+    budgeted python -m pytest -q -m gpu "$t" -p no:cacheprovider > "$OUT/test_$(basename "$t" .py).txt" 2>&1
     rc=$?
     summary=$(tail -n 1 "$OUT/test_$(basename "$t" .py).txt")
+    (( rc == 124 )) && summary="FAIL: cut off by the suite's ${BUDGET_S} s budget"
     (( rc == 0 )) || status=1
     row tests "$t" "$summary"
   done
   for b in "${BENCHES[@]}"; do
-    python profiling/bench_kernels.py "$b" --json "$OUT/bench_$b.json" > "$OUT/bench_$b.txt" 2>&1 || status=1
+    budgeted python profiling/bench_kernels.py "$b" --json "$OUT/bench_$b.json" > "$OUT/bench_$b.txt" 2>&1 || status=1
     while IFS= read -r line; do row bench "$b" "$line"; done < "$OUT/bench_$b.txt"
   done
+  budgeted python "${GENERATE[@]}" --json "$OUT/generate.json" > "$OUT/generate.txt" 2>&1 || status=1
+  while IFS= read -r line; do row bench generate "$line"; done < <(tail -n 6 "$OUT/generate.txt")
 fi
 
-if (( DRY )); then echo "== gpu_suite (dry run)"; else echo "== gpu_suite ($CUTE_KERNELS_PATH kernels): logs in $OUT"; fi
+if (( DRY )); then echo "== gpu_suite (dry run)"; else echo "== gpu_suite ($CUTE_KERNELS_PATH kernels, ${SECONDS} s): logs in $OUT"; fi
 printf '%s\n' "${rows[@]}"
 exit $status
