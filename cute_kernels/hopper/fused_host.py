@@ -40,9 +40,9 @@ def _dtype_name(op: str, *tensors: torch.Tensor) -> str:
 
 
 def _matrix(t: torch.Tensor, op: str, name: str) -> torch.Tensor:
-    """t as the kernels read it: 2-D, unit column stride, 16-byte aligned rows of whole vectors."""
-    elems = 16 // t.element_size()
-    if (t.dim() != 2 or t.stride(1) != 1 or t.shape[1] % VEC or t.stride(0) % elems or t.data_ptr() % 16
+    """t as the kernels read it (compiled for it: fused_compile.fake_matrix): 2-D, unit column stride,
+    widths and row strides multiples of 8 elements, 16-byte aligned."""
+    if (t.dim() != 2 or t.stride(1) != 1 or t.shape[1] % VEC or t.stride(0) % VEC or t.data_ptr() % 16
             or t.shape[0] >= 2**31 or t.shape[1] >= 2**31):
         raise ValueError(f"{op}: {name} {tuple(t.shape)} strides {t.stride()} at {t.data_ptr():#x}: need rows of "
                          f"a multiple of {VEC} contiguous elements, 16-byte aligned")
