@@ -17,18 +17,13 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import torch  # noqa: E402
-
-from runtime.engine import LLMEngine  # noqa: E402
-from runtime.engine_config import EngineConfig  # noqa: E402
-from runtime.load import load_model  # noqa: E402
-from runtime.sampling_params import SamplingParams  # noqa: E402
 
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 
 
-def ours(engine: LLMEngine, ids: list[int], n: int) -> tuple[float, float, list[int]]:
+def ours(engine, ids: list[int], n: int) -> tuple[float, float, list[int]]:
     """(TTFT s, decode tokens/s, tokens) for one greedy request."""
+    from runtime.sampling_params import SamplingParams
     engine.add_request(f"bench-{time.perf_counter_ns()}", ids, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
     out = None
     while engine.has_unfinished_requests():
@@ -40,6 +35,7 @@ def ours(engine: LLMEngine, ids: list[int], n: int) -> tuple[float, float, list[
 
 def transformers_run(model, ids: list[int], n: int) -> tuple[float, float, list[int]]:
     """Same measurement with transformers: a 1-token generate for TTFT, then the full generate."""
+    import torch
     x = torch.tensor([ids])
     kw = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
     with torch.no_grad():
@@ -63,7 +59,12 @@ def main() -> None:
     args = ap.parse_args()
     if args.device == "cuda":
         return gpu_main(args)
+    import torch
     from transformers import AutoModelForCausalLM
+
+    from runtime.engine import LLMEngine
+    from runtime.engine_config import EngineConfig
+    from runtime.load import load_model
 
     cfg, tensors, tok, path = load_model(args.model)
     engine = LLMEngine(EngineConfig(device="cpu", backend="torch", kv_cache_memory=256 << 20, log_ledger=False),

@@ -14,12 +14,8 @@ from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
 
-BF16 = torch.bfloat16
-
-
-def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
+def _rel(out, ref) -> float:
     out, ref = out.float(), ref.float()
     if out.isnan().any():
         return float("inf")
@@ -42,6 +38,9 @@ def library() -> str:
 
 
 def prefill() -> float:
+    import torch
+
+    BF16 = torch.bfloat16
     from cute_kernels.attention_args import PrefillArgs
     from cute_kernels.hopper.prefill_launch import prefill_attention
     from cute_kernels.reference import prefill_attention_ref
@@ -55,6 +54,9 @@ def prefill() -> float:
 
 
 def fused_ops() -> float:
+    import torch
+
+    BF16 = torch.bfloat16
     from cute_kernels import reference
     from cute_kernels.hopper import fused_ops as ops
 
@@ -84,10 +86,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dry-run", action="store_true", help="list the checks, run nothing")
     args = parser.parse_args(argv)
+    if args.dry_run:
+        print("\n".join(f"smoke {name}: listed" for name, _ in CHECKS))
+        return 0
+    import torch
+
     for name, check in CHECKS:
-        if args.dry_run:
-            print(f"smoke {name}: listed")
-            continue
         try:
             result = check()
             torch.cuda.synchronize()

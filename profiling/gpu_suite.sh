@@ -38,8 +38,9 @@ aot_status() { python -m cute_kernels.aot --status --out "$1" 2>&1 | tail -n 1; 
 
 if (( DRY )); then
   bash -n "$0" && row check gpu_suite.sh "syntax ok" || { row check gpu_suite.sh FAIL; status=1; }
+  python -m pytest -q --collect-only -m gpu "${TESTS[@]}" > "$OUT/collect.txt" 2>/dev/null  # one start for all
   for t in "${TESTS[@]}"; do
-    n=$(python -m pytest -q --collect-only -m gpu "$t" 2>/dev/null | grep -c '::') || true
+    n=$(grep -c "^$t::" "$OUT/collect.txt") || true
     if (( n > 0 )); then row tests "$t" "$n gpu tests collect"; else row tests "$t" "FAIL: none collected"; status=1; fi
   done
   for b in "${BENCHES[@]}"; do

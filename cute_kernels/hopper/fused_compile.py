@@ -5,13 +5,12 @@ compile serves every batch and model of that dtype and size class.
 """
 from __future__ import annotations
 
-import tempfile
-
 import cutlass
 import cutlass.cute as cute
 from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream, make_fake_tensor
 
-from cute_kernels.toolchain.compile_cache import CompileCache, CompiledKernel, timed
+from cute_kernels.toolchain.compile_cache import CompileCache, CompiledKernel
+from cute_kernels.toolchain.compile_sm90a import compile_sm90a
 from .fused_common import DTYPES
 from .fused_norm import AddRmsNormSm90
 from .fused_rope import RopeSm90
@@ -19,7 +18,6 @@ from .fused_silu import SiluAndMulSm90
 from .fused_spec import VEC, FusedOpSpec
 from .kv_write import KvWriteSm90
 
-TARGET_ARCH = "sm_90a"
 KERNELS = {"add_rms_norm": AddRmsNormSm90, "rope": RopeSm90, "silu_and_mul": SiluAndMulSm90,
            "write_kv": KvWriteSm90}
 
@@ -41,19 +39,7 @@ def fake_fused_arguments(spec: FusedOpSpec) -> tuple:
 
 def compile_fused(spec: FusedOpSpec, keep_artifacts: bool = False) -> CompiledKernel:
     """Compile for sm_90a; with keep_artifacts the PTX text and cubin bytes are returned too."""
-    kernel = KERNELS[spec.op](spec)
-    args = fake_fused_arguments(spec)
-    options = f"--gpu-arch {TARGET_ARCH}"
-    if not keep_artifacts:
-        fn, seconds = timed(lambda: cute.compile(kernel, *args, options=options))
-        return CompiledKernel(fn, seconds)
-    with tempfile.TemporaryDirectory(prefix="cute_dump_") as dump_dir:
-        options += f" --keep-ptx --keep-cubin --dump-dir {dump_dir}"
-        fn, seconds = timed(lambda: cute.compile(kernel, *args, options=options))
-        artifacts = {"ptx": fn.artifacts.PTX, "cubin": fn.artifacts.CUBIN}
-    if not isinstance(artifacts["cubin"], (bytes, bytearray)):
-        raise RuntimeError(f"{spec.name}: the DSL kept no cubin ({artifacts['cubin']!r})")
-    return CompiledKernel(fn, seconds, artifacts)
+    return compile_sm90a(KERNELS[spec.op](spec), fake_fused_arguments(spec), spec.name, keep_artifacts)
 
 
 FUSED_CACHE = CompileCache(compile_fused)
