@@ -61,9 +61,6 @@ class LLMEngine:
         self.stats = EngineStats()
         self.graphs = self._capture_graphs()
         pool_blocks = self.ledger.num_blocks - (self.graphs is not None)  # the last block: graphs' scratch
-        if pool_blocks < 1:
-            raise UserError("the KV cache budget holds one block only, and CUDA graphs need it as scratch: "
-                            "raise --kv-cache-memory or pass --enforce-eager")
         self.pool = BlockPool(pool_blocks, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, BlockManager(self.pool, config.block_size), self.stats, self.max_model_len)
         self.limits = RequestLimits(tokenizer, model_config.vocab_size, self.max_model_len,
@@ -81,6 +78,9 @@ class LLMEngine:
         """Decode graphs on CUDA unless --enforce-eager; their scratch KV block is the pool's last."""
         if not uses_graphs(self.device, self.config.enforce_eager):
             return None
+        if self.ledger.num_blocks < 2:
+            raise UserError("the KV cache budget holds one block only, and CUDA graphs need one more as scratch: "
+                            "raise --kv-cache-memory or pass --enforce-eager")
         graphs = CudaGraphRunner(self.runner, self.config.max_num_seqs, self.max_model_len, self.ledger.num_blocks - 1)
         graphs.capture()
         return graphs
