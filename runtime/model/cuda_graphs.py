@@ -6,8 +6,9 @@ Buckets are 1, 2, 4, 8, ... up to max_num_seqs (itself the last); a batch is pad
 Inputs live in static buffers that every replay reads: the step's rows first, then padding rows that
 write their K/V to a scratch slot (the last KV block, which the engine keeps out of the block pool)
 and attend over it alone, so they never touch live KV. Block tables are as wide as the longest
-context. Prefill and mixed steps, and speculative verification (several tokens per sequence), run
-eagerly. Captured only on CUDA; the CPU path never captures.
+context up to MAX_GRAPH_CONTEXT tokens; a step with a longer sequence, prefill and mixed steps, and
+speculative verification (several tokens per sequence) run eagerly. Captured only on CUDA; the CPU
+path never captures.
 """
 from __future__ import annotations
 
@@ -23,6 +24,10 @@ from runtime.model.attention_batch import AttentionBatch
 from runtime.model_runner import ModelRunner, SeqChunk
 
 log = logging.getLogger("cute_serve")
+# The sync-free reference decode a graph replays reads every sequence's table to its full width, so
+# the width is capped: batch 64 x 4096 tokens of Llama 3 8B's KV is ~0.5 GB per gather. A decode kernel
+# that reads only each sequence's context lifts this.
+MAX_GRAPH_CONTEXT = 4096
 
 
 def capture_sizes(max_num_seqs: int) -> list[int]:
@@ -104,7 +109,7 @@ class CudaGraphRunner:
     def __init__(self, runner: ModelRunner, max_num_seqs: int, max_model_len: int, scratch_block: int) -> None:
         self.runner = runner
         self.sizes = capture_sizes(max_num_seqs)
-        width = -(-max_model_len // runner.block_size)
+        width = -(-min(max_model_len, MAX_GRAPH_CONTEXT) // runner.block_size)
         self.inputs = StaticDecodeInputs.allocate(self.sizes[-1], width, scratch_block, runner.block_size,
                                                   runner.device)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
