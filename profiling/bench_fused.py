@@ -55,9 +55,9 @@ def run(dry_run: bool, time_ms: Callable[[Callable], float]) -> list[dict]:
 
     if dry_run:
         return [{"case": c.name, "path": kernel_path(), "dry_run": True} for c in CASES]
-    from profiling.gpu_bandwidth import copy_bandwidth_gbs
+    from profiling.decode_bench import copy_bandwidth
 
-    bandwidth = copy_bandwidth_gbs()
+    bandwidth = copy_bandwidth(time_ms)
     rows = []
     for case in CASES:
         try:

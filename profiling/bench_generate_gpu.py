@@ -70,9 +70,11 @@ def run(dry_run: bool) -> list[dict]:
         return [{"case": c.name, "prompt": PROMPT_TOKENS, "new_tokens": NEW_TOKENS, "dry_run": True} for c in CASES]
     import torch
 
-    from profiling.gpu_bandwidth import copy_bandwidth_gbs
+    from profiling.bench_kernels import time_ms
+    from profiling.decode_bench import copy_bandwidth
 
-    bandwidth = copy_bandwidth_gbs()
+    bandwidth = copy_bandwidth(time_ms)
+    torch.cuda.empty_cache()  # the copy's 4 GiB go back before the model's weights arrive
     rows = []
     for backend in dict.fromkeys(c.backend for c in CASES):
         engine = _engine(backend)

@@ -1,9 +1,11 @@
-"""Kernel benchmarks on the GPU: `python profiling/bench_kernels.py {prefill,fused} [--json PATH] [--dry-run]`.
+"""Kernel benchmarks on the GPU: `python profiling/bench_kernels.py {prefill,decode,fused} [--json PATH] [--dry-run]`.
 
 prefill: the cute sm_90a prefill kernel vs torch SDPA (flash backend) on the same inputs, causal
 TFLOP/s (half the square counted) and the fraction of the chip's dense bf16 peak. One row per case;
 `path` says whether the kernel ran JIT-compiled (DSL) or from the AOT library
 (cute_kernels.toolchain.kernel_path).
+decode: the paged split-KV decode kernel's bandwidth as a fraction of the measured device copy
+bandwidth, beside the torch reference and FlashInfer / flash-attn when importable (profiling/decode_bench.py).
 fused: the fused elementwise kernels vs the device copy bandwidth and the torch references (bench_fused.py).
 """
 from __future__ import annotations
@@ -43,7 +45,7 @@ PREFILL_CASES = [
 ]
 
 
-def _time_ms(fn, warmup: int = 3, iters: int = 10) -> float:
+def time_ms(fn, warmup: int = 3, iters: int = 10) -> float:
     import torch
 
     for _ in range(warmup):
@@ -82,7 +84,7 @@ def bench_prefill_case(case: PrefillCase) -> dict:
     cu = torch.arange(0, tokens + 1, case.seqlen, device=dev, dtype=torch.int32)
     scale = case.head_dim ** -0.5
     args = prepare_prefill_args(PrefillArgs(q, k, v, cu, cu, scale, True, max_seqlen_q=case.seqlen))
-    cute_ms = _time_ms(lambda: launch_prefill(args))
+    cute_ms = time_ms(lambda: launch_prefill(args))
 
     # SDPA on [B, H, L, d]; KV heads expanded outside the timed region.
     group = case.heads // case.kv_heads
@@ -90,7 +92,7 @@ def bench_prefill_case(case: PrefillCase) -> dict:
     ks = k.view(case.batch, case.seqlen, case.kv_heads, -1).repeat_interleave(group, 2).transpose(1, 2)
     vs = v.view(case.batch, case.seqlen, case.kv_heads, -1).repeat_interleave(group, 2).transpose(1, 2)
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-        sdpa_ms = _time_ms(lambda: F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale))
+        sdpa_ms = time_ms(lambda: F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale))
 
     flops = case.causal_flops()
     cute_tflops, sdpa_tflops = flops / cute_ms / 1e9, flops / sdpa_ms / 1e9
@@ -116,13 +118,19 @@ def run_prefill(dry_run: bool) -> list[dict]:
     return rows
 
 
+def run_decode(dry_run: bool) -> list[dict]:
+    from profiling.decode_bench import run_decode_bench
+
+    return run_decode_bench(dry_run, time_ms)
+
+
 def run_fused(dry_run: bool) -> list[dict]:
     from profiling.bench_fused import run
 
-    return run(dry_run, _time_ms)
+    return run(dry_run, time_ms)
 
 
-BENCHES = {"prefill": run_prefill, "fused": run_fused}
+BENCHES = {"prefill": run_prefill, "decode": run_decode, "fused": run_fused}
 
 
 def main(argv: list[str] | None = None) -> int:

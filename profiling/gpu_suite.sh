@@ -20,8 +20,8 @@ export CUTE_KERNELS_PATH="${CUTE_KERNELS_PATH:-aot}"
 export CUTE_AOT_DIR="${CUTE_AOT_DIR:-$PWD/build/aot}"
 
 TESTS=(tests/test_prefill_attention.py tests/test_aot.py    # GPU numerics (pytest marker: gpu)
-       tests/test_fused_ops.py tests/test_cuda_graphs.py tests/test_engine_gpu.py)
-BENCHES=(prefill fused)                                     # profiling/bench_kernels.py <name>
+       tests/test_decode_attention.py tests/test_fused_ops.py tests/test_cuda_graphs.py tests/test_engine_gpu.py)
+BENCHES=(prefill decode fused)                              # profiling/bench_kernels.py <name>
 GENERATE=(profiling/bench_generate.py --device cuda)        # the engine on an 8B-shaped random model
 BUDGET_S=470                                                # the whole suite, smoke included (< 8 min)
 
@@ -51,9 +51,8 @@ if (( DRY )); then
   if python "${GENERATE[@]}" --dry-run > "$OUT/generate.txt"; then
     row bench generate "$(wc -l < "$OUT/generate.txt") cases (dry run)"
   else row bench generate FAIL; status=1; fi
-  if python profiling/gpu_smoke.py --dry-run > "$OUT/smoke.txt"; then
-    row smoke gpu_smoke.py "$(wc -l < "$OUT/smoke.txt") checks (dry run)"
-  else row smoke gpu_smoke.py FAIL; status=1; fi
+  if smoke=$(python profiling/gpu_smoke.py --dry-run 2>&1); then row smoke gpu_smoke.py "$smoke"
+  else row smoke gpu_smoke.py "FAIL: $smoke"; status=1; fi
   if have_dsl; then
     if python -m cute_kernels.aot --out "$OUT/aot" --only bfloat16_d128_g4 > "$OUT/aot.txt" 2>&1; then
       row aot "build + open (1 variant)" "$(aot_status "$OUT/aot")"

@@ -9,8 +9,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream, make_fake_tensor
 
-from cute_kernels.toolchain.compile_cache import CompileCache, CompiledKernel
-from cute_kernels.toolchain.compile_sm90a import compile_sm90a
+from cute_kernels.toolchain.compile_cache import CompileCache, CompiledKernel, compile_sm90
 from .fused_common import DTYPES
 from .fused_norm import AddRmsNormSm90
 from .fused_rope import RopeSm90
@@ -39,7 +38,7 @@ def fake_fused_arguments(spec: FusedOpSpec) -> tuple:
 
 def compile_fused(spec: FusedOpSpec, keep_artifacts: bool = False) -> CompiledKernel:
     """Compile for sm_90a; with keep_artifacts the PTX text and cubin bytes are returned too."""
-    return compile_sm90a(KERNELS[spec.op](spec), fake_fused_arguments(spec), spec.name, keep_artifacts)
+    return compile_sm90(KERNELS[spec.op](spec), fake_fused_arguments(spec), spec.name, keep_artifacts)
 
 
 FUSED_CACHE = CompileCache(compile_fused)

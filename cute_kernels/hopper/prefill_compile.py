@@ -9,8 +9,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
 
-from cute_kernels.toolchain.compile_cache import CompileCache, CompiledKernel
-from cute_kernels.toolchain.compile_sm90a import compile_sm90a
+from cute_kernels.toolchain.compile_cache import CompileCache, CompiledKernel, compile_sm90
 from .prefill_attention import DTYPES, PrefillAttentionSm90
 from .prefill_spec import KV_BLOCK_SIZE, PrefillSpec
 
@@ -43,7 +42,9 @@ def fake_prefill_arguments(spec: PrefillSpec) -> tuple:
 
 def compile_prefill(spec: PrefillSpec, keep_artifacts: bool = False) -> CompiledKernel:
     """Compile for sm_90a; with keep_artifacts the PTX text and cubin bytes are returned too."""
-    return compile_sm90a(PrefillAttentionSm90(spec), fake_prefill_arguments(spec), spec.name, keep_artifacts)
+    kernel = PrefillAttentionSm90(spec)
+    args = fake_prefill_arguments(spec)
+    return compile_sm90(kernel, args, spec.name, keep_artifacts)
 
 
 PREFILL_CACHE = CompileCache(compile_prefill)

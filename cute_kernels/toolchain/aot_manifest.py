@@ -16,7 +16,7 @@ MANIFEST = "manifest.json"
 PACKAGE = Path(__file__).resolve().parents[1]  # cute_kernels/
 COMMON_SOURCES = (  # relative to PACKAGE; each family adds its own (KernelFamily.sources)
     "toolchain/family.py", "toolchain/aot_export.py", "toolchain/csrc/aot_common.h", "toolchain/csrc/aot_common.c",
-    "toolchain/csrc/aot_shim.h", "toolchain/compile_sm90a.py",
+    "toolchain/csrc/aot_shim.h",
 )
 
 

@@ -29,7 +29,11 @@ _PATTERNS = {
     "global_load_128": r"\bLDG\.E(?:\.[A-Z0-9_]+)*\.128\b",  # 16-byte vector loads
     "global_store_128": r"\bSTG\.E(?:\.[A-Z0-9_]+)*\.128\b",
     "global_16bit": r"\b(?:LDG|STG)\.E(?:\.[A-Z0-9_]+)*\.(?:U16|S16)\b",  # one 16-bit element at a time
+    "mbarrier_waits": r"\bSYNCS\.PHASECHK\b",  # waits on mbarrier phases (async pipelines)
 }
+# BAR.SYNC over the whole CTA: barrier 0 with no thread count (named barriers name a count).
+_CTA_BARRIER = re.compile(r"/\*([0-9a-f]+)\*/\s+BAR\.SYNC(?:\.DEFER_BLOCKING)?\s+0x0\s*;")
+_FIRST_TMA = re.compile(r"/\*([0-9a-f]+)\*/[^\n]*\bUTMALDG\b")
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,9 @@ class SassStats:
     global_load_128: int = 0
     global_store_128: int = 0
     global_16bit: int = 0
+    mbarrier_waits: int = 0
+    cta_barrier_offsets: tuple[int, ...] = ()  # byte offsets of CTA-wide BAR.SYNCs
+    first_tma_offset: int | None = None  # byte offset of the first UTMALDG
 
     @property
     def spills(self) -> int:
@@ -134,5 +141,8 @@ def sass_stats(cubin: bytes) -> SassStats:
     text = disassemble(cubin)
     counts = {key: len(re.findall(pat, text)) for key, pat in _PATTERNS.items()}
     shapes = tuple(sorted(set(re.findall(r"\b[HQ]GMMA\.(\d+x\d+x\d+\.[A-Z0-9]+)", text))))
+    first_tma = _FIRST_TMA.search(text)
     return SassStats(**counts, registers=cubin_registers(cubin), hgmma_shapes=shapes,
-                     stack_bytes=cubin_stack_bytes(cubin))
+                     stack_bytes=cubin_stack_bytes(cubin),
+                     cta_barrier_offsets=tuple(int(m, 16) for m in _CTA_BARRIER.findall(text)),
+                     first_tma_offset=int(first_tma.group(1), 16) if first_tma else None)

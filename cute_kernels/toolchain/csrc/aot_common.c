@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 #include "prefill_aot.h"
 #include "fused_ops_aot.h"
+#include "decode_aot.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -11,6 +12,10 @@ EXPORT int32_t cute_aot_abi_version(void) { return CUTE_AOT_ABI; }
 EXPORT int32_t cute_aot_prefill_args_size(void) { return (int32_t)sizeof(cute_aot_prefill_args_t); }
 
 EXPORT int32_t cute_aot_fused_ops_args_size(void) { return (int32_t)sizeof(cute_aot_fused_ops_args_t); }
+
+EXPORT int32_t cute_aot_decode_args_size(void) { return (int32_t)sizeof(cute_aot_decode_args_t); }
+
+EXPORT int32_t cute_aot_decode_merge_args_size(void) { return (int32_t)sizeof(cute_aot_decode_merge_args_t); }
 
 EXPORT const char *cute_aot_error_name(int32_t err) {
     if (err == CUTE_AOT_NOT_LOADED) return "cute_aot: kernel variant launched before it was loaded";
