@@ -40,7 +40,7 @@ def test_static_inputs_hold_the_step_then_padding_on_the_scratch_block():
     assert inputs.block_tables.tolist() == [[4, 2, 9], [5, 9, 9], [9, 9, 9], [9, 9, 9]]
     inputs.fill([SeqChunk([3], 1, [6])])  # a smaller step leaves nothing of the last one behind
     assert inputs.ids.tolist() == [3, 0, 0, 0] and inputs.slot_mapping.tolist() == [6 * 16 + 1] + [9 * 16] * 3
-    batch = inputs.batch(2, num_blocks=10)
+    batch = inputs.batch(2, num_blocks=10, num_kv_heads=2)
     assert batch.num_decode_tokens == 2 and batch.decode_block_tables.shape == (2, 3)
 
 

@@ -1,42 +1,53 @@
-"""The cute backend's wiring, on the CPU: which ops take the kernels, the switch to the paged decode
-kernel once its host entry exists, and the references it keeps for inputs no kernel takes."""
+"""The cute backend's wiring, on the CPU: the paged decode kernel's plan made once per step (and, for a
+CUDA graph, over the static buffers with a fixed split count), the reference decode where the kernel's
+host module is missing, and the references for inputs no kernel takes."""
 from __future__ import annotations
-
-import sys
-import types
 
 import torch
 
 from cute_kernels import reference
-from cute_kernels.attention_args import DecodeArgs
+from cute_kernels.hopper.decode_host import DecodePlan
+from cute_kernels.hopper.decode_spec import num_splits
 from runtime.model import cute_backend
 from runtime.model.attention_batch import AttentionBatch
+from runtime.model.cuda_graphs import StaticDecodeInputs
 from runtime.model.cute_backend import CuteBackend
 
 
-def test_decode_runs_the_reference_until_the_kernel_exists():
-    backend = CuteBackend()
-    assert cute_backend.decode_kernel() is None and "torch reference decode" in backend.describe()
-    batch = AttentionBatch(torch.zeros(1, dtype=torch.int64), 4, 16, num_decode_tokens=1,
-                           decode_block_tables=torch.zeros(1, 1, dtype=torch.int32),
-                           decode_context_lens=torch.ones(1, dtype=torch.int32))
-    backend.plan(batch)
-    assert batch.decode_plan is not None, "the reference's gather plan"
+def decode_batch() -> AttentionBatch:
+    return AttentionBatch(torch.zeros(2, dtype=torch.int64), 8, 16, num_kv_heads=2, num_decode_tokens=2,
+                          decode_block_tables=torch.tensor([[3, 1], [5, 0]], dtype=torch.int32),
+                          decode_context_lens=torch.tensor([20, 7], dtype=torch.int32))
 
 
-def test_the_decode_kernel_is_picked_up_from_its_host_module(monkeypatch):
-    calls = []
-    module = types.ModuleType(cute_backend.DECODE_HOST)
-    module.decode_attention = lambda args: calls.append(args) or args.q
-    module.__spec__ = types.SimpleNamespace(name=cute_backend.DECODE_HOST)  # what find_spec reads
-    monkeypatch.setitem(sys.modules, cute_backend.DECODE_HOST, module)
+def test_the_decode_kernel_plans_once_per_step():
     backend = CuteBackend()
     assert backend.describe().endswith("; decode")
-    batch = AttentionBatch(torch.zeros(1, dtype=torch.int64), 4, 16, num_decode_tokens=1)
+    batch = decode_batch()
     backend.plan(batch)
-    assert batch.decode_plan is None, "the kernel reads the block tables itself: no gather plan"
-    q = torch.randn(1, 4, 64)
-    assert backend.decode(DecodeArgs(q, None, None, None, None, 0.125)) is q and len(calls) == 1
+    assert isinstance(batch.decode_plan, DecodePlan) and batch.decode_plan.num_blocks == 8
+    first = batch.decode_plan
+    backend.plan(batch)
+    assert batch.decode_plan is first, "every layer of the step shares one plan"
+
+
+def test_a_graph_plan_reads_the_static_buffers_with_a_fixed_split_count():
+    inputs = StaticDecodeInputs.allocate(rows=4, width=8, scratch_block=9, block_size=16, device=torch.device("cpu"))
+    plan = CuteBackend().graph_decode_plan(inputs.batch(4, num_blocks=10, num_kv_heads=2), max_context=128)
+    assert plan.block_tables.data_ptr() == inputs.block_tables.data_ptr(), "replays see the refilled tables"
+    assert plan.context_lens.data_ptr() == inputs.context_lens.data_ptr()
+    assert plan.num_splits == num_splits(4, 2, 128)
+
+
+def test_decode_runs_the_reference_without_the_kernel_module(monkeypatch):
+    monkeypatch.setattr(cute_backend, "DECODE_HOST", "cute_kernels.hopper.no_such_module")
+    backend = CuteBackend()
+    assert "torch reference decode" in backend.describe()
+    batch = decode_batch()
+    backend.plan(batch)
+    assert isinstance(batch.decode_plan, list), "the reference's gather plan"
+    inputs = StaticDecodeInputs.allocate(rows=2, width=2, scratch_block=7, block_size=16, device=torch.device("cpu"))
+    assert type(backend.graph_decode_plan(inputs.batch(2, 8, 2), 32)).__name__ == "StaticDecodePlan"
 
 
 def test_inputs_no_kernel_takes_run_the_references():

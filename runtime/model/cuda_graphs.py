@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -95,12 +96,14 @@ class StaticDecodeInputs:
         for name, array in self.host_arrays(chunks).items():
             getattr(self, name).copy_(torch.from_numpy(array), non_blocking=True)
 
-    def batch(self, rows: int, num_blocks: int) -> AttentionBatch:
-        """The attention record over the first `rows` rows: all decodes, no host syncs."""
+    def batch(self, rows: int, num_blocks: int, num_kv_heads: int, plan: Any = None) -> AttentionBatch:
+        """The attention record over the first `rows` rows: all decodes; with a plan made before the
+        capture (backend.graph_decode_plan), nothing in the step syncs."""
         return AttentionBatch(slot_mapping=self.slot_mapping[:rows], num_blocks=num_blocks,
-                              block_size=self.block_size, num_decode_tokens=rows,
+                              block_size=self.block_size, num_kv_heads=num_kv_heads, num_decode_tokens=rows,
                               decode_block_tables=self.block_tables[:rows],
-                              decode_context_lens=self.context_lens[:rows], decode_plan=StaticDecodePlan())
+                              decode_context_lens=self.context_lens[:rows],
+                              decode_plan=StaticDecodePlan() if plan is None else plan)
 
 
 class CudaGraphRunner:
@@ -113,6 +116,7 @@ class CudaGraphRunner:
         self.inputs = StaticDecodeInputs.allocate(self.sizes[-1], width, scratch_block, runner.block_size,
                                                   runner.device)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.plans: dict[int, Any] = {}  # per size: the backend's decode plan over the static tables
         self.capture_seconds = 0.0
         self.graph_bytes = 0
 
@@ -122,9 +126,13 @@ class CudaGraphRunner:
                 and all(len(c.token_ids) == 1 and c.num_logits == 1 and len(c.block_table) <= self.inputs.width
                         for c in chunks))
 
+    def _batch(self, rows: int) -> AttentionBatch:
+        cache = self.runner.kv_caches[0][0]
+        return self.inputs.batch(rows, cache.shape[0], cache.shape[2], self.plans.get(rows))
+
     def _forward(self, rows: int) -> torch.Tensor:
         r = self.runner
-        batch = self.inputs.batch(rows, r.kv_caches[0][0].shape[0])
+        batch = self._batch(rows)
         hidden = r.model(self.inputs.ids[:rows], self.inputs.positions[:rows], batch, r.kv_caches)
         return r.model.logits(hidden)
 
@@ -135,7 +143,9 @@ class CudaGraphRunner:
         free_before = torch.cuda.mem_get_info(device)[0]
         start = time.perf_counter()
         pool = torch.cuda.graph_pool_handle()
+        backend = self.runner.model.backend
         for rows in reversed(self.sizes):
+            self.plans[rows] = backend.graph_decode_plan(self._batch(rows), self.inputs.width * self.inputs.block_size)
             self._forward(rows)  # warm-up: kernels load, allocator settles, outside the capture
             torch.cuda.synchronize(device)
             graph = torch.cuda.CUDAGraph()

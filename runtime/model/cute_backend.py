@@ -67,8 +67,26 @@ class CuteBackend(TorchBackend):
         return f"CuTe kernels (sm_90a): prefill, fused norm/rope/silu/KV write; {decode}"
 
     def plan(self, batch: AttentionBatch) -> None:
+        """The decode kernel's plan (checked tables, split count) once per step, else the reference's."""
         if self._decode is None:
-            super().plan(batch)  # the reference's gather plan; the kernel reads the block tables itself
+            return super().plan(batch)
+        if batch.num_decode_tokens and batch.decode_plan is None:
+            from cute_kernels.hopper.decode_host import plan_decode
+
+            batch.decode_plan = plan_decode(batch.decode_block_tables, batch.decode_context_lens, batch.num_blocks,
+                                            batch.num_kv_heads)
+
+    def graph_decode_plan(self, batch: AttentionBatch, max_context: int) -> Any:
+        """A plan over the static tables with a split count fixed for max_context (any count is correct
+        for any context), so a replay syncs nothing; the reference's without the kernel."""
+        if self._decode is None:
+            return super().graph_decode_plan(batch, max_context)
+        from cute_kernels.hopper.decode_host import plan_decode
+        from cute_kernels.hopper.decode_spec import num_splits
+
+        rows, kv_heads = batch.num_decode_tokens, batch.num_kv_heads
+        return plan_decode(batch.decode_block_tables, batch.decode_context_lens, batch.num_blocks, kv_heads,
+                           splits=num_splits(rows, kv_heads, max_context))
 
     def prefill(self, args: PrefillArgs) -> torch.Tensor:
         """The sm_90a kernel; args.max_seqlen_q (from the runner) spares it a device sync per layer."""

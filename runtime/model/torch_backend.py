@@ -3,6 +3,8 @@ and are the oracle the other backends are tested against. A step that a CUDA gra
 StaticDecodePlan and decodes with the sync-free reference of cute_kernels/reference_static.py."""
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from cute_kernels import reference
@@ -22,6 +24,11 @@ class TorchBackend(AttentionBackend):
         if batch.num_decode_tokens and batch.decode_plan is None:
             batch.decode_plan = reference.plan_decode(batch.decode_block_tables, batch.decode_context_lens,
                                                       batch.block_size)
+
+    def graph_decode_plan(self, batch: AttentionBatch, max_context: int) -> Any:
+        """The decode plan a captured CUDA graph replays over batch's static tables (made before the
+        capture; contexts up to max_context): here the sync-free reference."""
+        return StaticDecodePlan()
 
     def prefill(self, args: PrefillArgs) -> torch.Tensor:
         return reference.prefill_attention_ref(args)
