@@ -12,7 +12,8 @@ from cute_kernels import reference
 from cute_kernels.attention_args import DecodeArgs
 from cute_kernels.reference_static import decode_attention_static_ref
 from runtime.engine_config import EngineConfig
-from runtime.model.cuda_graphs import CudaGraphRunner, StaticDecodeInputs, capture_sizes, padded_size, uses_graphs
+from runtime.model.cuda_graphs import (MAX_GRAPH_CONTEXT, CudaGraphRunner, StaticDecodeInputs, capture_sizes,
+                                       padded_size, uses_graphs)
 from runtime.model_runner import SeqChunk
 from runtime.sampling_params import SamplingParams
 from tests.hf_tiny import our_config, state_dict, tiny_hf_model
@@ -45,7 +46,8 @@ def test_static_inputs_hold_the_step_then_padding_on_the_scratch_block():
 
 
 def test_only_pure_decode_steps_that_fit_replay():
-    runner = SimpleNamespace(block_size=16, device=torch.device("cpu"))
+    backend = SimpleNamespace(graph_reads_full_tables=True)
+    runner = SimpleNamespace(block_size=16, device=torch.device("cpu"), model=SimpleNamespace(backend=backend))
     graphs = CudaGraphRunner(runner, max_num_seqs=4, max_model_len=64, scratch_block=0)
     decode = [SeqChunk([1], 5, [1])] * 3
     assert not graphs.can_run(decode), "nothing captured yet"
@@ -55,6 +57,10 @@ def test_only_pure_decode_steps_that_fit_replay():
     assert not graphs.can_run([SeqChunk([1, 2], 5, [1])]), "a prefill chunk"
     assert not graphs.can_run([SeqChunk([1], 5, [1], num_logits=0)])
     assert not graphs.can_run([SeqChunk([1], 5, list(range(5)))]), "a table wider than the buffers"
+    capped = CudaGraphRunner(runner, max_num_seqs=4, max_model_len=10**5, scratch_block=0)
+    assert capped.inputs.width * 16 == MAX_GRAPH_CONTEXT, "the full-width reference decode is capped"
+    backend.graph_reads_full_tables = False
+    assert CudaGraphRunner(runner, 4, 10**5, 0).inputs.width == -(-10**5 // 16), "a kernel reads each context only"
 
 
 def test_static_decode_reference_matches_the_gathering_one():

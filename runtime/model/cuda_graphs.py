@@ -6,7 +6,8 @@ Buckets are 1, 2, 4, 8, ... up to max_num_seqs (itself the last); a batch is pad
 Inputs live in static buffers that every replay reads: the step's rows first, then padding rows that
 write their K/V to a scratch slot (the last KV block, which the engine keeps out of the block pool)
 and attend over it alone, so they never touch live KV. Block tables are as wide as the longest
-context up to MAX_GRAPH_CONTEXT tokens; a step with a longer sequence, prefill and mixed steps, and
+context (up to MAX_GRAPH_CONTEXT tokens where the backend's captured decode reads tables to their full
+width: the sync-free reference); a step with a longer sequence, prefill and mixed steps, and
 speculative verification (several tokens per sequence) run eagerly. Captured only on CUDA; the CPU
 path never captures.
 """
@@ -25,9 +26,8 @@ from runtime.model.attention_batch import AttentionBatch
 from runtime.model_runner import ModelRunner, SeqChunk
 
 log = logging.getLogger("cute_serve")
-# The sync-free reference decode a graph replays reads every sequence's table to its full width, so
-# the width is capped: batch 64 x 4096 tokens of Llama 3 8B's KV is ~0.5 GB per gather. A decode kernel
-# that reads only each sequence's context lifts this.
+# The sync-free reference decode reads every sequence's table to its full width, so then the width is
+# capped: batch 64 x 4096 tokens of Llama 3 8B's KV is ~0.5 GB per gather.
 MAX_GRAPH_CONTEXT = 4096
 
 
@@ -112,7 +112,9 @@ class CudaGraphRunner:
     def __init__(self, runner: ModelRunner, max_num_seqs: int, max_model_len: int, scratch_block: int) -> None:
         self.runner = runner
         self.sizes = capture_sizes(max_num_seqs)
-        width = -(-min(max_model_len, MAX_GRAPH_CONTEXT) // runner.block_size)
+        if runner.model.backend.graph_reads_full_tables:
+            max_model_len = min(max_model_len, MAX_GRAPH_CONTEXT)
+        width = -(-max_model_len // runner.block_size)
         self.inputs = StaticDecodeInputs.allocate(self.sizes[-1], width, scratch_block, runner.block_size,
                                                   runner.device)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}

@@ -1,10 +1,10 @@
 """The `cute` backend: CuTe DSL kernels on Hopper (sm_90), same contracts as the torch reference.
 
-Prefill attention, add+RMSNorm, RoPE, silu-and-mul and the paged KV write run sm_90a kernels,
-JIT-compiled when nvidia-cutlass-dsl is installed, else the ahead-of-time library built by
-`python -m cute_kernels.aot` (build/aot or $CUTE_AOT_DIR; $CUTE_KERNELS_PATH forces one). Decode
-attention runs the paged decode kernel once cute_kernels/hopper/decode_host.py provides it
-(`decode_attention(DecodeArgs)`), the torch reference until then. The fused ops take their reference
+Prefill and paged decode attention, add+RMSNorm, RoPE, silu-and-mul and the paged KV write run sm_90a
+kernels, JIT-compiled when nvidia-cutlass-dsl is installed, else the ahead-of-time library built by
+`python -m cute_kernels.aot` (build/aot or $CUTE_AOT_DIR; $CUTE_KERNELS_PATH forces one). Decode is
+planned once per step (cute_kernels/hopper/decode_host.py: checked tables, split count), or, for a
+CUDA graph, once before capture; where that module is absent, decode runs the torch reference. The fused ops take their reference
 for inputs no kernel variant takes (fp32, rows that are not whole 16-byte vectors). prefill raises
 CuteBackendUnavailable, saying why, anywhere else (CPU tensors, a non-Hopper GPU, neither the DSL nor
 usable AOT kernels); select_backend picks the torch backend in that case.
@@ -75,6 +75,10 @@ class CuteBackend(TorchBackend):
 
             batch.decode_plan = plan_decode(batch.decode_block_tables, batch.decode_context_lens, batch.num_blocks,
                                             batch.num_kv_heads)
+
+    @property
+    def graph_reads_full_tables(self) -> bool:
+        return self._decode is None
 
     def graph_decode_plan(self, batch: AttentionBatch, max_context: int) -> Any:
         """A plan over the static tables with a split count fixed for max_context (any count is correct

@@ -25,6 +25,10 @@ class TorchBackend(AttentionBackend):
             batch.decode_plan = reference.plan_decode(batch.decode_block_tables, batch.decode_context_lens,
                                                       batch.block_size)
 
+    # whether a captured decode reads every sequence's block table to its full width (the static
+    # reference does; a kernel reading only each context does not): CUDA graphs cap the width then
+    graph_reads_full_tables = True
+
     def graph_decode_plan(self, batch: AttentionBatch, max_context: int) -> Any:
         """The decode plan a captured CUDA graph replays over batch's static tables (made before the
         capture; contexts up to max_context): here the sync-free reference."""
