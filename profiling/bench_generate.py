@@ -2,7 +2,9 @@
 
     python profiling/bench_generate.py [--model PATH] [--new-tokens 128] [--repeats 3]
 
-Prints TTFT and decode tokens/s of each and the ratio (ours / transformers).
+Prints TTFT and decode tokens/s of each and the ratio (ours / transformers). With `--device cuda`:
+an 8B-shaped random model on the GPU instead, TPOT against its weight-bandwidth floor and batch-64
+throughput (profiling/bench_generate_gpu.py); `--dry-run` lists those cases without a GPU.
 """
 from __future__ import annotations
 
@@ -15,18 +17,13 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import torch  # noqa: E402
-
-from runtime.engine import LLMEngine  # noqa: E402
-from runtime.engine_config import EngineConfig  # noqa: E402
-from runtime.load import load_model  # noqa: E402
-from runtime.sampling_params import SamplingParams  # noqa: E402
 
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 
 
-def ours(engine: LLMEngine, ids: list[int], n: int) -> tuple[float, float, list[int]]:
+def ours(engine, ids: list[int], n: int) -> tuple[float, float, list[int]]:
     """(TTFT s, decode tokens/s, tokens) for one greedy request."""
+    from runtime.sampling_params import SamplingParams
     engine.add_request(f"bench-{time.perf_counter_ns()}", ids, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
     out = None
     while engine.has_unfinished_requests():
@@ -38,6 +35,7 @@ def ours(engine: LLMEngine, ids: list[int], n: int) -> tuple[float, float, list[
 
 def transformers_run(model, ids: list[int], n: int) -> tuple[float, float, list[int]]:
     """Same measurement with transformers: a 1-token generate for TTFT, then the full generate."""
+    import torch
     x = torch.tensor([ids])
     kw = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
     with torch.no_grad():
@@ -56,8 +54,17 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", default=None, help="write results here")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--dry-run", action="store_true", help="--device cuda: list the cases, run nothing")
     args = ap.parse_args()
+    if args.device == "cuda":
+        return gpu_main(args)
+    import torch
     from transformers import AutoModelForCausalLM
+
+    from runtime.engine import LLMEngine
+    from runtime.engine_config import EngineConfig
+    from runtime.load import load_model
 
     cfg, tensors, tok, path = load_model(args.model)
     engine = LLMEngine(EngineConfig(device="cpu", backend="torch", kv_cache_memory=256 << 20, log_ledger=False),
@@ -86,5 +93,17 @@ def main() -> None:
             json.dump({**res, "ratio": ratio, "identical_tokens": same, "prompt_tokens": len(ids), "new_tokens": n}, f, indent=2)
 
 
+def gpu_main(args: argparse.Namespace) -> int:
+    from profiling import bench_generate_gpu
+
+    rows = bench_generate_gpu.run(args.dry_run)
+    for row in rows:
+        print("  ".join(f"{k}={v}" for k, v in row.items()))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,4 +1,4 @@
-"""Kernel benchmarks on the GPU: `python profiling/bench_kernels.py {prefill,decode} [--json PATH] [--dry-run]`.
+"""Kernel benchmarks on the GPU: `python profiling/bench_kernels.py {prefill,decode,fused} [--json PATH] [--dry-run]`.
 
 prefill (profiling/bench_prefill.py): the cute sm_90a prefill kernel vs torch SDPA with the cuDNN and
 flash backends on the same inputs, TFLOP/s over the visible score entries and the fraction of the
@@ -6,6 +6,7 @@ device's dense bf16 peak (profiling/gpu_peaks.py). One row per case; `path` says
 ran JIT-compiled (DSL) or from the AOT library (cute_kernels.toolchain.kernel_path).
 decode: the paged split-KV decode kernel's bandwidth as a fraction of the measured device copy
 bandwidth, beside the torch reference and FlashInfer / flash-attn when importable (profiling/decode_bench.py).
+fused: the fused elementwise kernels vs the device copy bandwidth and the torch references (bench_fused.py).
 """
 from __future__ import annotations
 
@@ -26,7 +27,13 @@ def run_decode(dry_run: bool) -> list[dict]:
     return run_decode_bench(dry_run, time_ms)
 
 
-BENCHES = {"prefill": run_prefill, "decode": run_decode}
+def run_fused(dry_run: bool) -> list[dict]:
+    from profiling.bench_fused import run
+
+    return run(dry_run, time_ms)
+
+
+BENCHES = {"prefill": run_prefill, "decode": run_decode, "fused": run_fused}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,5 +1,5 @@
 """The GPU suite's first minute: is this an sm_90 device, do the kernels load (AOT library or JIT), and
-does one small launch of each attention kernel match the torch reference? Exit 0 only if all hold, so
+does one small launch of each attention kernel and of each fused elementwise op match the torch reference? Exit 0 only if all hold, so
 a broken toolchain costs a minute of GPU time instead of the whole suite. `--dry-run`: list the checks."""
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-CHECKS = ("device is sm_90", "kernels load", "prefill matches the reference", "decode (2 splits + merge) matches")
+CHECKS = ("device is sm_90", "kernels load", "prefill matches the reference", "decode (2 splits + merge) matches",
+          "fused norm/rope/silu/KV write match")
 
 
 def _rel(got, want) -> float:
@@ -45,13 +46,36 @@ def smoke() -> list[tuple[str, bool, str]]:
     err = _rel(decode_attention(dec, splits=2), decode_attention_ref(DecodeArgs(
         dec.q.float(), kc.float(), vc.float(), tables, dec.context_lens, dec.scale)))
     results.append((CHECKS[3], err < 1e-2, f"relative error {err:.1e}"))
+    err = _fused_error(rnd)
+    results.append((CHECKS[4], err < 1e-2, f"worst relative error {err:.1e}"))
     return results
+
+
+def _fused_error(rnd) -> float:
+    """Worst relative error of one small launch of each fused op (inf when the KV write misses a slot)."""
+    import torch
+
+    from cute_kernels import reference
+    from cute_kernels.hopper import fused_ops as ops
+
+    x, res, w = rnd(3, 4096), rnd(3, 4096), rnd(4096).abs()
+    errs = [_rel(ops.add_rms_norm(x, res, w, 1e-5)[0], reference.add_rms_norm_ref(x.float(), res.float(), w.float(),
+                                                                                  1e-5)[0])]
+    gate_up = rnd(3, 2048)
+    errs.append(_rel(ops.silu_and_mul(gate_up), reference.silu_and_mul_ref(gate_up.float())))
+    qk, cos, sin = rnd(3, 10, 128), rnd(3, 1, 64).float(), rnd(3, 1, 64).float()
+    want = reference.rope_ref(qk.float(), cos, sin)
+    errs.append(_rel(ops.rope_(qk, cos, sin), want))
+    kv, cache = rnd(3, 2, 128), torch.zeros(2, 16, 2, 128, device="cuda", dtype=torch.bfloat16)
+    ops.write_kv(kv, kv, cache, cache, torch.tensor([3, -1, 20], device="cuda"))
+    errs.append(0.0 if torch.equal(cache.view(-1, 2, 128)[[3, 20]], kv[[0, 2]]) else float("inf"))
+    return max(errs)
 
 
 def main(argv: list[str]) -> int:
     if "--dry-run" in argv:  # the modules the smoke needs import here too (no CUDA needed)
         import cute_kernels.hopper.decode_host, cute_kernels.hopper.decode_launch  # noqa: E401, F401
-        import cute_kernels.hopper.prefill_launch  # noqa: F401
+        import cute_kernels.hopper.fused_ops, cute_kernels.hopper.prefill_launch  # noqa: E401, F401
         print("smoke checks: " + "; ".join(CHECKS))
         return 0
     try:

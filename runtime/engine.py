@@ -22,6 +22,7 @@ from runtime.errors import RequestError
 from runtime.host_allocator import tune_host_allocator
 from runtime.kv.block_manager import BlockManager
 from runtime.kv.block_pool import BlockPool
+from runtime.model.cuda_graphs import CudaGraphRunner, uses_graphs
 from runtime.model.factory import make_runner
 from runtime.model_runner import SeqChunk
 from runtime.output_processor import OutputProcessor, RequestState
@@ -56,10 +57,12 @@ class LLMEngine:
         self.runner, self.ledger = self._make_runner(model_config, tensors)
         self.ledger.require_blocks()
         self.stats = EngineStats()
-        self.pool = BlockPool(self.ledger.num_blocks, config.enable_prefix_caching)
+        self.graphs = self._capture_graphs()
+        pool_blocks = self.ledger.num_blocks - (self.graphs is not None)  # the last block: graphs' scratch
+        self.pool = BlockPool(pool_blocks, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, BlockManager(self.pool, config.block_size), self.stats, self.max_model_len)
-        self.limits = RequestLimits(tokenizer, model_config.vocab_size, self.max_model_len, self.ledger.max_tokens,
-                                    config.scheduler == "static")
+        self.limits = RequestLimits(tokenizer, model_config.vocab_size, self.max_model_len,
+                                    pool_blocks * config.block_size, config.scheduler == "static")
         eos_ids = set(tokenizer.eos_token_ids) | set(model_config.eos_token_ids)
         self.output = OutputProcessor(tokenizer, eos_ids, self.max_model_len, self.stats)
         self.proposer: Proposer | None = None
@@ -96,6 +99,17 @@ class LLMEngine:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    def _capture_graphs(self) -> CudaGraphRunner | None:
+        """Decode graphs on CUDA unless --enforce-eager; their scratch KV block is the pool's last."""
+        if not uses_graphs(self.device, self.config.enforce_eager) or self.config.tensor_parallel_size > 1:
+            return None  # tensor parallel steps run eagerly: their collectives span processes
+        if self.ledger.num_blocks < 2:
+            raise UserError("the KV cache budget holds one block only, and CUDA graphs need one more as scratch: "
+                            "raise --kv-cache-memory or pass --enforce-eager")
+        graphs = CudaGraphRunner(self.runner, self.config.max_num_seqs, self.max_model_len, self.ledger.num_blocks - 1)
+        graphs.capture()
+        return graphs
 
     def set_proposer(self, proposer: Proposer | None) -> None:
         """Speculate with this proposer from now on (a draft model gets its own KV pool); engine idle."""
@@ -204,10 +218,11 @@ class LLMEngine:
                                    num_logits=len(spec) + 1 if reaches_end else 0))
             if reaches_end:
                 rows_of.append((seq, spec))
-        prepared = self.runner.prepare(chunks)
+        graph = self.graphs is not None and self.graphs.can_run(chunks)
+        prepared = None if graph else self.runner.prepare(chunks)
         if nvtx.ON: nvtx.pop()
         t1 = time.perf_counter()
-        logits = self.runner.forward(*prepared)
+        logits = self.graphs.run(chunks) if graph else self.runner.forward(*prepared)
         t2 = time.perf_counter()
         if nvtx.ON: nvtx.push("sample")
         sampled = sample_step(rows_of, logits, drafts, self.output.eos_ids, self.output.grammar_of)
@@ -266,7 +281,8 @@ class LLMEngine:
                 "scheduler": self.config.scheduler,
                 "prefix caching": "on" if self.config.enable_prefix_caching else "off",
                 "speculative": (self.config.speculative or "on") if self.proposer else "off",
-                "tensor parallel": self._describe_tp(), "memory ledger": self.ledger.describe()}
+                "tensor parallel": self._describe_tp(), "cuda graphs": self._describe_graphs(),
+                "memory ledger": self.ledger.describe()}
 
     def _describe_tp(self) -> str:
         n = self.config.tensor_parallel_size
@@ -274,3 +290,10 @@ class LLMEngine:
             return "off"
         per_rank = self.ledger.weight_bytes + self.ledger.total_bytes
         return f"{n} ranks, {per_rank / 2**20:.1f} MiB each (weights + KV cache)"
+
+    def _describe_graphs(self) -> str:
+        g = self.graphs
+        if g is None:
+            return "off"
+        return (f"decode at batch {', '.join(map(str, g.sizes))} (captured in {g.capture_seconds:.1f} s, "
+                f"{g.graph_bytes / 2**20:.0f} MiB)")

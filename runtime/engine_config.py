@@ -59,6 +59,8 @@ class EngineConfig:
                                      "N GPUs), each holding 1/N of the weights and of the KV heads; --kv-cache-memory "
                                      "is then per rank (default: %(default)s)")
     seed: int = flag(0, "seed for requests that do not set one", flag="--engine-seed")
+    enforce_eager: bool = flag(False, "run every step eagerly (default: decode steps on CUDA replay CUDA graphs "
+                               "captured at start for batch sizes 1, 2, 4, ... up to --max-num-seqs)")
     log_ledger: bool = True
 
     def __post_init__(self) -> None:

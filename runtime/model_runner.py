@@ -58,7 +58,7 @@ class ModelRunner:
         slots = tables[row_seq, positions // bs].astype(np.int64) * bs + positions % bs
         nd = int((lens == 1).sum())
         batch = AttentionBatch(slot_mapping=self._tensor(slots), num_blocks=self.kv_caches[0][0].shape[0],
-                               block_size=bs, num_decode_tokens=nd)
+                               block_size=bs, num_kv_heads=self.kv_caches[0][0].shape[2], num_decode_tokens=nd)
         if nd:
             batch.decode_block_tables = self._tensor(tables[:nd])
             batch.decode_context_lens = self._tensor((starts[:nd] + 1).astype(np.int32))

@@ -10,7 +10,8 @@ NOT_FLAGS = {"kv_cache_fraction", "log_ledger"}  # set from Python only (LLM(...
 FLAGS = ["--model", "--device", "--dtype", "--backend", "--block-size", "--kv-cache-memory",
          "--max-num-batched-tokens", "--max-num-seqs", "--max-model-len", "--scheduler",
          "--enable-prefix-caching", "--no-enable-prefix-caching", "--speculative", "--num-speculative-tokens",
-         "--draft-model", "--ngram-min", "--ngram-max", "--tensor-parallel-size", "--engine-seed"]
+         "--draft-model", "--ngram-min", "--ngram-max", "--tensor-parallel-size", "--engine-seed", "--enforce-eager",
+         "--no-enforce-eager"]
 
 
 def engine_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Action]]:

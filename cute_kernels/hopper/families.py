@@ -5,9 +5,10 @@ from __future__ import annotations
 from cute_kernels.toolchain.family import KernelFamily
 
 from .decode_family import DECODE, DECODE_MERGE
+from .fused_family import FUSED_OPS
 from .prefill_family import PREFILL
 
-FAMILIES: tuple[KernelFamily, ...] = (PREFILL, DECODE, DECODE_MERGE)
+FAMILIES: tuple[KernelFamily, ...] = (PREFILL, DECODE, DECODE_MERGE, FUSED_OPS)
 
 
 def selected_variants(include_unused: bool = False, only: list[str] | None = None) -> list[tuple[KernelFamily, object]]:

@@ -26,6 +26,9 @@ _PATTERNS = {
     "setmaxnreg": r"\bUSETMAXREG\b",  # warp-specialized register reallocation
     "tma_store": r"\bUTMASTG\b",
     "bulk_copy": r"\bUBLKCP\b",  # cp.async.bulk (non-tensor)
+    "global_load_128": r"\bLDG\.E(?:\.[A-Z0-9_]+)*\.128\b",  # 16-byte vector loads
+    "global_store_128": r"\bSTG\.E(?:\.[A-Z0-9_]+)*\.128\b",
+    "global_16bit": r"\b(?:LDG|STG)\.E(?:\.[A-Z0-9_]+)*\.(?:U16|S16)\b",  # one 16-bit element at a time
     "mbarrier_waits": r"\bSYNCS\.PHASECHK\b",  # waits on mbarrier phases (async pipelines)
     "fsel": r"\bFSEL\b",  # float selects: what an attention mask lowers to (bf16; fp16 gets SEL)
 }
@@ -52,6 +55,9 @@ class SassStats:
     setmaxnreg: int = 0
     tma_store: int = 0
     bulk_copy: int = 0
+    global_load_128: int = 0
+    global_store_128: int = 0
+    global_16bit: int = 0
     mbarrier_waits: int = 0
     cta_barrier_offsets: tuple[int, ...] = ()  # byte offsets of CTA-wide BAR.SYNCs
     first_tma_offset: int | None = None  # byte offset of the first UTMALDG

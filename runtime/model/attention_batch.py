@@ -14,7 +14,7 @@ class AttentionBatch:
     """Token rows are ordered [decode tokens (one per decoding sequence)] + [prefill chunk tokens].
 
     slot_mapping: [tokens] flat cache slot (block * block_size + offset) each new k/v is written to.
-    num_blocks, block_size: the paged caches' geometry (every layer's cache has it), for the plans.
+    num_blocks, block_size, num_kv_heads: the paged caches' geometry (every layer's cache has it), for the plans.
     Decodes: decode_block_tables [num_decodes, max_blocks], decode_context_lens [num_decodes]
       (context length including the new token).
     Prefill chunks: cu_seqlens_q [num_prefills + 1] over the prefill rows, prefill_prefix_lens
@@ -25,6 +25,7 @@ class AttentionBatch:
     slot_mapping: torch.Tensor
     num_blocks: int
     block_size: int
+    num_kv_heads: int = 0  # the caches' KV heads (a decode kernel's split heuristic reads it); 0: unknown
     num_decode_tokens: int = 0
     decode_block_tables: torch.Tensor | None = None
     decode_context_lens: torch.Tensor | None = None

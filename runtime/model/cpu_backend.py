@@ -9,6 +9,7 @@ from cute_kernels.attention_args import DecodeArgs, PrefillArgs
 from cute_kernels.cpu import decode_attention as cpu_decode
 from cute_kernels.cpu import fused_ops as fused
 from cute_kernels.cpu import prefill_attention as cpu_prefill
+from cute_kernels.reference_static import StaticDecodePlan
 from runtime.model.attention_batch import AttentionBatch
 from runtime.model.torch_backend import TorchBackend
 
@@ -53,7 +54,9 @@ class CpuBackend(TorchBackend):
         return super().prefill(args)  # the reference ignores the C tables in args.plan
 
     def decode(self, args: DecodeArgs) -> torch.Tensor:
-        return cpu_decode.decode_attention_cpu(args) if self.c_decode else super().decode(args)
+        if self.c_decode and not isinstance(args.plan, StaticDecodePlan):  # static: what a graph would run
+            return cpu_decode.decode_attention_cpu(args)
+        return super().decode(args)
 
     # each fused op falls back to its reference by itself for inputs the C code does not take
     def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,

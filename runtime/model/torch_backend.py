@@ -1,11 +1,15 @@
 """The torch backend: the references of cute_kernels/reference.py, which run on any device and dtype
-and are the oracle the other backends are tested against."""
+and are the oracle the other backends are tested against. A step that a CUDA graph captures carries a
+StaticDecodePlan and decodes with the sync-free reference of cute_kernels/reference_static.py."""
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
 from cute_kernels import reference
 from cute_kernels.attention_args import DecodeArgs, PrefillArgs
+from cute_kernels.reference_static import StaticDecodePlan, decode_attention_static_ref
 from runtime.model.attention_backend import AttentionBackend
 from runtime.model.attention_batch import AttentionBatch
 
@@ -21,10 +25,21 @@ class TorchBackend(AttentionBackend):
             batch.decode_plan = reference.plan_decode(batch.decode_block_tables, batch.decode_context_lens,
                                                       batch.block_size)
 
+    # whether a captured decode reads every sequence's block table to its full width (the static
+    # reference does; a kernel reading only each context does not): CUDA graphs cap the width then
+    graph_reads_full_tables = True
+
+    def graph_decode_plan(self, batch: AttentionBatch, max_context: int) -> Any:
+        """The decode plan a captured CUDA graph replays over batch's static tables (made before the
+        capture; contexts up to max_context): here the sync-free reference."""
+        return StaticDecodePlan()
+
     def prefill(self, args: PrefillArgs) -> torch.Tensor:
         return reference.prefill_attention_ref(args)
 
     def decode(self, args: DecodeArgs) -> torch.Tensor:
+        if isinstance(args.plan, StaticDecodePlan):
+            return decode_attention_static_ref(args)
         return reference.decode_attention_ref(args)
 
     def write_kv(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

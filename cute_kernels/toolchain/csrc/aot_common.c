@@ -2,6 +2,7 @@
  * A family whose launch takes an args struct adds its cute_aot_<family>_args_size() here. */
 #include <cuda_runtime.h>
 #include "prefill_aot.h"
+#include "fused_ops_aot.h"
 #include "decode_aot.h"
 
 #define EXPORT __attribute__((visibility("default")))
@@ -9,6 +10,8 @@
 EXPORT int32_t cute_aot_abi_version(void) { return CUTE_AOT_ABI; }
 
 EXPORT int32_t cute_aot_prefill_args_size(void) { return (int32_t)sizeof(cute_aot_prefill_args_t); }
+
+EXPORT int32_t cute_aot_fused_ops_args_size(void) { return (int32_t)sizeof(cute_aot_fused_ops_args_t); }
 
 EXPORT int32_t cute_aot_decode_args_size(void) { return (int32_t)sizeof(cute_aot_decode_args_t); }
 

@@ -1,0 +1,60 @@
+"""The cute backend's wiring, on the CPU: the paged decode kernel's plan made once per step (and, for a
+CUDA graph, over the static buffers with a fixed split count), the reference decode where the kernel's
+host module is missing, and the references for inputs no kernel takes."""
+from __future__ import annotations
+
+import torch
+
+from cute_kernels import reference
+from cute_kernels.hopper.decode_host import DecodePlan
+from cute_kernels.hopper.decode_spec import num_splits
+from runtime.model import cute_backend
+from runtime.model.attention_batch import AttentionBatch
+from runtime.model.cuda_graphs import StaticDecodeInputs
+from runtime.model.cute_backend import CuteBackend
+
+
+def decode_batch() -> AttentionBatch:
+    return AttentionBatch(torch.zeros(2, dtype=torch.int64), 8, 16, num_kv_heads=2, num_decode_tokens=2,
+                          decode_block_tables=torch.tensor([[3, 1], [5, 0]], dtype=torch.int32),
+                          decode_context_lens=torch.tensor([20, 7], dtype=torch.int32))
+
+
+def test_the_decode_kernel_plans_once_per_step():
+    backend = CuteBackend()
+    assert backend.describe().endswith("; decode")
+    batch = decode_batch()
+    backend.plan(batch)
+    assert isinstance(batch.decode_plan, DecodePlan) and batch.decode_plan.num_blocks == 8
+    first = batch.decode_plan
+    backend.plan(batch)
+    assert batch.decode_plan is first, "every layer of the step shares one plan"
+
+
+def test_a_graph_plan_reads_the_static_buffers_with_a_fixed_split_count():
+    inputs = StaticDecodeInputs.allocate(rows=4, width=8, scratch_block=9, block_size=16, device=torch.device("cpu"))
+    plan = CuteBackend().graph_decode_plan(inputs.batch(4, num_blocks=10, num_kv_heads=2), max_context=128)
+    assert plan.block_tables.data_ptr() == inputs.block_tables.data_ptr(), "replays see the refilled tables"
+    assert plan.context_lens.data_ptr() == inputs.context_lens.data_ptr()
+    assert plan.num_splits == num_splits(4, 2, 128)
+
+
+def test_decode_runs_the_reference_without_the_kernel_module(monkeypatch):
+    monkeypatch.setattr(cute_backend, "DECODE_HOST", "cute_kernels.hopper.no_such_module")
+    backend = CuteBackend()
+    assert "torch reference decode" in backend.describe()
+    batch = decode_batch()
+    backend.plan(batch)
+    assert isinstance(batch.decode_plan, list), "the reference's gather plan"
+    inputs = StaticDecodeInputs.allocate(rows=2, width=2, scratch_block=7, block_size=16, device=torch.device("cpu"))
+    assert type(backend.graph_decode_plan(inputs.batch(2, 8, 2), 32)).__name__ == "StaticDecodePlan"
+
+
+def test_inputs_no_kernel_takes_run_the_references():
+    """fp32 and CPU tensors never reach a kernel (the kernels' host code would refuse them)."""
+    backend = CuteBackend()
+    x, w = torch.randn(3, 64), torch.rand(64)
+    h, res = backend.add_rms_norm(x, None, w, 1e-5)
+    torch.testing.assert_close(h, reference.add_rms_norm_ref(x, None, w, 1e-5)[0])
+    gate_up = torch.randn(2, 32, dtype=torch.bfloat16)
+    torch.testing.assert_close(backend.silu_and_mul(gate_up), reference.silu_and_mul_ref(gate_up))
