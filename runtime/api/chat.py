@@ -35,7 +35,7 @@ def chat_body(gen: Generation, finals: dict[str, RequestOutput]) -> dict[str, An
         choices.append({"index": c.index, "message": message, "logprobs": _logprobs(gen, c.token_ids, c.logprobs),
                         "finish_reason": finish_reason, "stop_reason": c.stop_reason})
     return {"id": gen.response_id, "object": "chat.completion", "created": gen.created, "model": gen.model,
-            "choices": choices, "usage": gen.usage(sum(len(c.token_ids) for c in out.outputs))}
+            "choices": choices, "usage": gen.usage(sum(len(c.token_ids) for c in out.outputs), out.num_cached_tokens)}
 
 
 class ChatChunks(ChunkRenderer):

@@ -47,10 +47,11 @@ class Generation:
         """OpenAI's batch semantics: choices of prompt i are i*n .. i*n+n-1."""
         return self.prompt_index[request_id] * self.n + index
 
-    def usage(self, completion_tokens: int) -> dict[str, int]:
+    def usage(self, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+        """OpenAI's usage; cached_tokens: prompt tokens whose KV came from the prefix cache."""
         prompt = sum(len(p.request.prompt_ids) for p in self.prompts)
         return {"prompt_tokens": prompt, "completion_tokens": completion_tokens,
-                "total_tokens": prompt + completion_tokens}
+                "total_tokens": prompt + completion_tokens, "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
 async def _until_disconnected(request: Request) -> None:
