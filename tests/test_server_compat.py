@@ -5,7 +5,7 @@ import openai
 import pytest
 
 from tests.server_utils import TINY_MODEL, live_server
-from tests.tiny_engine import tiny_engine
+from tests.tiny_engine import BOS, CHATML, TINY_VOCAB, tiny_engine
 
 LONG = "a fairly long prompt that fills three KV blocks!!"  # 48 byte tokens: 3 blocks of 16
 
@@ -32,3 +32,77 @@ def test_usage_reports_prompt_tokens_from_the_prefix_cache(client):
     assert chunks[-1].usage.prompt_tokens_details.cached_tokens == 48
     chat = client.chat.completions.create(messages=[{"role": "user", "content": LONG}], **kw).usage
     assert chat.prompt_tokens_details.cached_tokens == 0  # the chat template puts other tokens first
+
+
+# a template that reads a chat_template_kwargs variable, as Qwen3's reads enable_thinking
+THINKING = CHATML.replace("<s>assistant\n{% endif %}",
+                          "<s>assistant\n{% if enable_thinking is false %}<think></think>{% endif %}{% endif %}")
+
+
+def tokenize(server, status=200, path="/tokenize", **body):
+    r = httpx.post(server.url + path, json=body, timeout=60)
+    assert r.status_code == status, r.text
+    return r.json()
+
+
+def test_tokenize_and_detokenize_text(server):
+    out = tokenize(server, prompt="hi there", return_token_strs=True)
+    assert out["tokens"] == list(b"hi there") and out["count"] == 8  # the byte tokenizer adds no BOS
+    assert out["max_model_len"] == server.async_engine.limits.max_model_len
+    assert out["token_strs"][:2] == ["h", "i"]
+    assert tokenize(server, prompt="<s>hi")["tokens"] == [BOS] + list(b"hi")  # special tokens typed in count
+    assert tokenize(server, path="/detokenize", tokens=list(b"caf\xc3\xa9"))["prompt"] == "café"
+
+
+def test_tokenize_messages_matches_what_chat_completions_prompts(server, client):
+    messages = [{"role": "user", "content": "hello"}]
+    out = tokenize(server, messages=messages)
+    assert out["tokens"] == server.engine.tokenizer.encode("<s>user\nhello</s>\n<s>assistant\n", False)
+    usage = client.chat.completions.create(model=TINY_MODEL, messages=messages, max_tokens=1).usage
+    assert usage.prompt_tokens == out["count"]
+    closed = tokenize(server, messages=messages, add_generation_prompt=False)["tokens"]
+    assert closed == server.engine.tokenizer.encode("<s>user\nhello</s>\n", False)
+
+
+def test_continue_final_message_leaves_the_assistant_turn_open(server):
+    messages = [{"role": "user", "content": "tell a story"}, {"role": "assistant", "content": "Once upon"}]
+    out = tokenize(server, messages=messages, add_generation_prompt=False, continue_final_message=True)
+    assert server.engine.tokenizer.decode(out["tokens"]).endswith("<s>assistant\nOnce upon")
+    both = tokenize(server, 400, messages=messages, continue_final_message=True)
+    assert both["error"]["param"] == "continue_final_message"
+    r = httpx.post(server.url + "/v1/chat/completions", timeout=60, json={
+        "messages": messages, "continue_final_message": True, "max_tokens": 1})
+    assert r.status_code == 400 and "cannot both be true" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("body, param", [({}, "prompt"), ({"prompt": "a", "messages": [{"role": "user"}]}, "prompt"),
+                                         ({"prompt": 3}, "prompt"), ({"prompt": "a", "model": "other"}, "model")])
+def test_tokenize_refuses_bad_input_with_a_400(server, body, param):
+    r = httpx.post(server.url + "/tokenize", json=body, timeout=60)
+    assert r.status_code in (400, 404) and r.json()["error"]["param"] == param
+
+
+def test_detokenize_refuses_ids_outside_the_vocabulary(server):
+    out = tokenize(server, 400, path="/detokenize", tokens=[1, TINY_VOCAB])
+    assert "not in [0, 260)" in out["error"]["message"]
+    assert tokenize(server, 400, path="/detokenize", tokens="abc")["error"]["param"] == "tokens"
+
+
+def test_chat_template_kwargs_reach_the_template():
+    with live_server(tiny_engine(chat_template=THINKING)) as srv:
+        messages = [{"role": "user", "content": "hi"}]
+        plain = tokenize(srv, messages=messages)["tokens"]
+        off = tokenize(srv, messages=messages, chat_template_kwargs={"enable_thinking": False})["tokens"]
+        assert srv.engine.tokenizer.decode(off) == srv.engine.tokenizer.decode(plain) + "<think></think>"
+        r = httpx.post(srv.url + "/v1/chat/completions", timeout=60, json={
+            "messages": messages, "max_tokens": 1, "chat_template_kwargs": {"enable_thinking": False}})
+        assert r.json()["usage"]["prompt_tokens"] == len(off)
+        bad = tokenize(srv, 400, messages=messages, chat_template_kwargs={"messages": []})
+        assert bad["error"]["param"] == "chat_template_kwargs"
+
+
+def test_tokenize_wants_the_api_key():
+    with live_server(tiny_engine(), api_key="sesame") as srv:
+        assert httpx.post(srv.url + "/tokenize", json={"prompt": "a"}).status_code == 401
+        ok = httpx.post(srv.url + "/detokenize", json={"tokens": [104]}, headers={"Authorization": "Bearer sesame"})
+        assert ok.json() == {"prompt": "h"}

@@ -35,7 +35,7 @@ def completion_prompts(req: CompletionRequest, limits: RequestLimits) -> list[tu
 
 def chat_prompt(req: ChatCompletionRequest, limits: RequestLimits, plan: ToolPlan | None = None) -> list[int]:
     messages, variables = chat_messages(req, plan, limits.tokenizer.chat_template)
-    return limits.encode_chat(messages, **variables)
+    return limits.encode_chat(messages, req.chat_options(), **variables)
 
 
 def prepare(engine: AsyncEngine, req: SamplingFields, request_id: str, arrival: float,

@@ -14,6 +14,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 
 from runtime.api.protocol_tools import ResponseFormat, Tool, ToolCall, ToolCallDelta, ToolChoice
 from runtime.sampling_params import MAX_LOGPROBS
+from runtime.tokenizer.chat_options import RESERVED, ChatOptions
 
 
 def _unicode(value: str) -> str:
@@ -152,7 +153,23 @@ def _json_or_text(text: str) -> Any:
         return text
 
 
-class ChatCompletionRequest(SamplingFields):
+class ChatTemplateFields(BaseModel):
+    """vLLM's chat template controls, shared by chat completions and /tokenize."""
+
+    model_config = ConfigDict(extra="allow")
+    add_generation_prompt: Bool = Field(True, description="open the assistant's turn after the messages")
+    continue_final_message: Bool = Field(False, description="leave the final message open for the model to "
+                                         "continue (needs add_generation_prompt: false)")
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None, description="extra chat template variables, e.g. {\"enable_thinking\": false}",
+        json_schema_extra={"propertyNames": {"not": {"enum": sorted(RESERVED)}}})
+
+    def chat_options(self) -> ChatOptions:
+        """Raises RequestError (a 400) for contradicting fields."""
+        return ChatOptions(self.add_generation_prompt, self.continue_final_message, self.chat_template_kwargs or {})
+
+
+class ChatCompletionRequest(SamplingFields, ChatTemplateFields):
     model_config = ConfigDict(extra="allow", json_schema_extra={"examples": [
         {"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 32,
          "temperature": 0},
