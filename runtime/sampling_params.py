@@ -32,6 +32,7 @@ class SamplingParams:
     logprobs: int | None = None  # top-n logprobs per generated token (0 = only the chosen token's)
     logit_bias: dict[int, float] = field(default_factory=dict)
     skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False  # the stop string that ended a choice stays in its text
     speculative: bool = True  # per-request switch, when the engine has a proposer
     structured: "StructuredOutput | None" = None  # a grammar the output must match
 

@@ -1,9 +1,11 @@
 """vLLM-compatible extras over a real server on the tiny engine: cached-token usage, /tokenize and
-/detokenize, include_stop_str_in_output, chat template controls."""
+/detokenize, chat template controls, include_stop_str_in_output."""
 import httpx
 import openai
 import pytest
 
+from runtime.llm import LLM
+from runtime.sampling_params import SamplingParams
 from tests.server_utils import TINY_MODEL, live_server
 from tests.tiny_engine import BOS, CHATML, TINY_VOCAB, tiny_engine
 
@@ -106,3 +108,20 @@ def test_tokenize_wants_the_api_key():
         assert httpx.post(srv.url + "/tokenize", json={"prompt": "a"}).status_code == 401
         ok = httpx.post(srv.url + "/detokenize", json={"tokens": [104]}, headers={"Authorization": "Bearer sesame"})
         assert ok.json() == {"prompt": "h"}
+
+
+def test_include_stop_str_in_output_offline_and_served_streamed_or_not(server, client):
+    forced = {ord("x"): 100.0}  # every token is "x": the stop string "xxx" ends the third
+    params = SamplingParams(temperature=0, max_tokens=10, stop=["xxx"], logit_bias=forced, include_stop_str_in_output=True)
+    out = LLM.from_engine(tiny_engine()).generate(["abc"], params, use_tqdm=False)[0].outputs[0]
+    assert (out.text, out.finish_reason, out.stop_reason) == ("xxx", "stop", "xxx")
+    kw = dict(model=TINY_MODEL, prompt="abc", max_tokens=10, stop="xxx", logit_bias={str(ord("x")): 100})
+    kept = client.completions.create(**kw, extra_body={"include_stop_str_in_output": True}).choices[0]
+    assert (kept.text, kept.finish_reason) == ("xxx", "stop")
+    assert client.completions.create(**kw).choices[0].text == ""
+    chunks = client.completions.create(**kw, stream=True, extra_body={"include_stop_str_in_output": True})
+    assert "".join(c.choices[0].text for c in chunks) == "xxx"
+    chat = client.chat.completions.create(model=TINY_MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=10,
+                                          stop="xxx", logit_bias={str(ord("x")): 100},
+                                          extra_body={"include_stop_str_in_output": True})
+    assert chat.choices[0].message.content == "xxx"

@@ -124,7 +124,7 @@ def sampling_params(req: SamplingFields, default_max_tokens: int, logprobs: int 
         stop=req.stop if req.stop is not None else [],
         stop_token_ids=list(req.stop_token_ids or []), ignore_eos=req.ignore_eos, logprobs=logprobs,
         logit_bias=_logit_bias(req.logit_bias), skip_special_tokens=req.skip_special_tokens,
-        structured=_structure(req, plan))
+        include_stop_str_in_output=req.include_stop_str_in_output, structured=_structure(req, plan))
 
 
 def _structure(req: SamplingFields, plan: ToolPlan | None):

@@ -86,6 +86,7 @@ class SamplingFields(BaseModel):
     ignore_eos: Bool = False
     stop_token_ids: list[TokenId] | None = Field(None, max_length=MAX_STOP_TOKEN_IDS)
     skip_special_tokens: Bool = True
+    include_stop_str_in_output: Bool = Field(False, description="keep the stop string that ended the output")
     # structured output: response_format (OpenAI) or one of vLLM's guided_* fields
     response_format: ResponseFormat | None = None
     guided_json: dict[str, Any] | Str | None = Field(None, description="a JSON schema the output must match")
