@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 from dataclasses import fields
 from typing import Any, Sequence
 
@@ -12,7 +13,10 @@ from runtime.engine import LLMEngine
 from runtime.engine_config import EngineConfig
 from runtime.load import load_model
 from runtime.outputs import RequestOutput
+from runtime.sampling_defaults import describe, model_sampling_defaults
 from runtime.sampling_params import SamplingParams
+
+log = logging.getLogger("cute_serve")
 
 Prompt = str | list[int]
 
@@ -26,15 +30,23 @@ class LLM:
         config = EngineConfig(model=model, **engine_kwargs)
         if config.log_ledger:
             show_engine_logs()
-        model_config, tensors, tokenizer, _ = load_model(model)
+        model_config, tensors, tokenizer, path = load_model(model)
+        self.sampling_defaults = model_sampling_defaults(path, config.generation_config, model_config.vocab_size)
+        if self.sampling_defaults:
+            log.info("sampling defaults from generation_config.json: %s", describe(self.sampling_defaults))
         self.engine = LLMEngine(config, model_config, tensors, tokenizer)
         self._ids = itertools.count()
 
     @classmethod
-    def from_engine(cls, engine: LLMEngine) -> "LLM":
+    def from_engine(cls, engine: LLMEngine, sampling_defaults: dict[str, Any] | None = None) -> "LLM":
         llm = cls.__new__(cls)
-        llm.engine, llm._ids = engine, itertools.count()
+        llm.engine, llm._ids, llm.sampling_defaults = engine, itertools.count(), dict(sampling_defaults or {})
         return llm
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What a call without SamplingParams samples with: the model's generation_config.json
+        defaults (with --generation-config auto), else SamplingParams()'s."""
+        return SamplingParams(**self.sampling_defaults)
 
     @property
     def tokenizer(self):
@@ -45,7 +57,7 @@ class LLM:
         """Run every prompt to completion; results in prompt order. Bad input raises before any runs."""
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
-        params = params or SamplingParams()
+        params = params or self.get_default_sampling_params()
         plist = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
         if len(plist) != len(prompts):
             raise ValueError("give one SamplingParams, or one per prompt")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import time
 import uuid
+from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 
@@ -39,9 +40,11 @@ def chat_prompt(req: ChatCompletionRequest, limits: RequestLimits, plan: ToolPla
 
 
 def prepare(engine: AsyncEngine, req: SamplingFields, request_id: str, arrival: float,
-            plan: ToolPlan | None = None, default_max_tokens: int = 0) -> list[PreparedPrompt]:
+            plan: ToolPlan | None = None, default_max_tokens: int = 0,
+            model_defaults: dict[str, Any] | None = None) -> list[PreparedPrompt]:
     """One EngineRequest per prompt (ids request_id-0, -1, ...); raises APIError / RequestError.
-    default_max_tokens: the cap on a request without max_tokens (0: none but the context)."""
+    default_max_tokens: the cap on a request without max_tokens (0: none but the context);
+    model_defaults: the model's sampling defaults (generation_config.json) for fields the request omits."""
     limits = engine.limits
     logprobs = requested_logprobs(req)
     try:
@@ -49,7 +52,7 @@ def prepare(engine: AsyncEngine, req: SamplingFields, request_id: str, arrival: 
         out = []
         for i, (ids, text) in enumerate(prompts):
             room = limits.max_request_tokens - len(ids)
-            params = sampling_params(req, default_tokens(room, default_max_tokens), logprobs, plan)
+            params = sampling_params(req, default_tokens(room, default_max_tokens), logprobs, plan, model_defaults)
             engine.check(ids, params)
             echo = (text or limits.tokenizer.decode(ids)) if isinstance(req, CompletionRequest) and req.echo else ""
             out.append(PreparedPrompt(EngineRequest(f"{request_id}-{i}", ids, params, arrival), echo))
@@ -79,7 +82,7 @@ async def start_generation(state: ServerState, req: SamplingFields, prefix: str)
     response_id = f"{prefix}-{uuid.uuid4().hex}"
     plan = tool_plan(req, state.options.tool_call_parser) if isinstance(req, ChatCompletionRequest) else None
     prompts = await run_in_threadpool(prepare, state.engine, req, response_id, arrival, plan,
-                                      state.options.default_max_tokens)
+                                      state.options.default_max_tokens, state.options.sampling_defaults)
     wants_logprobs = prompts[0].request.params.logprobs is not None
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     gen = Generation(response_id, int(time.time()), state.model_name, req.n, prompts, wants_logprobs, include_usage,
@@ -108,18 +111,20 @@ def default_tokens(room: int, cap: int) -> int:
 
 
 def sampling_params(req: SamplingFields, default_max_tokens: int, logprobs: int | None,
-                    plan: ToolPlan | None = None) -> SamplingParams:
+                    plan: ToolPlan | None = None, model_defaults: dict[str, Any] | None = None) -> SamplingParams:
+    """model_defaults: {SamplingParams field: value} for the fields the request does not set (its
+    max_tokens: a cap on default_max_tokens)."""
     if isinstance(req, ChatCompletionRequest):
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     else:
         max_tokens = req.max_tokens
+    unset = {k: v for k, v in (model_defaults or {}).items() if k not in req.model_fields_set}
     if max_tokens is None:
-        max_tokens = default_max_tokens
+        max_tokens = min(default_max_tokens, unset.get("max_tokens", default_max_tokens))
+    knob = {name: unset.get(name, getattr(req, name))
+            for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")}
     return SamplingParams(
-        n=req.n, max_tokens=max_tokens,
-        min_tokens=req.min_tokens, temperature=req.temperature, top_p=req.top_p,
-        top_k=req.top_k,
-        min_p=req.min_p, repetition_penalty=req.repetition_penalty, presence_penalty=req.presence_penalty,
+        n=req.n, max_tokens=max_tokens, min_tokens=req.min_tokens, **knob, presence_penalty=req.presence_penalty,
         frequency_penalty=req.frequency_penalty, seed=None if req.seed is None else req.seed % SEED_MODULUS,
         stop=req.stop if req.stop is not None else [],
         stop_token_ids=list(req.stop_token_ids or []), ignore_eos=req.ignore_eos, logprobs=logprobs,
