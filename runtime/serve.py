@@ -67,6 +67,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--tool-call-parser", default="hermes", choices=["hermes", "json"],
                    help="how tool_choice auto reads calls from text (default: hermes, <tool_call>{json}</tool_call>)")
+    p.add_argument("--reasoning-parser", default=None, choices=["deepseek_r1", "qwen3"],
+                   help="split the model's <think>...</think> into reasoning_content (default: none)")
     p.add_argument("--chat-template", default=None, metavar="FILE",
                    help="a Jinja chat template file (or the template text itself) in place of the model's")
     p.add_argument("--strict-api", action="store_true",
@@ -91,7 +93,8 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
                          allowed_hosts=allowed_hosts(args.host, args.allowed_hosts),
                          allowed_origins=tuple(args.allowed_origins), max_request_bytes=args.max_request_bytes,
                          body_timeout=args.body_timeout, default_max_tokens=args.default_max_tokens,
-                         tool_call_parser=args.tool_call_parser, strict_api=args.strict_api)
+                         tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser,
+                         strict_api=args.strict_api)
 
 
 def model_name(path: str) -> str:

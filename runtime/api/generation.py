@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from runtime.api.async_engine import AsyncEngine, EngineRequest, RequestStream
 from runtime.api.errors import APIError
 from runtime.api.logprobs import LogprobFormatter
+from runtime.api.reasoning import ReasoningParser
 from runtime.api.tools import ToolPlan
 from runtime.outputs import RequestOutput
 
@@ -38,6 +39,7 @@ class Generation:
     include_usage: bool
     formatter: LogprobFormatter
     tools: ToolPlan | None = None  # a chat request's tool calling, when it offers tools
+    reasoning: ReasoningParser | None = None  # a chat request's thinking split from its answer
     prompt_index: dict[str, int] = field(init=False)  # engine request id -> prompt number
 
     def __post_init__(self) -> None:

@@ -15,6 +15,7 @@ from starlette.concurrency import run_in_threadpool
 from runtime.api.errors import APIError
 from runtime.api.generation import Generation, PreparedPrompt
 from runtime.api.protocol import TOKEN_ID_KEY, ChatCompletionRequest, CompletionRequest, SamplingFields
+from runtime.api.reasoning import PARSERS as REASONING_PARSERS, ReasoningParser
 from runtime.api.response_format import structured_output
 from runtime.api.tools import ToolPlan, chat_messages, tool_plan, tool_structure
 from runtime.api.state import ServerState
@@ -86,8 +87,15 @@ async def start_generation(state: ServerState, req: SamplingFields, prefix: str)
     wants_logprobs = prompts[0].request.params.logprobs is not None
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     gen = Generation(response_id, int(time.time()), state.model_name, req.n, prompts, wants_logprobs, include_usage,
-                     state.formatter, plan)
+                     state.formatter, plan, reasoning_parser(state, req, prompts))
     return gen, state.engine.submit([p.request for p in prompts])
+
+
+def reasoning_parser(state: ServerState, req: SamplingFields, prompts: list[PreparedPrompt]) -> ReasoningParser | None:
+    """The server's reasoning parser for a chat request whose output no grammar shapes."""
+    name = state.options.reasoning_parser
+    free = prompts[0].request.params.structured is None
+    return REASONING_PARSERS[name] if name and free and isinstance(req, ChatCompletionRequest) else None
 
 
 def _logit_bias(bias: dict[str, float] | None) -> dict[int, float]:

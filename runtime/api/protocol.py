@@ -133,6 +133,7 @@ class ChatMessage(BaseModel):
     name: Str | None = None
     tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
     tool_call_id: Str | None = None  # a tool message: the call it answers
+    reasoning_content: Str | None = None  # an assistant's earlier thinking: not shown to the template
 
     def template_dict(self) -> dict[str, Any]:
         content = self.content
@@ -242,6 +243,7 @@ class ChatLogprobs(BaseModel):
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    reasoning_content: str | None = None  # with --reasoning-parser
     tool_calls: list[ToolCall] | None = None
 
 
@@ -313,6 +315,7 @@ class CompletionChunk(BaseModel):
 class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[ToolCallDelta] | None = None
 
 
