@@ -15,10 +15,12 @@ from runtime.load import load_model
 from runtime.outputs import RequestOutput
 from runtime.sampling_defaults import describe, model_sampling_defaults
 from runtime.sampling_params import SamplingParams
+from runtime.tokenizer.chat_options import ChatOptions
 
 log = logging.getLogger("cute_serve")
 
 Prompt = str | list[int]
+Conversation = list[dict[str, Any]]  # chat messages: {"role": ..., "content": ...}
 
 
 class LLM:
@@ -76,10 +78,20 @@ class LLM:
             raise
         return self._run(ids, use_tqdm)
 
-    def chat(self, messages: list[dict[str, str]], params: SamplingParams | None = None,
-             use_tqdm: bool = False) -> RequestOutput:
-        ids = self.engine.limits.encode_chat(messages)
-        return self.generate([ids], params, use_tqdm)[0]
+    def chat(self, messages: Conversation | Sequence[Conversation],
+             sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, use_tqdm: bool = True,
+             chat_template: str | None = None, add_generation_prompt: bool = True,
+             continue_final_message: bool = False, chat_template_kwargs: dict[str, Any] | None = None,
+             tools: list[dict[str, Any]] | None = None) -> list[RequestOutput]:
+        """vLLM's LLM.chat: one conversation (a list of messages) or a list of them, each rendered
+        through chat_template (default: the model's) with tools and chat_template_kwargs visible to
+        it; one output per conversation, in order. Bad input raises before any runs."""
+        one = isinstance(messages, Sequence) and (not messages or isinstance(messages[0], dict))
+        conversations = [messages] if one else list(messages)
+        options = ChatOptions(add_generation_prompt, continue_final_message, chat_template_kwargs or {}, chat_template)
+        variables = {"tools": tools} if tools else {}
+        prompts = [self.engine.limits.encode_chat(list(c), options, **variables) for c in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm)
 
     def _run(self, ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         done: dict[str, RequestOutput] = {}
