@@ -15,7 +15,8 @@ def model_sampling_defaults(model_path: str, mode: str, vocab_size: int) -> dict
     try:
         SamplingParams(**defaults).validate(vocab_size)
     except RequestError as exc:
-        raise UserError(f"generation_config.json of {model_path}: {exc} (--generation-config vllm ignores it)") from None
+        raise UserError(f"generation_config.json of {model_path}: {exc} "
+                        f"(--generation-config vllm ignores it)") from None
     return defaults
 
 

@@ -68,8 +68,8 @@ def test_requests_keep_what_they_set_and_take_the_rest():
 def test_serve_applies_and_logs_the_defaults_and_takes_a_chat_template(model_dir, tmp_path):
     template = tmp_path / "plain.jinja"
     template.write_text("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}")
-    with serve_subprocess("--model", model_dir, "--kv-cache-memory", "8MiB", "--served-model-name", "tiny", "--chat-template", str(template),
-                          timeout=120) as (url, log):
+    with serve_subprocess("--model", model_dir, "--kv-cache-memory", "8MiB", "--served-model-name", "tiny",
+                          "--chat-template", str(template), timeout=120) as (url, log):
         client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
         r = client.completions.create(model="tiny", prompt="hi", extra_body={"ignore_eos": True})
         assert r.usage.completion_tokens == 3  # max_new_tokens

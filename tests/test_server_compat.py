@@ -112,7 +112,8 @@ def test_tokenize_wants_the_api_key():
 
 def test_include_stop_str_in_output_offline_and_served_streamed_or_not(server, client):
     forced = {ord("x"): 100.0}  # every token is "x": the stop string "xxx" ends the third
-    params = SamplingParams(temperature=0, max_tokens=10, stop=["xxx"], logit_bias=forced, include_stop_str_in_output=True)
+    params = SamplingParams(temperature=0, max_tokens=10, stop=["xxx"], logit_bias=forced,
+                            include_stop_str_in_output=True)
     out = LLM.from_engine(tiny_engine()).generate(["abc"], params, use_tqdm=False)[0].outputs[0]
     assert (out.text, out.finish_reason, out.stop_reason) == ("xxx", "stop", "xxx")
     kw = dict(model=TINY_MODEL, prompt="abc", max_tokens=10, stop="xxx", logit_bias={str(ord("x")): 100})

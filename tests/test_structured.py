@@ -43,7 +43,7 @@ def test_bitmask_covers_the_logits_width_and_never_allows_special_tokens():
 
 
 def test_batched_masks_touch_only_their_rows_and_equal_one_row_at_a_time():
-    regex, digits = StructuredOutput("regex", "[a-z]+", "guided_regex"), StructuredOutput("regex", "[0-9]+", "guided_regex")
+    regex, digits = (StructuredOutput("regex", pattern, "guided_regex") for pattern in ("[a-z]+", "[0-9]+"))
     for spec in (regex, digits):
         spec.compile(byte_tokenizer(), TINY_VOCAB)
     logits = torch.randn(3, TINY_VOCAB, generator=torch.Generator().manual_seed(0))

@@ -37,7 +37,8 @@ def create_app(async_engine: AsyncEngine, model_name: str = "default", options: 
                                    LogprobFormatter(async_engine.limits.tokenizer), options)
     install_error_handlers(app)
     add_guards(app, options)
-    routers = [module.router for module in (completions, chat, info, tokenize_routes, *([login] if options.api_key else []))]
+    modules = (completions, chat, info, tokenize_routes, *([login] if options.api_key else []))
+    routers = [module.router for module in modules]
     for router in routers:
         app.include_router(router)
     extend_openapi(app, async_engine.limits.vocab_size)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
@@ -66,7 +66,7 @@ def _answer(payload: dict[str, Any], ignored: list[str]) -> JSONResponse:
 
 
 @router.post("/tokenize", response_model=TokenizeResponse, responses=RESPONSES)
-async def tokenize(body: TokenizeRequest, request: Request, state: ServerState = Depends(server_state)) -> JSONResponse:
+async def tokenize(body: TokenizeRequest, state: ServerState = Depends(server_state)) -> JSONResponse:
     ignored = check_fields(body, state.options.strict_api)
     state.check_model(body.model)
     limits = state.engine.limits
@@ -78,8 +78,7 @@ async def tokenize(body: TokenizeRequest, request: Request, state: ServerState =
 
 
 @router.post("/detokenize", response_model=DetokenizeResponse, responses=RESPONSES)
-async def detokenize(body: DetokenizeRequest, request: Request,
-                     state: ServerState = Depends(server_state)) -> JSONResponse:
+async def detokenize(body: DetokenizeRequest, state: ServerState = Depends(server_state)) -> JSONResponse:
     ignored = check_fields(body, state.options.strict_api)
     state.check_model(body.model)
     limits = state.engine.limits
