@@ -4,7 +4,6 @@ import json
 import os
 
 import httpx
-import openai
 import pytest
 
 from runtime.api.prepare import sampling_params
@@ -13,7 +12,7 @@ from runtime.errors import UserError
 from runtime.llm import LLM
 from runtime.sampling_params import SamplingParams
 from runtime.tokenizer.template_source import load_chat_template
-from tests.server_utils import serve_subprocess, write_tiny_model
+from tests.server_utils import openai_client, serve_subprocess, write_tiny_model
 from weights.generation_defaults import generation_defaults
 
 RECOMMENDED = {"temperature": 0.0, "top_k": 20, "max_new_tokens": 3, "do_sample": True, "eos_token_id": 257}
@@ -70,7 +69,7 @@ def test_serve_applies_and_logs_the_defaults_and_takes_a_chat_template(model_dir
     template.write_text("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}")
     with serve_subprocess("--model", model_dir, "--kv-cache-memory", "8MiB", "--served-model-name", "tiny",
                           "--chat-template", str(template), timeout=120) as (url, log):
-        client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+        client = openai_client(url)
         r = client.completions.create(model="tiny", prompt="hi", extra_body={"ignore_eos": True})
         assert r.usage.completion_tokens == 3  # max_new_tokens
         assert client.completions.create(model="tiny", prompt="hi", max_tokens=5,

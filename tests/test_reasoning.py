@@ -2,7 +2,6 @@
 as not, tool calls read from the answer only, grammar-shaped outputs never split."""
 from types import SimpleNamespace
 
-import openai
 import pytest
 from tokenizers import AddedToken
 
@@ -10,7 +9,7 @@ from runtime.api.chat import assistant_message
 from runtime.api.reasoning import PARSERS, ReasoningSplitter, split_reasoning
 from runtime.api.tool_parsers import PARSERS as TOOL_PARSERS
 from runtime.api.tools import ToolPlan
-from tests.server_utils import TINY_MODEL, live_server
+from tests.server_utils import TINY_MODEL, live_server, openai_client
 from tests.tiny_engine import byte_tokenizer, tiny_engine
 
 THINK, END = 258, 259  # ids of the "<think>" and "</think>" tokens added to the byte tokenizer
@@ -59,7 +58,7 @@ def thinking_tokenizer():
 @pytest.fixture(scope="module", params=["deepseek_r1", "qwen3"])
 def client(request):
     with live_server(tiny_engine(tokenizer=thinking_tokenizer()), reasoning_parser=request.param) as srv:
-        yield openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0, timeout=60), request.param
+        yield openai_client(srv.url), request.param
 
 
 def both_ways(client, **kw):

@@ -1,12 +1,11 @@
 """vLLM-compatible extras over a real server on the tiny engine: cached-token usage, /tokenize and
 /detokenize, chat template controls, include_stop_str_in_output."""
 import httpx
-import openai
 import pytest
 
 from runtime.llm import LLM
 from runtime.sampling_params import SamplingParams
-from tests.server_utils import TINY_MODEL, live_server
+from tests.server_utils import TINY_MODEL, live_server, openai_client
 from tests.tiny_engine import BOS, CHATML, TINY_VOCAB, tiny_engine
 
 LONG = "a fairly long prompt that fills three KV blocks!!"  # 48 byte tokens: 3 blocks of 16
@@ -20,7 +19,7 @@ def server():
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    return openai_client(server.url)
 
 
 def test_usage_reports_prompt_tokens_from_the_prefix_cache(client):
