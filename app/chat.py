@@ -13,6 +13,7 @@ from runtime.api.async_engine import AsyncEngine, EngineRequest, EngineUnavailab
 from runtime.errors import UserError
 from runtime.outputs import RequestOutput
 from runtime.sampling_params import SamplingParams
+from structured import StructuredOutput
 
 _ids = itertools.count()
 
@@ -25,6 +26,7 @@ class ChatSettings:
     max_tokens: int
     seed: float | None
     speculative: bool
+    json_mode: bool = False  # the reply is a JSON object, as response_format json_object
 
 
 def metrics_line(out: RequestOutput) -> str:
@@ -50,7 +52,8 @@ def _prepare(engine: AsyncEngine, convo: list[dict], s: ChatSettings) -> EngineR
                         f"something shorter")
     seed = int(s.seed) if s.seed not in (None, "") and s.seed >= 0 else None
     params = SamplingParams(max_tokens=min(int(s.max_tokens), room), temperature=float(s.temperature),
-                            top_p=float(s.top_p), seed=seed, speculative=bool(s.speculative))
+                            top_p=float(s.top_p), seed=seed, speculative=bool(s.speculative),
+                            structured=StructuredOutput("json") if s.json_mode else None)
     engine.check(prompt_ids, params)
     return EngineRequest(f"chat-{next(_ids)}", prompt_ids, params)
 

@@ -51,6 +51,8 @@ def build_ui(engine: AsyncEngine, metrics: ServerMetrics) -> gr.Blocks:
                     max_tokens = gr.Slider(1, 2048, value=256, step=1, label="max tokens")
                     seed = gr.Number(value=-1, precision=0, label="seed (-1: random)")
                     speculative = gr.Checkbox(value=has_proposer, label="speculative decoding", visible=has_proposer)
+                    json_mode = gr.Checkbox(value=False, label="JSON mode (the reply is a JSON object)",
+                                            elem_id="json-mode")
             with gr.Column(scale=2):
                 kv = gr.HTML(elem_id="kv-panel")
                 blocks = gr.Image(label="KV block map", elem_id="block-map", interactive=False, height=260)
@@ -64,13 +66,13 @@ def build_ui(engine: AsyncEngine, metrics: ServerMetrics) -> gr.Blocks:
             gr.Markdown(about_markdown(engine), elem_id="about")
             gr.Markdown(ladder_markdown(), elem_id="about-ladder")  # empty until the ladder script has run
 
-        settings = [system, temperature, top_p, max_tokens, seed, speculative]
+        settings = [system, temperature, top_p, max_tokens, seed, speculative, json_mode]
 
         sessions = ChatSessions(engine)
 
         async def respond(message, display, history, system_prompt, temp, nucleus, max_new, seed_value, spec,
-                          request: gr.Request):
-            settings = ChatSettings(system_prompt, temp, nucleus, max_new, seed_value, spec)
+                          as_json, request: gr.Request):
+            settings = ChatSettings(system_prompt, temp, nucleus, max_new, seed_value, spec, as_json)
             async for shown, convo_now, box in reply(sessions, request.session_hash, message, display, history,
                                                      settings):
                 yield shown, convo_now, gr.skip() if box is None else box

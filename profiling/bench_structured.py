@@ -48,7 +48,8 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
-    llm = LLM(args.model, device=args.device, max_num_seqs=256)
+    # no prefix caching: the second run of each pair would skip the prefill the first one paid for
+    llm = LLM(args.model, device=args.device, max_num_seqs=256, enable_prefix_caching=False)
     run(llm, 1, 8, False), run(llm, 1, 8, True)  # warm-up: first forwards, the schema compiled
     for batch in (int(b) for b in args.batch.split(",")):
         free, free_share = run(llm, batch, args.max_tokens, False)

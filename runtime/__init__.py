@@ -1,7 +1,7 @@
-"""cute-serve runtime. `from runtime import LLM, SamplingParams` is the offline API."""
+"""cute-serve runtime. `from runtime import LLM, SamplingParams, GuidedDecodingParams` is the offline API."""
 from runtime.sampling_params import SamplingParams
 
-__all__ = ["LLM", "SamplingParams"]
+__all__ = ["GuidedDecodingParams", "LLM", "SamplingParams"]
 
 
 def __getattr__(name: str):
@@ -9,4 +9,8 @@ def __getattr__(name: str):
         from runtime.llm import LLM
 
         return LLM
+    if name == "GuidedDecodingParams":  # lazy: structured output pulls in xgrammar
+        from structured import GuidedDecodingParams
+
+        return GuidedDecodingParams
     raise AttributeError(name)

@@ -28,6 +28,7 @@ def flag(default: Any, help: str, **add_argument: Any) -> Any:
 
 
 SCHEDULERS = ("continuous", "static")
+GENERATION_CONFIGS = ("auto", "vllm")
 
 
 @dataclass
@@ -61,6 +62,9 @@ class EngineConfig:
     seed: int = flag(0, "seed for requests that do not set one", flag="--engine-seed")
     enforce_eager: bool = flag(False, "run every step eagerly (default: decode steps on CUDA replay CUDA graphs "
                                "captured at start for batch sizes 1, 2, 4, ... up to --max-num-seqs)")
+    generation_config: str = flag("auto", "sampling defaults for what a request leaves unset: 'auto' takes a model "
+                                  "folder's generation_config.json (temperature, top_p, top_k, min_p, "
+                                  "repetition_penalty, max_new_tokens); 'vllm' ignores it", choices=GENERATION_CONFIGS)
     log_ledger: bool = True
 
     def __post_init__(self) -> None:
@@ -76,6 +80,8 @@ class EngineConfig:
             raise UserError(f"kv_cache_fraction must be in (0, 1], got {self.kv_cache_fraction}")
         if self.scheduler not in SCHEDULERS:
             raise UserError(f"unknown scheduler {self.scheduler!r} ({' or '.join(SCHEDULERS)})")
+        if self.generation_config not in GENERATION_CONFIGS:
+            raise UserError(f"unknown generation_config {self.generation_config!r} ({' or '.join(GENERATION_CONFIGS)})")
         if self.scheduler == "static" and self.speculative:
             raise UserError("speculative decoding needs the continuous scheduler (static batches verify no drafts)")
 

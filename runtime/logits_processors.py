@@ -11,6 +11,10 @@ from runtime.sampling_params import SamplingParams
 
 
 class LogitsProcessor(Protocol):
+    """A kind may also have a static apply_batch(logits [B, V], row indices, processors): the sampler
+    then applies all of that kind's rows in one call, after the row-by-row ones (masks: -inf stays
+    -inf under every other processor, so the order does not change the result)."""
+
     def __call__(self, logits: torch.Tensor) -> None:
         """Adjust one row's logits [vocab] in place."""
 

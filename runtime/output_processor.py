@@ -118,7 +118,7 @@ class OutputProcessor:
             hits = [(i, s) for s in p.stop if (i := c.text.find(s, start)) >= 0]
             if hits:
                 i, s = min(hits)
-                c.text = c.text[:i]
+                c.text = c.text[:i + len(s) if p.include_stop_str_in_output else i]
                 c.finish_reason, c.stop_reason = "stop", s
                 return
         if n_out >= p.max_tokens or c.seq.num_prompt_tokens + n_out >= self.max_model_len:
@@ -149,8 +149,10 @@ class OutputProcessor:
 
 
 def _stop_hold_back(c: Choice) -> int:
-    """Chars to hold back while streaming: the tail that could still grow into a stop string."""
-    return max((len(s) for s in c.seq.params.stop), default=1) - 1
+    """Chars to hold back while streaming: the tail that could still grow into a stop string (none
+    when the stop string stays in the output: what streams is never taken back)."""
+    p = c.seq.params
+    return 0 if p.include_stop_str_in_output else max((len(s) for s in p.stop), default=1) - 1
 
 
 def _take_delta(c: Choice) -> tuple[str, list[int], list]:

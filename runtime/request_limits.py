@@ -7,6 +7,7 @@ from typing import Any
 
 from runtime.errors import RequestError
 from runtime.sampling_params import SamplingParams
+from runtime.tokenizer.chat_options import ChatOptions
 from runtime.tokenizer.tokenizer import Tokenizer
 
 
@@ -62,10 +63,12 @@ class RequestLimits:
                                code="context_length_exceeded")
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
-    def encode_chat(self, messages: list[dict[str, Any]], **variables: Any) -> list[int]:
-        """The chat template rendered with the assistant's turn opened (variables: e.g. tools), then encode_text."""
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, **variables)
-        return self.encode_text(text, add_special_tokens=False)  # the template writes BOS itself
+    def encode_chat(self, messages: list[dict[str, Any]], options: ChatOptions | None = None,
+                    add_special_tokens: bool = False, **variables: Any) -> list[int]:
+        """The chat template rendered (by default with the assistant's turn opened; variables: e.g.
+        tools), then encode_text; the template writes BOS itself, so no special tokens by default."""
+        text = self.tokenizer.apply_chat_template(messages, options=options, **variables)
+        return self.encode_text(text, add_special_tokens=add_special_tokens)
 
     def encode_prompt(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):

@@ -30,10 +30,19 @@ class SampleResult:
 
 
 def _apply_processors(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
-    """In place, row by row (only rows that ask for it pay for it)."""
+    """In place, row by row (only rows that ask for it pay for it); processors of a kind with a batch
+    form (apply_batch: grammar masks) once for all their rows, after the others."""
+    batched: dict[type, tuple[list[int], list[LogitsProcessor]]] = {}
     for i, row in enumerate(rows):
         for process in row.processors:
-            process(logits[i])
+            if hasattr(process, "apply_batch"):
+                indices, procs = batched.setdefault(type(process), ([], []))
+                indices.append(i)
+                procs.append(process)
+            else:
+                process(logits[i])
+    for kind, (indices, procs) in batched.items():
+        kind.apply_batch(logits, indices, procs)
 
 
 def _nucleus(sorted_p: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:

@@ -6,8 +6,8 @@ from typing import TYPE_CHECKING
 
 from runtime.errors import RequestError
 
-if TYPE_CHECKING:  # the core only calls its methods (compile, processor)
-    from structured import StructuredOutput
+if TYPE_CHECKING:  # the core only calls their methods (compile, processor; structured)
+    from structured import GuidedDecodingParams, StructuredOutput
 
 MAX_LOGPROBS = 20
 GREEDY_BELOW_TEMPERATURE = 1e-5
@@ -32,8 +32,10 @@ class SamplingParams:
     logprobs: int | None = None  # top-n logprobs per generated token (0 = only the chosen token's)
     logit_bias: dict[int, float] = field(default_factory=dict)
     skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False  # the stop string that ended a choice stays in its text
     speculative: bool = True  # per-request switch, when the engine has a proposer
     structured: "StructuredOutput | None" = None  # a grammar the output must match
+    guided_decoding: "GuidedDecodingParams | None" = None  # vLLM's offline shape of it: becomes `structured`
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -55,6 +57,11 @@ class SamplingParams:
         _check_int(self.max_tokens, "max_tokens", 1)
         _check_int(self.min_tokens, "min_tokens", 0)
         _check_int(self.top_k, "top_k", 0)
+        if self.guided_decoding is not None and self.structured is None:
+            try:
+                self.structured = self.guided_decoding.structured()
+            except ValueError as exc:
+                raise RequestError.invalid("guided_decoding", str(exc)) from None
         if self.structured is not None:  # grammar masks are per position; drafts would need them too
             self.speculative = False
         if self.top_k >= vocab_size:  # every token is in the top k: no cut (and no overflow for huge k)

@@ -6,6 +6,7 @@ memory ledger, and the URLs to open.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import socket
@@ -66,6 +67,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--tool-call-parser", default="hermes", choices=["hermes", "json"],
                    help="how tool_choice auto reads calls from text (default: hermes, <tool_call>{json}</tool_call>)")
+    p.add_argument("--reasoning-parser", default=None, choices=["deepseek_r1", "qwen3"],
+                   help="split the model's <think>...</think> into reasoning_content (default: none)")
+    p.add_argument("--chat-template", default=None, metavar="FILE",
+                   help="a Jinja chat template file (or the template text itself) in place of the model's")
     p.add_argument("--strict-api", action="store_true",
                    help="answer unknown request fields with HTTP 400 (default: ignore them, named in a warning)")
     add_engine_args(p)
@@ -88,7 +93,8 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
                          allowed_hosts=allowed_hosts(args.host, args.allowed_hosts),
                          allowed_origins=tuple(args.allowed_origins), max_request_bytes=args.max_request_bytes,
                          body_timeout=args.body_timeout, default_max_tokens=args.default_max_tokens,
-                         tool_call_parser=args.tool_call_parser, strict_api=args.strict_api)
+                         tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser,
+                         strict_api=args.strict_api)
 
 
 def model_name(path: str) -> str:
@@ -97,8 +103,9 @@ def model_name(path: str) -> str:
     return base[:-5] if base.endswith(".gguf") else base
 
 
-def build_engine(args: argparse.Namespace) -> tuple["AsyncEngine", str]:
-    """Load with a progress bar (one step per stage), warm up, then reset the counters.
+def build_engine(args: argparse.Namespace, chat_template: str | None = None) -> tuple["AsyncEngine", str, dict]:
+    """Load with a progress bar (one step per stage), warm up, then reset the counters: (the engine,
+    the model's path, its sampling defaults). chat_template replaces the model's.
 
     (Heavy imports live here and in main, so --help and a taken port answer at once.)
     """
@@ -106,6 +113,7 @@ def build_engine(args: argparse.Namespace) -> tuple["AsyncEngine", str]:
     from runtime.engine import LLMEngine
     from runtime.llm import LLM
     from runtime.load import load_model
+    from runtime.sampling_defaults import model_sampling_defaults
     from runtime.sampling_params import SamplingParams
 
     config = config_from_args(args)
@@ -113,6 +121,8 @@ def build_engine(args: argparse.Namespace) -> tuple["AsyncEngine", str]:
     with tqdm(total=3, desc="loading", unit="stage", file=sys.stderr) as bar:
         bar.set_postfix_str("weights and tokenizer")
         model_config, tensors, tokenizer, path = load_model(args.model)
+        tokenizer = tokenizer.with_chat_template(chat_template) if chat_template else tokenizer
+        defaults = model_sampling_defaults(path, config.generation_config, model_config.vocab_size)
         bar.update()
         bar.set_postfix_str("engine and KV cache")
         engine = LLMEngine(config, model_config, tensors, tokenizer)
@@ -122,7 +132,7 @@ def build_engine(args: argparse.Namespace) -> tuple["AsyncEngine", str]:
                                          use_tqdm=False)
         engine.reset_stats()  # /metrics counts what clients asked for, not the warm-up
         bar.update()
-    return AsyncEngine(engine, max_queue=args.max_queue), path
+    return AsyncEngine(engine, max_queue=args.max_queue), path, defaults
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -150,17 +160,24 @@ def main(argv: list[str] | None = None) -> int:
     from app.ui import mount_chat_ui
     from runtime.api.app import create_app
     from runtime.api.shutdown import GracefulServer
+    from runtime.sampling_defaults import describe
+    from runtime.tokenizer.template_source import load_chat_template
 
+    template = load_chat_template(args.chat_template) if args.chat_template else None
     sock = bind(args.host, args.port)
-    async_engine, path = build_engine(args)
+    async_engine, path, defaults = build_engine(args, template)
     name = args.served_model_name or model_name(path)
-    app = create_app(async_engine, name, server_options(args), mount_chat_ui)
+    options = dataclasses.replace(server_options(args), sampling_defaults=defaults)
+    app = create_app(async_engine, name, options, mount_chat_ui)
     about = async_engine.describe()
     host = "127.0.0.1" if args.host in ("0.0.0.0", "") else f"[{args.host}]" if ":" in args.host else args.host
     base = f"http://{host}:{sock.getsockname()[1]}"
     print(f"model: {name} ({path}), context {async_engine.limits.max_model_len} tokens, {about['device']} "
           f"{about['dtype']}", file=sys.stderr)
     print(about["memory ledger"], file=sys.stderr)
+    if defaults:
+        print(f"sampling defaults from generation_config.json, for requests that set none: {describe(defaults)} "
+              f"(--generation-config vllm: none)", file=sys.stderr)
     print(f"chat page: {base}/   API: {base}/v1   docs: {base}/docs   metrics: {base}/metrics", file=sys.stderr,
           flush=True)
     if host_header_name(args.host) is None and not args.allowed_hosts:  # listening everywhere, answering locally

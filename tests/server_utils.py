@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
+import openai
 import uvicorn
 
 from profiling.bench_serving import BenchError, start_server, stop_server
@@ -43,6 +44,11 @@ class LiveServer:
             time.sleep(0.02)
         raise AssertionError(f"engine not idle after {timeout}s: {self.async_engine.snapshot()}, "
                              f"in flight {self.async_engine.num_seqs_in_flight}")
+
+
+def openai_client(url: str, api_key: str = "unused", timeout: float = 60) -> openai.OpenAI:
+    """The official client for the server at url, without retries (a test sees the first answer)."""
+    return openai.OpenAI(base_url=url + "/v1", api_key=api_key, max_retries=0, timeout=timeout)
 
 
 def bound_socket() -> socket.socket:

@@ -95,3 +95,17 @@ def test_a_turn_while_the_server_shuts_down_says_so_in_the_chat():
 
         display, convo, box = asyncio.run(main())[-1]
     assert "shutting down" in display[-1]["content"] and convo == [] and box == ""
+
+
+def test_json_mode_makes_the_reply_a_json_object():
+    settings = ChatSettings(system="", temperature=0.0, top_p=1.0, max_tokens=40, seed=None, speculative=False,
+                            json_mode=True)
+    with AsyncEngine(tiny_engine()) as ae:
+        async def main():
+            return [u async for u in reply(ChatSessions(ae), "s1", "a point, please", [], [], settings)]
+
+        plain = asyncio.run(run_turn(ChatSessions(ae), "a point, please"))
+        updates = asyncio.run(main())
+    answer, free = updates[-1][1][-1]["content"], plain[-1][1][-1]["content"]
+    assert answer.startswith("{") and not free.startswith("{")  # the grammar, not the model, made it JSON
+    assert all(u[0][-1]["content"].startswith("{") for u in updates[2:])  # every streamed piece too

@@ -11,7 +11,7 @@ FLAGS = ["--model", "--device", "--dtype", "--backend", "--block-size", "--kv-ca
          "--max-num-batched-tokens", "--max-num-seqs", "--max-model-len", "--scheduler",
          "--enable-prefix-caching", "--no-enable-prefix-caching", "--speculative", "--num-speculative-tokens",
          "--draft-model", "--ngram-min", "--ngram-max", "--tensor-parallel-size", "--engine-seed", "--enforce-eager",
-         "--no-enforce-eager"]
+         "--no-enforce-eager", "--generation-config"]
 
 
 def engine_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Action]]:
@@ -30,6 +30,7 @@ def test_flags_are_exactly_the_cli_contract():
     assert list(actions["backend"].choices) == ["auto", "torch", "cute"]
     assert list(actions["scheduler"].choices) == ["continuous", "static"]
     assert list(actions["speculative"].choices) == ["ngram", "draft"]
+    assert list(actions["generation_config"].choices) == ["auto", "vllm"]
 
 
 def test_every_field_but_the_python_only_ones_has_a_flag_with_its_default():

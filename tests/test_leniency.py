@@ -9,7 +9,7 @@ from tests.server_utils import TINY_MODEL, live_server
 from tests.tiny_engine import tiny_engine
 
 CHAT = {"model": TINY_MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-EXTRAS = {"store": False, "metadata": {"a": "b"}, "chat_template_kwargs": {"enable_thinking": False},
+EXTRAS = {"store": False, "metadata": {"a": "b"}, "priority": 0,
           "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
 
 
@@ -29,7 +29,7 @@ def test_unknown_fields_are_ignored_and_named_or_refused_when_strict(server, str
         assert r.json()["error"]["param"] == "store"
         return
     assert r.status_code == 200
-    named = "store, metadata, chat_template_kwargs, stream_options.continuous_usage_stats"
+    named = "store, metadata, priority, stream_options.continuous_usage_stats"
     assert r.headers["x-ignored-fields"] == named
     assert any("'store', 'metadata'" in rec.getMessage() for rec in caplog.records)
 

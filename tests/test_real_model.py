@@ -88,6 +88,6 @@ def hf_greedy(model, ids, n):
 
 def test_chat_answers_paris(engine):
     out = LLM.from_engine(engine).chat([{"role": "user", "content": "What is the capital of France?"}],
-                                       SamplingParams(temperature=0, max_tokens=32))
+                                       SamplingParams(temperature=0, max_tokens=32), use_tqdm=False)[0]
     assert "Paris" in out.outputs[0].text
     assert out.outputs[0].finish_reason == "stop"

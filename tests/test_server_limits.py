@@ -36,8 +36,10 @@ def test_flags_reach_the_server_options():
     assert server_options(parse_args(["--host", "::1"])).allowed_hosts == ("localhost", "127.0.0.1", "[::1]")
     assert server_options(parse_args(["--host", "Box.LAN"])).allowed_hosts[-1] == "box.lan"
     assert server_options(parse_args(["--host", "0.0.0.0"])).allowed_hosts == ("localhost", "127.0.0.1", "[::1]")
+    assert server_options(parse_args(["--reasoning-parser", "qwen3"])).reasoning_parser == "qwen3"
+    assert parse_args(["--chat-template", "t.jinja", "--generation-config", "vllm"]).generation_config == "vllm"
     for bad in (["--default-max-tokens", "-1"], ["--max-request-bytes", "0"], ["--body-timeout", "0"],
-                ["--shutdown-grace", "-1"]):
+                ["--shutdown-grace", "-1"], ["--reasoning-parser", "r2"], ["--generation-config", "model"]):
         with pytest.raises(SystemExit):
             parse_args(bad)
 

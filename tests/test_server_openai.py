@@ -39,7 +39,7 @@ def test_models_lists_the_served_model(client, server):
 
 def test_chat_matches_offline_engine_with_usage(client, reference):
     r = client.chat.completions.create(model=TINY_MODEL, messages=CHAT, max_tokens=12, temperature=0)
-    want = reference.chat(CHAT, SamplingParams(temperature=0, max_tokens=12))
+    want = reference.chat(CHAT, SamplingParams(temperature=0, max_tokens=12), use_tqdm=False)[0]
     choice = r.choices[0]
     assert choice.message.role == "assistant"
     assert choice.message.content == want.outputs[0].text

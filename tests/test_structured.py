@@ -12,7 +12,7 @@ import torch
 from runtime.llm import LLM
 from runtime.sampling_params import SamplingParams
 from structured import StructuredOutput
-from structured.processor import allowed_tokens
+from structured.processor import GrammarProcessor
 from structured.tokenizer_info import tokenizer_info
 from tests.server_utils import TINY_MODEL, live_server
 from tests.tiny_engine import BOS, EOS, TINY_VOCAB, byte_tokenizer, tiny_engine
@@ -42,9 +42,18 @@ def test_bitmask_covers_the_logits_width_and_never_allows_special_tokens():
     assert row[EOS] == 0 and row[BOS] == float("-inf") and row[TINY_VOCAB - 1] == float("-inf")
 
 
-def test_allowed_tokens_unpacks_every_bit():
-    mask = torch.tensor([-1, 0b101], dtype=torch.int32)  # bit 31 set in the first word: the sign bit
-    assert allowed_tokens(mask, 35).nonzero().flatten().tolist() == list(range(32)) + [32, 34]
+def test_batched_masks_touch_only_their_rows_and_equal_one_row_at_a_time():
+    regex, digits = (StructuredOutput("regex", pattern, "guided_regex") for pattern in ("[a-z]+", "[0-9]+"))
+    for spec in (regex, digits):
+        spec.compile(byte_tokenizer(), TINY_VOCAB)
+    logits = torch.randn(3, TINY_VOCAB, generator=torch.Generator().manual_seed(0))
+    want = logits.clone()
+    regex.processor([EOS])(want[0])
+    digits.processor([EOS])(want[2])
+    batch = logits.clone()
+    GrammarProcessor.apply_batch(batch, [0, 2], [regex.processor([EOS]), digits.processor([EOS])])
+    assert torch.equal(batch, want) and torch.equal(batch[1], logits[1])
+    assert torch.isfinite(batch[2]).nonzero().flatten().tolist() == list(range(ord("0"), ord("9") + 1))
 
 
 def test_length_limited_strings_take_no_control_characters():

@@ -22,7 +22,8 @@ SEARCH = {"type": "function", "function": {"name": "search", "description": "Sea
 TOPICS = ["Paris", "the moon", "cats", "the stock market", "Oslo", "pizza", "quantum physics", "football", "Tokyo",
           "gardening", "the weather tomorrow", "Python", "jazz", "Mount Everest", "coffee", "Berlin", "rain",
           "dinosaurs", "the ocean", "chess"]
-PROMPTS = [f"{verb} {topic}" for verb in ("Tell me about", "What's the weather like in") for topic in TOPICS]
+PROMPTS = [f"{verb} {topic}" for verb in ("Tell me about", "What's the weather like in") for topic in TOPICS] + \
+    [f"Search the web for {topic}" for topic in TOPICS[::2]]  # 50 in all
 
 
 class City(pydantic.BaseModel):  # bounded strings: a 135M model left free may repeat itself inside one
@@ -46,6 +47,7 @@ def test_parse_and_required_tool_calls_on_the_default_model():
                                                   parallel_tool_calls=False,
                                                   max_tokens=96).choices[0]
 
+        assert len(PROMPTS) == 50
         with ThreadPoolExecutor(len(PROMPTS)) as pool:  # one batch
             choices = list(pool.map(call, PROMPTS))
         for prompt, choice in zip(PROMPTS, choices):

@@ -40,10 +40,12 @@ def tiny_weights(arch: str = "llama", seed: int = 0, logit_scale: float = 1.0, *
 
 
 def tiny_engine(arch: str = "llama", seed: int = 0, num_blocks: int = 256, logit_scale: float = 1.0,
-                engine_seed: int = 0, kv_heads: int | None = None, **config) -> LLMEngine:
-    """A random 2-layer model over the byte tokenizer; num_blocks sizes the KV pool exactly (per rank
-    under tensor parallelism). seed picks the weights, engine_seed the sampling of requests without a
-    seed of their own; kv_heads overrides the model's 2 KV heads."""
+                engine_seed: int = 0, kv_heads: int | None = None, chat_template: str | None = None,
+                tokenizer: Tokenizer | None = None, **config) -> LLMEngine:
+    """A random 2-layer model over the byte tokenizer (or tokenizer); num_blocks sizes the KV pool exactly
+    (per rank under tensor parallelism). seed picks the weights, engine_seed the sampling of requests
+    without a seed of their own; kv_heads overrides the model's 2 KV heads; chat_template replaces the
+    tokenizer's."""
     cfg, tensors = tiny_weights(arch, seed, logit_scale, **({"num_key_value_heads": kv_heads} if kv_heads else {}))
     config["seed"] = engine_seed
     config.setdefault("block_size", 16)
@@ -51,4 +53,5 @@ def tiny_engine(arch: str = "llama", seed: int = 0, num_blocks: int = 256, logit
     per_block = config["block_size"] * 2 * rank_kv_heads * cfg.head_dim * 4 * cfg.num_layers
     econf = EngineConfig(device="cpu", backend="torch", kv_cache_memory=num_blocks * per_block,
                          log_ledger=False, **config)
-    return LLMEngine(econf, cfg, tensors, byte_tokenizer())
+    tokenizer = tokenizer or byte_tokenizer()
+    return LLMEngine(econf, cfg, tensors, tokenizer.with_chat_template(chat_template) if chat_template else tokenizer)

@@ -10,7 +10,7 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.routing import Match, Mount
 from starlette.types import Scope
 
-from runtime.api import chat, completions, info, login
+from runtime.api import chat, completions, info, login, tokenize_routes
 from runtime.api.auth import ApiKeyMiddleware
 from runtime.api.body_limit import BodyLimitMiddleware
 from runtime.api.errors import install_error_handlers
@@ -37,7 +37,8 @@ def create_app(async_engine: AsyncEngine, model_name: str = "default", options: 
                                    LogprobFormatter(async_engine.limits.tokenizer), options)
     install_error_handlers(app)
     add_guards(app, options)
-    routers = [module.router for module in (completions, chat, info, *([login] if options.api_key else []))]
+    modules = (completions, chat, info, tokenize_routes, *([login] if options.api_key else []))
+    routers = [module.router for module in modules]
     for router in routers:
         app.include_router(router)
     extend_openapi(app, async_engine.limits.vocab_size)

@@ -13,6 +13,7 @@ from runtime.api.protocol import (
     ChatCompletionRequest,
     ChatCompletionResponse,
 )
+from runtime.api.reasoning import ReasoningSplitter, split_reasoning
 from runtime.api.sse import ChunkRenderer, answer
 from runtime.api.tool_output import ToolDeltas, chat_message
 from runtime.api.state import ServerState, server_state
@@ -27,15 +28,24 @@ def _logprobs(gen: Generation, token_ids: list[int], records: list | None) -> di
     return gen.formatter.chat(token_ids, records) if gen.logprobs and records is not None else None
 
 
+def assistant_message(gen: Generation, text: str, finish_reason: str | None) -> tuple[dict[str, Any], str | None]:
+    """(message, finish reason): tool calls are read from the answer, never from the thinking."""
+    if gen.reasoning is None:
+        return chat_message(gen.tools, text, finish_reason)
+    reasoning, content = split_reasoning(gen.reasoning, text)
+    message, finish_reason = chat_message(gen.tools, content or "", finish_reason)
+    return {**message, "content": message["content"] or None, "reasoning_content": reasoning}, finish_reason
+
+
 def chat_body(gen: Generation, finals: dict[str, RequestOutput]) -> dict[str, Any]:
     out = finals[gen.prompts[0].request.request_id]
     choices = []
     for c in out.outputs:
-        message, finish_reason = chat_message(gen.tools, c.text, c.finish_reason)
+        message, finish_reason = assistant_message(gen, c.text, c.finish_reason)
         choices.append({"index": c.index, "message": message, "logprobs": _logprobs(gen, c.token_ids, c.logprobs),
                         "finish_reason": finish_reason, "stop_reason": c.stop_reason})
     return {"id": gen.response_id, "object": "chat.completion", "created": gen.created, "model": gen.model,
-            "choices": choices, "usage": gen.usage(sum(len(c.token_ids) for c in out.outputs))}
+            "choices": choices, "usage": gen.usage(sum(len(c.token_ids) for c in out.outputs), out.num_cached_tokens)}
 
 
 class ChatChunks(ChunkRenderer):
@@ -44,6 +54,7 @@ class ChatChunks(ChunkRenderer):
     def __init__(self, gen: Generation) -> None:
         super().__init__(gen)
         self.tools = {k: ToolDeltas(gen.tools) for k in range(gen.n)} if gen.tools else {}
+        self.thinking = {k: ReasoningSplitter(gen.reasoning) for k in range(gen.n)} if gen.reasoning else {}
 
     def _chunk(self, index: int, delta: dict[str, Any], logprobs=None, finish_reason=None,
                stop_reason=None) -> dict[str, Any]:
@@ -56,10 +67,14 @@ class ChatChunks(ChunkRenderer):
 
     def delta(self, index: int, c: CompletionOutput):
         lp = _logprobs(self.gen, c.delta_token_ids, c.delta_logprobs)
-        delta = self.tools[index].delta(c.delta_text) if self.tools else {"content": c.delta_text}
-        if not (delta and (delta.get("content") or delta.get("tool_calls"))) and not (lp and lp["content"]):
+        reasoning, text = (self.thinking[index].feed(c.delta_text, c.finish_reason is not None) if self.thinking
+                           else ("", c.delta_text))
+        delta = (self.tools[index].delta(text) if self.tools else {"content": text}) or {}
+        if reasoning:
+            delta["reasoning_content"] = reasoning
+        if not any(delta.get(k) for k in ("content", "tool_calls", "reasoning_content")) and not (lp and lp["content"]):
             return None
-        return self._chunk(index, delta or {}, lp)
+        return self._chunk(index, delta, lp)
 
     def final(self, index: int, c: CompletionOutput):
         deltas, called = self.tools[index].final() if self.tools else ([], False)

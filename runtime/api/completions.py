@@ -37,7 +37,7 @@ def completion_body(gen: Generation, finals: dict[str, RequestOutput]) -> dict[s
                             "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
     choices.sort(key=lambda ch: ch["index"])
     return {"id": gen.response_id, "object": "text_completion", "created": gen.created, "model": gen.model,
-            "choices": choices, "usage": gen.usage(generated)}
+            "choices": choices, "usage": gen.usage(generated, sum(out.num_cached_tokens for out in finals.values()))}
 
 
 class CompletionChunks(ChunkRenderer):

@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from runtime.api.async_engine import AsyncEngine, EngineRequest, RequestStream
 from runtime.api.errors import APIError
 from runtime.api.logprobs import LogprobFormatter
+from runtime.api.reasoning import ReasoningParser
 from runtime.api.tools import ToolPlan
 from runtime.outputs import RequestOutput
 
@@ -38,6 +39,7 @@ class Generation:
     include_usage: bool
     formatter: LogprobFormatter
     tools: ToolPlan | None = None  # a chat request's tool calling, when it offers tools
+    reasoning: ReasoningParser | None = None  # a chat request's thinking split from its answer
     prompt_index: dict[str, int] = field(init=False)  # engine request id -> prompt number
 
     def __post_init__(self) -> None:
@@ -47,10 +49,11 @@ class Generation:
         """OpenAI's batch semantics: choices of prompt i are i*n .. i*n+n-1."""
         return self.prompt_index[request_id] * self.n + index
 
-    def usage(self, completion_tokens: int) -> dict[str, int]:
+    def usage(self, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+        """OpenAI's usage; cached_tokens: prompt tokens whose KV came from the prefix cache."""
         prompt = sum(len(p.request.prompt_ids) for p in self.prompts)
         return {"prompt_tokens": prompt, "completion_tokens": completion_tokens,
-                "total_tokens": prompt + completion_tokens}
+                "total_tokens": prompt + completion_tokens, "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
 
 async def _until_disconnected(request: Request) -> None:

@@ -1,6 +1,6 @@
 """Request fields this server does not know: accepted, ignored and named (a warning log line and the
 X-Ignored-Fields response header), as vLLM and SGLang do, since real clients send extras (store,
-metadata, chat_template_kwargs, ...). --strict-api answers them with a 400 instead. Fields OpenAI
+metadata, priority, ...). --strict-api answers them with a 400 instead. Fields OpenAI
 defines that this server cannot honour are always a 400."""
 from __future__ import annotations
 

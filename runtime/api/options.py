@@ -2,7 +2,8 @@
 the defaults from here."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 DEFAULT_MAX_TOKENS = 1024  # a request without max_tokens gets at most this (and at most what is left of the context)
 DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024  # the largest request body read (413 beyond it)
@@ -20,7 +21,9 @@ class ServerOptions:
     body_timeout: float = DEFAULT_BODY_TIMEOUT
     default_max_tokens: int = DEFAULT_MAX_TOKENS  # 0: the rest of the context, as vLLM
     tool_call_parser: str = "hermes"  # how `tool_choice: auto` output is parsed (runtime/api/tool_parsers.py)
+    reasoning_parser: str | None = None  # splits <think>...</think> into reasoning_content (runtime/api/reasoning.py)
     strict_api: bool = False  # unknown request fields are 400s instead of ignored and named
+    sampling_defaults: dict[str, Any] = field(default_factory=dict)  # the model's, for fields a request omits
 
 
 def host_header_name(host: str) -> str | None:

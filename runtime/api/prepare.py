@@ -8,12 +8,14 @@ from __future__ import annotations
 import re
 import time
 import uuid
+from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 
 from runtime.api.errors import APIError
 from runtime.api.generation import Generation, PreparedPrompt
 from runtime.api.protocol import TOKEN_ID_KEY, ChatCompletionRequest, CompletionRequest, SamplingFields
+from runtime.api.reasoning import PARSERS as REASONING_PARSERS, ReasoningParser
 from runtime.api.response_format import structured_output
 from runtime.api.tools import ToolPlan, chat_messages, tool_plan, tool_structure
 from runtime.api.state import ServerState
@@ -35,13 +37,15 @@ def completion_prompts(req: CompletionRequest, limits: RequestLimits) -> list[tu
 
 def chat_prompt(req: ChatCompletionRequest, limits: RequestLimits, plan: ToolPlan | None = None) -> list[int]:
     messages, variables = chat_messages(req, plan, limits.tokenizer.chat_template)
-    return limits.encode_chat(messages, **variables)
+    return limits.encode_chat(messages, req.chat_options(), **variables)
 
 
 def prepare(engine: AsyncEngine, req: SamplingFields, request_id: str, arrival: float,
-            plan: ToolPlan | None = None, default_max_tokens: int = 0) -> list[PreparedPrompt]:
+            plan: ToolPlan | None = None, default_max_tokens: int = 0,
+            model_defaults: dict[str, Any] | None = None) -> list[PreparedPrompt]:
     """One EngineRequest per prompt (ids request_id-0, -1, ...); raises APIError / RequestError.
-    default_max_tokens: the cap on a request without max_tokens (0: none but the context)."""
+    default_max_tokens: the cap on a request without max_tokens (0: none but the context);
+    model_defaults: the model's sampling defaults (generation_config.json) for fields the request omits."""
     limits = engine.limits
     logprobs = requested_logprobs(req)
     try:
@@ -49,7 +53,7 @@ def prepare(engine: AsyncEngine, req: SamplingFields, request_id: str, arrival: 
         out = []
         for i, (ids, text) in enumerate(prompts):
             room = limits.max_request_tokens - len(ids)
-            params = sampling_params(req, default_tokens(room, default_max_tokens), logprobs, plan)
+            params = sampling_params(req, default_tokens(room, default_max_tokens), logprobs, plan, model_defaults)
             engine.check(ids, params)
             echo = (text or limits.tokenizer.decode(ids)) if isinstance(req, CompletionRequest) and req.echo else ""
             out.append(PreparedPrompt(EngineRequest(f"{request_id}-{i}", ids, params, arrival), echo))
@@ -79,12 +83,19 @@ async def start_generation(state: ServerState, req: SamplingFields, prefix: str)
     response_id = f"{prefix}-{uuid.uuid4().hex}"
     plan = tool_plan(req, state.options.tool_call_parser) if isinstance(req, ChatCompletionRequest) else None
     prompts = await run_in_threadpool(prepare, state.engine, req, response_id, arrival, plan,
-                                      state.options.default_max_tokens)
+                                      state.options.default_max_tokens, state.options.sampling_defaults)
     wants_logprobs = prompts[0].request.params.logprobs is not None
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     gen = Generation(response_id, int(time.time()), state.model_name, req.n, prompts, wants_logprobs, include_usage,
-                     state.formatter, plan)
+                     state.formatter, plan, reasoning_parser(state, req, prompts))
     return gen, state.engine.submit([p.request for p in prompts])
+
+
+def reasoning_parser(state: ServerState, req: SamplingFields, prompts: list[PreparedPrompt]) -> ReasoningParser | None:
+    """The server's reasoning parser for a chat request whose output no grammar shapes."""
+    name = state.options.reasoning_parser
+    free = prompts[0].request.params.structured is None
+    return REASONING_PARSERS[name] if name and free and isinstance(req, ChatCompletionRequest) else None
 
 
 def _logit_bias(bias: dict[str, float] | None) -> dict[int, float]:
@@ -108,23 +119,25 @@ def default_tokens(room: int, cap: int) -> int:
 
 
 def sampling_params(req: SamplingFields, default_max_tokens: int, logprobs: int | None,
-                    plan: ToolPlan | None = None) -> SamplingParams:
+                    plan: ToolPlan | None = None, model_defaults: dict[str, Any] | None = None) -> SamplingParams:
+    """model_defaults: {SamplingParams field: value} for the fields the request does not set (its
+    max_tokens: a cap on default_max_tokens)."""
     if isinstance(req, ChatCompletionRequest):
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     else:
         max_tokens = req.max_tokens
+    unset = {k: v for k, v in (model_defaults or {}).items() if k not in req.model_fields_set}
     if max_tokens is None:
-        max_tokens = default_max_tokens
+        max_tokens = min(default_max_tokens, unset.get("max_tokens", default_max_tokens))
+    knob = {name: unset.get(name, getattr(req, name))
+            for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")}
     return SamplingParams(
-        n=req.n, max_tokens=max_tokens,
-        min_tokens=req.min_tokens, temperature=req.temperature, top_p=req.top_p,
-        top_k=req.top_k,
-        min_p=req.min_p, repetition_penalty=req.repetition_penalty, presence_penalty=req.presence_penalty,
+        n=req.n, max_tokens=max_tokens, min_tokens=req.min_tokens, **knob, presence_penalty=req.presence_penalty,
         frequency_penalty=req.frequency_penalty, seed=None if req.seed is None else req.seed % SEED_MODULUS,
         stop=req.stop if req.stop is not None else [],
         stop_token_ids=list(req.stop_token_ids or []), ignore_eos=req.ignore_eos, logprobs=logprobs,
         logit_bias=_logit_bias(req.logit_bias), skip_special_tokens=req.skip_special_tokens,
-        structured=_structure(req, plan))
+        include_stop_str_in_output=req.include_stop_str_in_output, structured=_structure(req, plan))
 
 
 def _structure(req: SamplingFields, plan: ToolPlan | None):

@@ -14,6 +14,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 
 from runtime.api.protocol_tools import ResponseFormat, Tool, ToolCall, ToolCallDelta, ToolChoice
 from runtime.sampling_params import MAX_LOGPROBS
+from runtime.tokenizer.chat_options import RESERVED, ChatOptions
 
 
 def _unicode(value: str) -> str:
@@ -85,6 +86,7 @@ class SamplingFields(BaseModel):
     ignore_eos: Bool = False
     stop_token_ids: list[TokenId] | None = Field(None, max_length=MAX_STOP_TOKEN_IDS)
     skip_special_tokens: Bool = True
+    include_stop_str_in_output: Bool = Field(False, description="keep the stop string that ended the output")
     # structured output: response_format (OpenAI) or one of vLLM's guided_* fields
     response_format: ResponseFormat | None = None
     guided_json: dict[str, Any] | Str | None = Field(None, description="a JSON schema the output must match")
@@ -131,6 +133,7 @@ class ChatMessage(BaseModel):
     name: Str | None = None
     tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
     tool_call_id: Str | None = None  # a tool message: the call it answers
+    reasoning_content: Str | None = None  # an assistant's earlier thinking: not shown to the template
 
     def template_dict(self) -> dict[str, Any]:
         content = self.content
@@ -152,7 +155,23 @@ def _json_or_text(text: str) -> Any:
         return text
 
 
-class ChatCompletionRequest(SamplingFields):
+class ChatTemplateFields(BaseModel):
+    """vLLM's chat template controls, shared by chat completions and /tokenize."""
+
+    model_config = ConfigDict(extra="allow")
+    add_generation_prompt: Bool = Field(True, description="open the assistant's turn after the messages")
+    continue_final_message: Bool = Field(False, description="leave the final message open for the model to "
+                                         "continue (needs add_generation_prompt: false)")
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None, description="extra chat template variables, e.g. {\"enable_thinking\": false}",
+        json_schema_extra={"propertyNames": {"not": {"enum": sorted(RESERVED)}}})
+
+    def chat_options(self) -> ChatOptions:
+        """Raises RequestError (a 400) for contradicting fields."""
+        return ChatOptions(self.add_generation_prompt, self.continue_final_message, self.chat_template_kwargs or {})
+
+
+class ChatCompletionRequest(SamplingFields, ChatTemplateFields):
     model_config = ConfigDict(extra="allow", json_schema_extra={"examples": [
         {"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 32,
          "temperature": 0},
@@ -172,10 +191,15 @@ class ChatCompletionRequest(SamplingFields):
 # -- responses ----------------------------------------------------------------------------------
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = Field(0, description="prompt tokens whose KV came from the prefix cache")
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
 
 
 class CompletionLogprobs(BaseModel):
@@ -219,6 +243,7 @@ class ChatLogprobs(BaseModel):
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    reasoning_content: str | None = None  # with --reasoning-parser
     tool_calls: list[ToolCall] | None = None
 
 
@@ -290,6 +315,7 @@ class CompletionChunk(BaseModel):
 class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[ToolCallDelta] | None = None
 
 

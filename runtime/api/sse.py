@@ -39,6 +39,7 @@ class ChunkRenderer:
         self.finished: set[int] = set()
         self.aborted = False  # a choice ended with "abort": the server stopped it (shutting down)
         self.completion_tokens = 0
+        self.cached_tokens: dict[str, int] = {}  # engine request id -> its prompt tokens from the prefix cache
 
     def start(self) -> Iterable[dict[str, Any]]:
         return ()
@@ -58,6 +59,7 @@ class ChunkRenderer:
         return out
 
     def output(self, out: RequestOutput) -> Iterable[dict[str, Any]]:
+        self.cached_tokens[out.request_id] = out.num_cached_tokens
         for c in out.outputs:
             index = self.gen.choice_index(out.request_id, c.index)
             if index in self.finished:
@@ -71,7 +73,7 @@ class ChunkRenderer:
 
     def end(self) -> Iterable[dict[str, Any]]:
         if self.gen.include_usage:
-            yield self.chunk([], self.gen.usage(self.completion_tokens))
+            yield self.chunk([], self.gen.usage(self.completion_tokens, sum(self.cached_tokens.values())))
 
 
 def _chunks(body: dict[str, Any] | list[dict[str, Any]] | None) -> list[dict[str, Any]]:

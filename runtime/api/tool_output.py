@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from runtime.api.stream_text import safe_end
 from runtime.api.tool_parsers import Call, calls_of_json
 from runtime.api.tools import ToolPlan
 
@@ -35,15 +36,6 @@ def chat_message(plan: ToolPlan | None, text: str, finish_reason: str | None) ->
         "tool_calls" if finish_reason == "stop" else finish_reason
 
 
-def _held_back(text: str, start: str) -> int:
-    """Where streamed content must stop: at a call's start, or at a tail that may grow into one."""
-    i = text.find(start)
-    if i >= 0:
-        return i
-    return next((len(text) - k for k in range(min(len(start) - 1, len(text)), 0, -1) if start.startswith(text[-k:])),
-                len(text))
-
-
 class ToolDeltas:
     """One streamed choice under a plan: content as it can be told apart from calls, the calls' deltas."""
 
@@ -62,7 +54,7 @@ class ToolDeltas:
         if plan.mode == "required":
             return None
         if plan.parser.start:
-            safe = _held_back(self.text, plan.parser.start)
+            safe = safe_end(self.text, plan.parser.start)
         else:  # a JSON answer is a call: hold it all back
             safe = 0 if self.text.lstrip()[:1] in ("", "{", "[") else len(self.text)
         out, self.sent = self.text[self.sent:max(self.sent, safe)], max(self.sent, safe)

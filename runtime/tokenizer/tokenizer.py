@@ -8,6 +8,7 @@ from typing import Any, Sequence
 
 from tokenizers import Tokenizer as HFTokenizer
 
+from runtime.tokenizer.chat_options import ChatOptions, open_final_message
 from runtime.tokenizer.chat_template import render_chat_template
 from weights.gguf_metadata import open_gguf, read_metadata
 from weights.token_bytes import TokenBytes
@@ -140,16 +141,25 @@ class Tokenizer:
         return self._tok.id_to_token(token_id) if token_id is not None else None
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                            **variables: Any) -> str:
-        """The prompt text, as transformers' apply_chat_template(tokenize=False) renders it."""
+                            options: ChatOptions | None = None, **variables: Any) -> str:
+        """The prompt text, as transformers' apply_chat_template(tokenize=False) renders it. options
+        (when given) set add_generation_prompt, continue_final_message, extra variables and the template."""
+        options = options or ChatOptions(add_generation_prompt=add_generation_prompt)
         specials = {"bos_token": self._token_str(self._bos), "eos_token": self._token_str(self.eos_token_id),
                     "pad_token": self._token_str(self._pad)}
         specials = {k: v for k, v in specials.items() if v is not None}
-        return render_chat_template(self._template, messages, add_generation_prompt=add_generation_prompt,
-                                    **{**specials, **variables})
+        text = render_chat_template(options.template or self._template, messages,
+                                    add_generation_prompt=options.add_generation_prompt,
+                                    **{**options.template_kwargs, **specials, **variables})
+        return open_final_message(text, messages) if options.continue_final_message else text
 
     def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                    **variables: Any) -> list[int]:
+                    options: ChatOptions | None = None, **variables: Any) -> list[int]:
         # The template writes BOS itself when the model wants one, so no special tokens are added.
-        text = self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, **variables)
+        text = self.apply_chat_template(messages, add_generation_prompt, options, **variables)
         return self.encode(text, add_special_tokens=False)
+
+    def with_chat_template(self, template: str) -> "Tokenizer":
+        """The same tokenizer with another chat template (--chat-template)."""
+        return Tokenizer(self._tok, bos_token_id=self._bos, eos_token_ids=self._eos, chat_template=template,
+                         pad_token_id=self._pad, vocab_size=self._vocab_size)
