@@ -20,6 +20,8 @@ _PATTERNS = {
     "qgmma": r"\bQGMMA\.",  # warpgroup MMA, fp8 inputs
     "hmma": r"\bHMMA\.",  # warp-level MMA (the slow path on Hopper)
     "tma_load": r"\bUTMALDG\b",
+    "tma_store": r"\bUTMASTG\b",
+    "setmaxnreg": r"\bUSETMAXREG\b",  # warpgroup register reallocation (producer down, consumers up)
     "cp_async": r"\bLDGSTS\b",
     "local_load": r"\bLDL\b",
     "local_store": r"\bSTL\b",
@@ -37,6 +39,8 @@ class SassStats:
     local_store: int
     registers: int | None  # per thread, of the largest kernel in the cubin
     hgmma_shapes: tuple[str, ...]  # e.g. ("64x128x16.F32",)
+    tma_store: int = 0
+    setmaxnreg: int = 0
 
     @property
     def spills(self) -> int:

@@ -1,0 +1,53 @@
+"""Compile the FP8 GEMM for one Fp8GemmSpec against fake tensors (no GPU, no data).
+
+M, N and K are symbolic (N and K divisible by 16: TMA needs 16-byte rows of e4m3), so one compiled
+kernel per spec serves every shape; the scale tensors' widths are symbolic too.
+"""
+from __future__ import annotations
+
+import tempfile
+
+import cutlass
+import cutlass.cute as cute
+from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
+
+from cute_kernels.toolchain.compile_cache import CompileCache, CompiledKernel, timed
+from .fp8_gemm import Fp8GemmSm90
+from .fp8_gemm_spec import Fp8GemmSpec
+
+TARGET_ARCH = "sm_90a"
+
+
+def fake_fp8_gemm_arguments(spec: Fp8GemmSpec) -> tuple:
+    """Fake tensors in the argument order of Fp8GemmSm90.__call__."""
+    m, scale_rows_b, scale_cols = cute.sym_int32(), cute.sym_int32(), cute.sym_int32()
+    n, k = cute.sym_int32(divisibility=16), cute.sym_int32(divisibility=16)
+
+    def rows(dtype, n_rows, n_cols, align):
+        return make_fake_compact_tensor(dtype, (n_rows, n_cols), stride_order=(1, 0), assumed_align=align)
+
+    a, b = rows(cutlass.Float8E4M3FN, m, k, 16), rows(cutlass.Float8E4M3FN, n, k, 16)
+    c = rows(cutlass.BFloat16, m, n, 16)
+    scale_a = rows(cutlass.Float32, m, scale_cols, 4)
+    scale_b = rows(cutlass.Float32, scale_rows_b, scale_cols, 4)
+    return a, b, c, scale_a, scale_b, make_fake_stream()
+
+
+def compile_fp8_gemm(spec: Fp8GemmSpec, keep_artifacts: bool = False) -> CompiledKernel:
+    """Compile for sm_90a; with keep_artifacts the PTX text and cubin bytes are returned too."""
+    kernel = Fp8GemmSm90(spec)
+    args = fake_fp8_gemm_arguments(spec)
+    options = f"--gpu-arch {TARGET_ARCH}"
+    if not keep_artifacts:
+        fn, seconds = timed(lambda: cute.compile(kernel, *args, options=options))
+        return CompiledKernel(fn, seconds)
+    with tempfile.TemporaryDirectory(prefix="cute_dump_") as dump_dir:
+        options += f" --keep-ptx --keep-cubin --dump-dir {dump_dir}"
+        fn, seconds = timed(lambda: cute.compile(kernel, *args, options=options))
+        artifacts = {"ptx": fn.artifacts.PTX, "cubin": fn.artifacts.CUBIN}
+    if not isinstance(artifacts["cubin"], (bytes, bytearray)):
+        raise RuntimeError(f"{spec.name}: the DSL kept no cubin ({artifacts['cubin']!r})")
+    return CompiledKernel(fn, seconds, artifacts)
+
+
+FP8_GEMM_CACHE = CompileCache(compile_fp8_gemm)
