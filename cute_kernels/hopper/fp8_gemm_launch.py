@@ -1,0 +1,40 @@
+"""Launch the FP8 GEMM on CUDA tensors: compiled by the DSL's JIT on first use (FP8_GEMM_CACHE) or
+taken from the ahead-of-time library (see toolchain/kernel_path.py)."""
+from __future__ import annotations
+
+import torch
+
+from cute_kernels.toolchain.kernel_path import kernel_path
+
+from .fp8_gemm_host import Fp8GemmLaunch
+
+
+# Divisibility of each tensor's (rows, cols) as compiled: N and K are multiples of 16.
+_DIVISIBILITY = ((1, 16), (16, 16), (1, 16), (1, 1), (1, 1))
+
+
+def _as_cute(t: torch.Tensor, divisibility: tuple[int, int]):
+    """DLPack view with every size dynamic, as compiled; DLPack has no fp8, so e4m3 travels as
+    uint8 and gets its element type back here."""
+    import cutlass
+    from cutlass.cute.runtime import from_dlpack
+
+    is_fp8 = t.dtype == torch.float8_e4m3fn
+    x = from_dlpack((t.view(torch.uint8) if is_fp8 else t).detach(), assumed_align=16 if t.element_size() < 4 else 4)
+    if is_fp8:
+        x.element_type = cutlass.Float8E4M3FN
+    for mode, divisible_by in enumerate(divisibility):
+        x = x.mark_compact_shape_dynamic(mode=mode, stride_order=(0, 1), divisibility=divisible_by)
+    return x
+
+
+def launch_fp8_gemm(launch: Fp8GemmLaunch) -> None:
+    if kernel_path() == "aot":
+        raise NotImplementedError("fp8 gemm: no ahead-of-time export yet; run with the DSL installed (jit)")
+    import cuda.bindings.driver as cuda
+
+    from .fp8_gemm_compile import FP8_GEMM_CACHE
+
+    compiled = FP8_GEMM_CACHE.get(launch.spec)
+    stream = cuda.CUstream(torch.cuda.current_stream(launch.a.device).cuda_stream)
+    compiled.fn(*(_as_cute(t, d) for t, d in zip(launch.kernel_tensors(), _DIVISIBILITY)), stream)
