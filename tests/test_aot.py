@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from cute_kernels.attention_args import PrefillArgs
+from cute_kernels.hopper.prefill_family import PREFILL
 from cute_kernels.hopper.prefill_host import prepare_prefill_args
 from cute_kernels.hopper.prefill_spec import KV_BLOCK_SIZE, PrefillSpec
 from cute_kernels.toolchain.aot_loader import (
@@ -61,7 +62,7 @@ def built(tmp_path_factory, toolkit):
     out = tmp_path_factory.mktemp("aot")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TMPDIR", str(out.parent))  # the DSL's cache
-        manifest = build(out, list(VARIANTS), log=lambda line: None)
+        manifest = build(out, [(PREFILL, spec) for spec in VARIANTS], log=lambda line: None)
     return out, manifest
 
 
@@ -97,7 +98,7 @@ def test_static_library_needs_nothing_but_libc(built):
     out, _ = built
     from cute_kernels.toolchain.aot_link import inspect_library
 
-    so = out / "libcute_prefill_static.so"
+    so = out / "libcute_kernels_static.so"
     assert set(inspect_library(so).needed) <= {"libc.so.6", "ld-linux-x86-64.so.2"}
     unresolved = [line for line in _nm("--undefined-only", str(so))
                   if "@GLIBC_" not in line and not line.split()[0] == "w"]
@@ -108,11 +109,11 @@ def test_shared_library_resolves_against_libcudart_only(built, toolkit):
     from cute_kernels.toolchain.aot_link import ALLOWED_NEEDED, CUDART_SONAME, inspect_library
 
     out, _ = built
-    info = inspect_library(out / "libcute_prefill_shared.so")
+    info = inspect_library(out / "libcute_kernels_shared.so")
     assert CUDART_SONAME in info.needed and set(info.needed) <= ALLOWED_NEEDED
     assert not any(k in n for n in info.needed for k in ("cute", "cutlass", "tvm", "mlir"))
     cudart = {line.split()[-1].split("@")[0] for line in _nm("--defined-only", str(toolkit.shared_cudart))}
-    lines = _nm("--undefined-only", str(out / "libcute_prefill_shared.so"))
+    lines = _nm("--undefined-only", str(out / "libcute_kernels_shared.so"))
     unresolved = [ln for ln in lines if "@GLIBC_" not in ln and ln.split()[0] != "w"
                   and ln.split()[-1].split("@")[0] not in cudart]
     assert unresolved == []
@@ -142,7 +143,7 @@ print("DSL_MAPPED", any(k in maps for k in ("cute_dsl", "cutlass", "_mlir")))
 def test_library_loads_in_a_process_without_the_dsl(built, toolkit, flavor):
     out, _ = built
     preload = str(toolkit.shared_cudart) if flavor == "shared" else ""
-    run = subprocess.run([sys.executable, "-c", _LOAD_WITHOUT_DSL, str(out), f"libcute_prefill_{flavor}.so",
+    run = subprocess.run([sys.executable, "-c", _LOAD_WITHOUT_DSL, str(out), f"libcute_kernels_{flavor}.so",
                           VARIANTS[0].name, preload], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert "DSL_MAPPED False" in run.stdout
@@ -154,12 +155,12 @@ def test_library_loads_in_a_process_without_the_dsl(built, toolkit, flavor):
 
 def test_launch_before_load_is_refused(built):
     out, manifest = built
-    kernels = AotPrefillKernels(out / "libcute_prefill_static.so", manifest)
-    launch = kernels._entry(VARIANTS[0].name, "launch")
+    kernels = AotPrefillKernels(out / "libcute_kernels_static.so", manifest)
+    launch = kernels.entry(VARIANTS[0].name, "launch", [ctypes.POINTER(PrefillArgsC), ctypes.c_void_p])
     assert launch(ctypes.byref(PrefillArgsC()), None) == -1
     assert "before it was loaded" in kernels.error(-1)
     with pytest.raises(AotUnavailable, match="not among the AOT kernels"):
-        kernels._entry("prefill_bfloat16_d128_g2_causal", "launch")
+        kernels.entry("prefill_bfloat16_d128_g2_causal", "launch", [])
 
 
 _MOCK_DSL = r"""

@@ -70,13 +70,3 @@ def runtime_variants() -> list[PrefillSpec]:
         for g in RUNTIME_GROUP_SIZES
     ]
 
-
-def selected_specs(all_variants: bool, only: list[str] | None) -> list[PrefillSpec]:
-    """The runtime's variants (all_variants: also the non-causal ones), kept to names containing
-    any of `only`: what the compile check and the AOT build both work through."""
-    specs = runtime_variants()
-    if all_variants:  # also the non-causal kernels
-        specs += [PrefillSpec(s.dtype, s.head_dim, s.qheads_per_kvhead, causal=False) for s in specs]
-    if only:
-        specs = [s for s in specs if any(pattern in s.name for pattern in only)]
-    return specs

@@ -1,15 +1,16 @@
-"""Ahead-of-time kernels: `python -m cute_kernels.aot --out build/aot` exports every prefill variant
-the runtime uses (sm_90a) and links them into shared libraries that run WITHOUT the DSL.
+"""Ahead-of-time kernels: `python -m cute_kernels.aot --out build/aot` exports every kernel variant
+the runtime uses (sm_90a, every family with a C shim) and links them into shared libraries that run
+WITHOUT the DSL.
 
 Needs the DSL, a C compiler and CUDA 13 headers + cudart (CUDA_HOME, /usr/local/cuda or the
 nvidia-cuda-runtime wheel); no GPU. Writes into --out:
   <variant>/<variant>.h, <variant>.o  export_to_c output (host launch code + embedded cubin)
-  <variant>/shim.o                    toolchain/csrc/prefill_aot_shim.c for that variant
-  libcute_prefill_shared.so           every variant, needs libcudart.so.13 (torch cu13x loads it)
-  libcute_prefill_static.so           every variant, cudart linked in (needs libc + the driver)
+  <variant>/shim.o                    its family's toolchain/csrc shim for that variant
+  libcute_kernels_shared.so           every variant, needs libcudart.so.13 (torch cu13x loads it)
+  libcute_kernels_static.so           every variant, cudart linked in (needs libc + the driver)
   manifest.json                       written last: variants, libraries, kernel source hash
 On the GPU box, carry the folder (it is a few MB) and the runtime picks it up
-(cute_kernels.toolchain.aot_loader; $CUTE_AOT_DIR overrides build/aot). `--status` reports a folder
+(toolchain/aot_library.py and each family's launcher; $CUTE_AOT_DIR overrides build/aot). `--status` reports a folder
 and tries it here, without the DSL. The building itself is aot_build.py.
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from cute_kernels.hopper.prefill_spec import selected_specs
+from cute_kernels.hopper.families import selected_variants
 
 from .aot_build import build, format_manifest
 from .aot_manifest import default_aot_dir, read_manifest
@@ -52,12 +53,12 @@ def main(argv: list[str] | None = None) -> int:
         return status(out)
 
     os.environ.setdefault("TMPDIR", tempfile.mkdtemp(prefix="cute_aot_"))  # the DSL's cache
-    specs = selected_specs(False, args.only)
-    if not specs:
+    variants = selected_variants(False, args.only)
+    if not variants:
         print("aot: no variants selected", file=sys.stderr)
         return 1
     flavors = ("shared", "static") if args.cudart == "both" else (args.cudart,)
-    manifest = build(out, specs, flavors, log=lambda line: print(line, file=sys.stderr, flush=True))
+    manifest = build(out, variants, flavors, log=lambda line: print(line, file=sys.stderr, flush=True))
     print(format_manifest(manifest))
     return 0
 

@@ -1,4 +1,4 @@
-"""Export one compiled prefill variant as C: `<variant>.h` + `<variant>.o` (host launch code with the
+"""Export one compiled kernel variant as C: `<variant>.h` + `<variant>.o` (host launch code with the
 sm_90a cubin embedded), via the DSL's `export_to_c`. Needs the DSL; the artifacts do not.
 
 Why `preload_dsl_runtime`: export_to_c JIT-links the host module inside this process to write a PIC
@@ -16,24 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cute_kernels.hopper.prefill_spec import PrefillSpec
-
-# What csrc/prefill_aot_shim.c packs for each tensor argument: (dynamic shape modes, dynamic stride
-# modes). A kernel change that alters these must change the shim too; export refuses otherwise.
-SHIM_TENSOR_MODES = {
-    "rows": ((1, 1, 0), (1, 0, 0)),  # q, k, v, out: [tokens, heads, d]
-    "cache": ((1, 0, 1, 0), (1, 1, 0, 0)),  # [num_blocks, 16, kv_heads, d]
-    "table": ((1, 1), (1, 0)),  # block_tables [batch, max_blocks], lse [total_q, heads]
-    "vector": ((1,), (0,)),  # prefix_lens, cu_seqlens_q, cu_seqlens_k
-}
-_ARG_KINDS = ("rows", "rows", "rows", "cache", "cache", "table", "vector", "vector", "vector", "rows", "table")
 
 _preloaded: list[ctypes.CDLL] = []
 
 
 @dataclass(frozen=True)
 class ExportedVariant:
-    spec: PrefillSpec
+    spec: Any  # the family's spec dataclass
     header: Path
     obj: Path
     compile_seconds: float
@@ -62,23 +51,12 @@ def dsl_static_runtime() -> Path:
     return path
 
 
-def check_shim_abi(fake_args: tuple) -> None:
-    """Refuse to export a kernel whose tensor descriptors differ from what the C shim packs."""
-    for i, (arg, kind) in enumerate(zip(fake_args, _ARG_KINDS)):
-        got = (tuple(arg.dynamic_shapes_mask), tuple(arg.dynamic_strides_mask))
-        if got != SHIM_TENSOR_MODES[kind] or getattr(arg, "_use_32bit_stride", False):
-            raise RuntimeError(f"prefill AOT: tensor argument {i} has dynamic (shape, stride) modes {got}; "
-                               f"csrc/prefill_aot_shim.c packs {SHIM_TENSOR_MODES[kind]} with int64 strides")
-
-
-def export_prefill(spec: PrefillSpec, out_dir: Path, compiled: Any = None) -> ExportedVariant:
+def export_variant(family: Any, spec: Any, out_dir: Path, compiled: Any = None) -> ExportedVariant:
     """Write out_dir/<spec.name>.{h,o} (symbols prefixed by spec.name), compiling for sm_90a unless
-    `compiled` (a CompiledKernel of this spec) is given."""
-    from cute_kernels.hopper.prefill_compile import compile_prefill, fake_prefill_arguments
-
+    `compiled` (a CompiledKernel of this spec) is given. `family`: a toolchain.family.KernelFamily."""
     preload_dsl_runtime()
-    check_shim_abi(fake_prefill_arguments(spec))
-    compiled = compiled or compile_prefill(spec)
+    family.check_shim_abi(spec)
+    compiled = compiled or family.compile(spec, False)
     out_dir.mkdir(parents=True, exist_ok=True)
     compiled.fn.export_to_c(str(out_dir), spec.name, function_prefix=spec.name)
     header, obj = out_dir / f"{spec.name}.h", out_dir / f"{spec.name}.o"

@@ -75,11 +75,12 @@ def _cflags(kit: CudaToolkit) -> list[str]:
     return ["-O2", "-fPIC", "-fvisibility=hidden", "-std=c11", "-Wall", "-Werror", f"-I{kit.include}", f"-I{CSRC}"]
 
 
-def compile_shim(variant: str, header_dir: Path, out_obj: Path, kit: CudaToolkit) -> Path:
-    """prefill_aot_shim.c specialized for one variant (its DSL header force-included)."""
+def compile_shim(variant: str, header_dir: Path, out_obj: Path, kit: CudaToolkit,
+                 shim: str = "prefill_aot_shim.c") -> Path:
+    """The family's shim (a csrc/ file) specialized for one variant (its DSL header force-included)."""
     header = header_dir / f"{variant}.h"
     _run([_cc(), *_cflags(kit), f"-DCUTE_AOT_PREFIX={variant}", "-include", str(header),
-          "-c", str(CSRC / "prefill_aot_shim.c"), "-o", str(out_obj)])
+          "-c", str(CSRC / shim), "-o", str(out_obj)])
     return out_obj
 
 

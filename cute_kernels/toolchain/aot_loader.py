@@ -1,27 +1,19 @@
-"""Run the ahead-of-time exported prefill kernels from torch WITHOUT the DSL: ctypes over the .so
-that `python -m cute_kernels.aot` linked (see csrc/prefill_aot.h for the C ABI).
-
-Per process: open the first library of the manifest that loads: the one needing libcudart.so.13
-(so the kernels share torch cu13x's CUDA runtime, the one already proven on this driver), else the
-one with cudart linked in; load each variant's cubin onto the devices on first use; then each
-launch is one ctypes call with raw pointers, sizes, strides and torch's current stream.
+"""Run the ahead-of-time exported prefill kernels from torch WITHOUT the DSL (see csrc/prefill_aot.h
+for the C ABI): the args struct, its layout checks, and launch; opening the library is aot_library.py.
 """
 from __future__ import annotations
 
 import ctypes
-import sys
-import threading
 from pathlib import Path
 from typing import Any
 
-from .aot_manifest import ABI_VERSION, default_aot_dir, read_manifest
 from cute_kernels.hopper.prefill_spec import KV_BLOCK_SIZE
 
+from .aot_library import AotLibrary, AotUnavailable, current_stream, get_library, open_library
+
+__all__ = ["AotPrefillKernels", "AotUnavailable", "PrefillArgsC", "open_prefill_kernels", "prefill_c_args"]
+
 _c_int64_2 = ctypes.c_int64 * 2
-
-
-class AotUnavailable(RuntimeError):
-    """No usable AOT kernels here (none built, stale, or the library does not load); says why."""
 
 
 class PrefillArgsC(ctypes.Structure):
@@ -81,105 +73,26 @@ def prefill_c_args(args: Any) -> PrefillArgsC:
     )
 
 
-def _preload_shared_cudart() -> None:
-    """The 'shared' library needs libcudart.so.13: torch cu13x has usually loaded it; else find its wheel's."""
-    candidates = ["libcudart.so.13"] + [str(p) for s in sys.path if s
-                                          for p in [Path(s) / "nvidia" / "cu13" / "lib" / "libcudart.so.13"] if p.is_file()]
-    for candidate in candidates:
-        try:
-            ctypes.CDLL(candidate, mode=ctypes.RTLD_GLOBAL)
-            return
-        except OSError:
-            continue
+class AotPrefillKernels(AotLibrary):
+    """The library's prefill variants: launch with a PrefillLaunchArgs."""
 
-
-class AotPrefillKernels:
-    """One opened library: per-variant load (once) and launch."""
+    family = "prefill"
 
     def __init__(self, path: Path, manifest: dict, lib: Any = None):
-        """`lib`: an already opened library (tests pass a mock with the same C signatures)."""
-        self.path, self.manifest = path, manifest
-        self.lib = lib if lib is not None else ctypes.CDLL(str(path))
-        for fn, restype in (("cute_aot_abi_version", ctypes.c_int32), ("cute_aot_prefill_args_size", ctypes.c_int32),
-                            ("cute_aot_error_name", ctypes.c_char_p), ("cute_aot_error_string", ctypes.c_char_p)):
-            getattr(self.lib, fn).restype = restype
-        self.lib.cute_aot_error_name.argtypes = self.lib.cute_aot_error_string.argtypes = [ctypes.c_int32]
-        abi, size = self.lib.cute_aot_abi_version(), self.lib.cute_aot_prefill_args_size()
-        if abi != ABI_VERSION or size != ctypes.sizeof(PrefillArgsC):
-            raise AotUnavailable(f"{path}: ABI {abi} / args struct {size} B, loader expects "
-                                 f"{ABI_VERSION} / {ctypes.sizeof(PrefillArgsC)} B")
-        self.variants = frozenset(manifest["variants"])
-        self._loaded: set[str] = set()
-        self._lock = threading.Lock()
-
-    def error(self, code: int) -> str:
-        return f"{self.lib.cute_aot_error_name(code).decode()} ({code}): {self.lib.cute_aot_error_string(code).decode()}"
-
-    def _entry(self, variant: str, suffix: str) -> Any:
-        if variant not in self.variants:
-            raise AotUnavailable(f"{variant} is not among the AOT kernels in {self.path.parent} "
-                                 f"(have {sorted(self.variants)})")
-        fn = getattr(self.lib, f"cute_aot_{variant}_{suffix}")  # ctypes caches the function object
-        fn.restype = ctypes.c_int32
-        fn.argtypes = [] if suffix == "load" else [ctypes.POINTER(PrefillArgsC), ctypes.c_void_p]
-        return fn
-
-    def load(self, variant: str) -> None:
-        """Load the variant's cubin onto every device (once; thread-safe: ctypes drops the GIL)."""
-        if variant in self._loaded:
-            return
-        with self._lock:
-            if variant in self._loaded:
-                return
-            err = self._entry(variant, "load")()
-            if err:
-                raise RuntimeError(f"prefill AOT: loading {variant} failed: {self.error(err)}")
-            self._loaded.add(variant)
+        super().__init__(path, manifest, lib)
+        self.check_args_size("cute_aot_prefill_args_size", PrefillArgsC)
 
     def launch(self, args: Any, stream: int) -> None:
         """Launch on `stream` (a cudaStream_t as int); the current device must be the tensors'."""
-        variant = args.spec.name
-        launch = self._entry(variant, "launch")
-        self.load(variant)
-        err = launch(ctypes.byref(prefill_c_args(args)), ctypes.c_void_p(stream))
-        if err:
-            raise RuntimeError(f"prefill AOT: launching {variant} failed: {self.error(err)}")
+        self.launch_struct(args.spec.name, prefill_c_args(args), stream)
 
 
 def open_prefill_kernels(aot_dir: Path | None = None) -> AotPrefillKernels:
-    """The first library in the manifest that loads here; AotUnavailable lists why none did."""
-    aot_dir = Path(aot_dir or default_aot_dir())
-    try:
-        manifest = read_manifest(aot_dir)
-    except (OSError, ValueError) as exc:
-        raise AotUnavailable(str(exc)) from None
-    reasons = []
-    for lib in manifest["libraries"]:
-        if lib["cudart"] == "shared":
-            _preload_shared_cudart()
-        try:
-            return AotPrefillKernels(aot_dir / lib["file"], manifest)
-        except (OSError, AotUnavailable) as exc:
-            reasons.append(f"{lib['file']}: {exc}")
-    raise AotUnavailable(f"no AOT library in {aot_dir} loads: " + "; ".join(reasons or ["none listed"]))
-
-
-_opened: dict[str, Any] = {}
-_open_lock = threading.Lock()
+    return open_library(AotPrefillKernels, aot_dir)
 
 
 def get_prefill_kernels() -> AotPrefillKernels:
-    """open_prefill_kernels() once per process (failures are remembered too: they do not heal)."""
-    with _open_lock:
-        if "kernels" not in _opened:
-            try:
-                _opened["kernels"] = open_prefill_kernels()
-            except AotUnavailable as exc:
-                _opened["kernels"] = exc
-        result = _opened["kernels"]
-    if isinstance(result, Exception):
-        raise result
-    return result
+    return get_library(AotPrefillKernels)
 
 
 def launch_prefill_aot(args: Any) -> None:
@@ -188,4 +101,4 @@ def launch_prefill_aot(args: Any) -> None:
 
     device = args.q.device
     with torch.cuda.device(device):
-        get_prefill_kernels().launch(args, torch.cuda.current_stream(device).cuda_stream)
+        get_prefill_kernels().launch(args, current_stream(device))

@@ -11,19 +11,24 @@ import json
 import os
 from pathlib import Path
 
-ABI_VERSION = 1  # toolchain/csrc/prefill_aot.h CUTE_AOT_PREFILL_ABI
+ABI_VERSION = 1  # toolchain/csrc/aot_common.h CUTE_AOT_ABI
 MANIFEST = "manifest.json"
 PACKAGE = Path(__file__).resolve().parents[1]  # cute_kernels/
-KERNEL_SOURCES = (  # relative to PACKAGE
-    "hopper/prefill_attention.py", "hopper/prefill_schedule.py", "hopper/prefill_spec.py",
-    "hopper/prefill_compile.py", "hopper/wgmma_layouts.py", "toolchain/aot_export.py",
-    "toolchain/csrc/prefill_aot.h", "toolchain/csrc/prefill_aot_shim.c", "toolchain/csrc/aot_common.c",
+COMMON_SOURCES = (  # relative to PACKAGE; each family adds its own (KernelFamily.sources)
+    "toolchain/family.py", "toolchain/aot_export.py", "toolchain/csrc/aot_common.h", "toolchain/csrc/aot_common.c",
+    "toolchain/csrc/aot_shim.h",
 )
+
+
+def kernel_sources() -> tuple[str, ...]:
+    from cute_kernels.hopper.families import FAMILIES  # pure Python: no DSL
+
+    return COMMON_SOURCES + tuple(name for family in FAMILIES for name in family.sources)
 
 
 def kernel_source_hash() -> str:
     digest = hashlib.sha256()
-    for name in KERNEL_SOURCES:
+    for name in kernel_sources():
         digest.update(name.encode() + b"\0" + (PACKAGE / name).read_bytes() + b"\0")
     return digest.hexdigest()[:16]
 

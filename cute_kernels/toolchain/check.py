@@ -1,8 +1,9 @@
 """`python -m cute_kernels.check`: compile every kernel variant the runtime uses for sm_90a (no GPU
-needed) and print one row per variant: compile seconds, HGMMA count and shapes, TMA / cp.async
-loads, registers and spills, and whether it exports ahead of time (aot: the .so it links to alone,
-or the .o without a CUDA toolkit). Exits non-zero when a variant fails to compile or export, or its
-SASS lacks the tensor-core instructions its design relies on (the kernel fell off the fast path).
+needed) and print one row per variant: compile seconds, tensor-core MMA count and shapes, TMA / cp.async
+loads, setmaxnreg, registers and spills, and whether it exports ahead of time (aot: the .so it links
+to alone, or the .o without a CUDA toolkit). Exits non-zero when a variant fails to compile or export,
+touches local memory or has a stack frame, exceeds its family's register budget, or its SASS lacks the
+instructions its design relies on (the kernel fell off the fast path). Families: hopper/families.py.
 """
 from __future__ import annotations
 
@@ -14,18 +15,21 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from cute_kernels.hopper.prefill_spec import selected_specs
+from cute_kernels.hopper.families import selected_variants
+
+from .family import KernelFamily
 
 
 @dataclass
 class VariantReport:
     name: str
     compile_s: float | None
-    hgmma: int = 0
+    hgmma: int = 0  # warpgroup MMAs, 16-bit (HGMMA) and fp8 (QGMMA)
     hgmma_shapes: str = ""
     tma_loads: int = 0
     cp_async: int = 0
     hmma: int = 0
+    setmaxnreg: int = 0
     registers: int | None = None
     spills: int = 0
     aot: str = "-"  # "so:NNNK" / "o:NNNK" when the variant exports and links, else "FAIL"
@@ -36,43 +40,42 @@ class VariantReport:
         return not self.problems
 
 
-def required_hgmma_shapes(spec) -> set[str]:
-    """S = Q K^T is m64 x tile_n, O += P V is m64 x head_dim, both k16 into fp32."""
-    return {f"64x{spec.tile.tile_n}x16.F32", f"64x{spec.head_dim}x16.F32"}
+def common_problems(family: KernelFamily, stats) -> list[str]:
+    """What fails any kernel: spills and stack frames (local memory), registers over the budget."""
+    problems = []
+    if stats.spills:
+        problems.append(f"local memory: {stats.local_load} LDL / {stats.local_store} STL")
+    if stats.stack_bytes:
+        problems.append(f"{stats.stack_bytes}-byte stack frame")
+    if stats.registers is not None and stats.registers > family.max_registers:
+        problems.append(f"{stats.registers} registers > budget {family.max_registers}")
+    return problems
 
 
-def check_prefill_variant(spec) -> VariantReport:
-    from cute_kernels.hopper.prefill_compile import compile_prefill
-
-    from .sass import sass_stats
+def check_variant(family: KernelFamily, spec) -> VariantReport:
+    from . import sass
 
     try:
-        compiled = compile_prefill(spec, keep_artifacts=True)
+        compiled = family.compile(spec, True)
     except Exception as exc:  # report every variant, then fail
         return VariantReport(spec.name, None, problems=f"compile failed: {type(exc).__name__}: {exc}"[:300])
-    stats = sass_stats(compiled.artifacts["cubin"])
-    problems = []
-    missing = required_hgmma_shapes(spec) - set(stats.hgmma_shapes)
-    if missing:
-        problems.append(f"no HGMMA {sorted(missing)}")
-    if stats.hmma:
-        problems.append(f"{stats.hmma} HMMA (warp-level MMA fallback)")
-    if not stats.cp_async:
-        problems.append("no cp.async (LDGSTS) loads")
-    aot = check_aot_export(spec, compiled, problems)
+    stats = sass.sass_stats(compiled.artifacts["cubin"])
+    problems = family.sass_problems(spec, stats) + common_problems(family, stats)
+    aot = check_aot_export(family, spec, compiled, problems) if family.shim else "-"
     return VariantReport(
-        spec.name, compiled.compile_seconds, stats.hgmma, ",".join(stats.hgmma_shapes), stats.tma_load,
-        stats.cp_async, stats.hmma, stats.registers, stats.spills, aot, "; ".join(problems),
+        spec.name, compiled.compile_seconds, stats.hgmma + stats.qgmma, ",".join(stats.hgmma_shapes),
+        stats.tma_load, stats.cp_async, stats.hmma, stats.setmaxnreg, stats.registers, stats.spills, aot,
+        "; ".join(problems),
     )
 
 
-def check_aot_export(spec, compiled, problems: list[str]) -> str:
+def check_aot_export(family: KernelFamily, spec, compiled, problems: list[str]) -> str:
     """Export + link this variant alone, as `python -m cute_kernels.aot` would; size or FAIL."""
     from .aot_build import link_one
 
     try:
         with tempfile.TemporaryDirectory(prefix="cute_aot_check_") as work:
-            o_bytes, so_bytes = link_one(spec, compiled, Path(work))
+            o_bytes, so_bytes = link_one(family, spec, compiled, Path(work))
     except Exception as exc:  # noqa: BLE001 - reported in the table
         problems.append(f"aot export failed: {type(exc).__name__}: {exc}"[:300])
         return "FAIL"
@@ -80,15 +83,15 @@ def check_aot_export(spec, compiled, problems: list[str]) -> str:
 
 
 def format_table(reports: list[VariantReport]) -> str:
-    header = (f"{'variant':<36} {'compile_s':>9} {'HGMMA':>5} {'shapes':<34} {'TMA':>4} {'cp.async':>8} {'regs':>4} "
+    header = (f"{'variant':<40} {'compile_s':>9} {'GMMA':>5} {'shapes':<40} {'TMA':>4} {'cp.async':>8} {'maxnreg':>7} {'regs':>4} "
               f"{'spills':>6} {'aot':>8}  status")
     lines = [header, "-" * len(header)]
     for r in reports:
         secs = f"{r.compile_s:.1f}" if r.compile_s is not None else "-"
         regs = str(r.registers) if r.registers is not None else "?"
         status = "ok" if r.ok else f"FAIL: {r.problems}"
-        lines.append(f"{r.name:<36} {secs:>9} {r.hgmma:>5} {r.hgmma_shapes:<34} {r.tma_loads:>4} "
-                     f"{r.cp_async:>8} {regs:>4} {r.spills:>6} {r.aot:>8}  {status}")
+        lines.append(f"{r.name:<40} {secs:>9} {r.hgmma:>5} {r.hgmma_shapes:<40} {r.tma_loads:>4} "
+                     f"{r.cp_async:>8} {r.setmaxnreg:>7} {regs:>4} {r.spills:>6} {r.aot:>8}  {status}")
     return "\n".join(lines)
 
 
@@ -102,8 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     # The DSL writes its cache under $TMPDIR; keep it out of shared temp dirs.
     os.environ.setdefault("TMPDIR", tempfile.mkdtemp(prefix="cute_check_"))
     reports = []
-    for spec in selected_specs(args.all, args.only):
-        reports.append(check_prefill_variant(spec))
+    for family, spec in selected_variants(args.all, args.only):
+        reports.append(check_variant(family, spec))
         print(f"  compiled {spec.name}", file=sys.stderr, flush=True)
     print(format_table(reports))
     if args.json:

@@ -20,11 +20,12 @@ _PATTERNS = {
     "qgmma": r"\bQGMMA\.",  # warpgroup MMA, fp8 inputs
     "hmma": r"\bHMMA\.",  # warp-level MMA (the slow path on Hopper)
     "tma_load": r"\bUTMALDG\b",
-    "tma_store": r"\bUTMASTG\b",
-    "setmaxnreg": r"\bUSETMAXREG\b",  # warpgroup register reallocation (producer down, consumers up)
     "cp_async": r"\bLDGSTS\b",
     "local_load": r"\bLDL\b",
     "local_store": r"\bSTL\b",
+    "setmaxnreg": r"\bUSETMAXREG\b",  # warp-specialized register reallocation
+    "tma_store": r"\bUTMASTG\b",
+    "bulk_copy": r"\bUBLKCP\b",  # cp.async.bulk (non-tensor)
 }
 
 
@@ -39,8 +40,10 @@ class SassStats:
     local_store: int
     registers: int | None  # per thread, of the largest kernel in the cubin
     hgmma_shapes: tuple[str, ...]  # e.g. ("64x128x16.F32",)
-    tma_store: int = 0
+    stack_bytes: int = 0  # largest frame / stack size a kernel in the cubin declares
     setmaxnreg: int = 0
+    tma_store: int = 0
+    bulk_copy: int = 0
 
     @property
     def spills(self) -> int:
@@ -83,11 +86,12 @@ def _elf_sections(cubin: bytes) -> dict[str, tuple[int, int]]:
 
 
 _EIATTR_REGCOUNT = 0x2F
+_EIATTR_STACK = (0x11, 0x12, 0x23)  # FRAME_SIZE, MIN_STACK_SIZE, MAX_STACK_SIZE
 _EIFMT_SIZES = {1: 0, 2: 1, 3: 2}  # attribute formats with fixed payload sizes; 4 = u16 length prefix
 
 
-def cubin_registers(cubin: bytes) -> int | None:
-    """Registers per thread (max over kernels), from the EIATTR_REGCOUNT records of `.nv.info`."""
+def _nv_info_max(cubin: bytes, attrs: tuple[int, ...]) -> int | None:
+    """Max over kernels of the (symbol, value) `.nv.info` records with one of these attribute ids."""
     if cubin[:4] != b"\x7fELF" or cubin[4] != 2:
         return None
     best = None
@@ -99,9 +103,9 @@ def cubin_registers(cubin: bytes) -> int | None:
             fmt, attr = cubin[pos], cubin[pos + 1]
             if fmt == 4:
                 length, = struct.unpack_from("<H", cubin, pos + 2)
-                if attr == _EIATTR_REGCOUNT and length == 8:
-                    regs = struct.unpack_from("<II", cubin, pos + 4)[1]
-                    best = regs if best is None else max(best, regs)
+                if attr in attrs and length == 8:
+                    value = struct.unpack_from("<II", cubin, pos + 4)[1]
+                    best = value if best is None else max(best, value)
                 pos += 4 + length
             elif fmt in _EIFMT_SIZES:
                 pos += 2 + _EIFMT_SIZES[fmt]
@@ -110,8 +114,19 @@ def cubin_registers(cubin: bytes) -> int | None:
     return best
 
 
+def cubin_registers(cubin: bytes) -> int | None:
+    """Registers per thread (max over kernels), from the EIATTR_REGCOUNT records of `.nv.info`."""
+    return _nv_info_max(cubin, (_EIATTR_REGCOUNT,))
+
+
+def cubin_stack_bytes(cubin: bytes) -> int:
+    """Bytes of per-thread stack frame any kernel declares (0: none)."""
+    return _nv_info_max(cubin, _EIATTR_STACK) or 0
+
+
 def sass_stats(cubin: bytes) -> SassStats:
     text = disassemble(cubin)
     counts = {key: len(re.findall(pat, text)) for key, pat in _PATTERNS.items()}
     shapes = tuple(sorted(set(re.findall(r"\b[HQ]GMMA\.(\d+x\d+x\d+\.[A-Z0-9]+)", text))))
-    return SassStats(**counts, registers=cubin_registers(cubin), hgmma_shapes=shapes)
+    return SassStats(**counts, registers=cubin_registers(cubin), hgmma_shapes=shapes,
+                     stack_bytes=cubin_stack_bytes(cubin))

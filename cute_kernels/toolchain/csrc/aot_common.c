@@ -1,10 +1,11 @@
-/* Entry points shared by every exported variant: ABI checks and error names for the Python loader. */
+/* Entry points shared by every exported variant: ABI checks and error names for the Python loader.
+ * A family whose launch takes an args struct adds its cute_aot_<family>_args_size() here. */
 #include <cuda_runtime.h>
 #include "prefill_aot.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
-EXPORT int32_t cute_aot_abi_version(void) { return CUTE_AOT_PREFILL_ABI; }
+EXPORT int32_t cute_aot_abi_version(void) { return CUTE_AOT_ABI; }
 
 EXPORT int32_t cute_aot_prefill_args_size(void) { return (int32_t)sizeof(cute_aot_prefill_args_t); }
 

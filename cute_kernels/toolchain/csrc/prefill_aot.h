@@ -8,9 +8,7 @@
  */
 #pragma once
 #include <stdint.h>
-
-#define CUTE_AOT_PREFILL_ABI 1
-#define CUTE_AOT_NOT_LOADED (-1) /* launch before a successful load */
+#include "aot_common.h"
 
 typedef struct {
     void *q, *k, *v;              /* [total_q, heads, d], [total_k, kv_heads, d] x2; bf16 or fp16 */

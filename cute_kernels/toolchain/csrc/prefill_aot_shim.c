@@ -1,21 +1,13 @@
 /* Plain C entry points for ONE exported prefill variant, around the DSL-generated header.
  *
- * Compiled once per variant:  cc -DCUTE_AOT_PREFIX=<variant> -include <variant>.h -c prefill_aot_shim.c
- * Exports cute_aot_<variant>_load() and cute_aot_<variant>_launch(args, stream); both return a
- * cudaError_t value (0 = success) or CUTE_AOT_NOT_LOADED.
+ * Compiled once per variant (see aot_shim.h, which defines cute_aot_<variant>_load()); exports
+ * cute_aot_<variant>_launch(args, stream), returning a cudaError_t value (0 = success) or CUTE_AOT_NOT_LOADED.
  * The DSL's tensor descriptors carry only the runtime-sized modes and the strides that are not
  * compile-time constants; the initializers below fail to compile (-Werror) if the kernel's
  * signature changes shape, so a stale shim can never mis-pack arguments silently.
  */
-#include <stdint.h>
-#include <cuda_runtime.h>
+#include "aot_shim.h"
 #include "prefill_aot.h"
-
-#define CAT_(a, b) a##b
-#define CAT(a, b) CAT_(a, b)
-#define DSL(suffix) CAT(CUTE_AOT_PREFIX, suffix)              /* names from the DSL header */
-#define API(suffix) CAT(CAT(cute_aot_, CUTE_AOT_PREFIX), suffix) /* names we export */
-#define EXPORT __attribute__((visibility("default")))
 
 /* Layout guards: data pointer + int32 shapes + int64 strides (x86-64 padding included). */
 _Static_assert(sizeof(DSL(_Tensor_mQ_t)) == 24, "q descriptor: 2 dynamic shapes, 1 dynamic stride");
@@ -24,31 +16,8 @@ _Static_assert(sizeof(DSL(_Tensor_mBlockTables_t)) == 24, "block tables: 2 shape
 _Static_assert(sizeof(DSL(_Tensor_mPrefixLens_t)) == 16, "prefix lens: 1 shape, no stride");
 _Static_assert(sizeof(DSL(_Tensor_mLSE_t)) == 24, "lse: 2 shapes, 1 stride");
 
-static DSL(_Kernel_Module_t) module_;
-static int loaded_;
-
-/* Like the header's <variant>_Kernel_Module_Load, but returns the first error instead of printing. */
-EXPORT int32_t API(_load)(void) {
-    if (loaded_) return cudaSuccess;
-    cudaLibrary_t *library = &module_.module;
-    cudaError_t ret = cudaSuccess;
-    struct { cudaLibrary_t **library; cudaError_t *ret; } init_args = {&library, &ret};
-    CAT(CAT(_mlir_, CUTE_AOT_PREFIX), _cuda_init)((void **)&init_args);
-    if (ret != cudaSuccess) return ret;
-    int32_t count = 0, device = 0;
-    cudaError_t err = cudaGetDeviceCount(&count);
-    if (err != cudaSuccess) return err;
-    struct { cudaLibrary_t **library; int32_t *device; cudaError_t *ret; } load_args = {&library, &device, &ret};
-    for (device = 0; device < count; device++) {
-        CAT(CAT(_mlir_, CUTE_AOT_PREFIX), _cuda_load_to_device)((void **)&load_args);
-        if (ret != cudaSuccess) return ret;
-    }
-    loaded_ = 1;
-    return cudaSuccess;
-}
-
 EXPORT int32_t API(_launch)(const cute_aot_prefill_args_t *a, void *stream) {
-    if (!loaded_) return CUTE_AOT_NOT_LOADED;
+    CUTE_AOT_REQUIRE_LOADED();
     DSL(_Tensor_mQ_t) q = {a->q, {a->total_q, a->heads}, {a->q_stride}};
     DSL(_Tensor_mK_t) k = {a->k, {a->total_k, a->kv_heads}, {a->k_stride}};
     DSL(_Tensor_mV_t) v = {a->v, {a->total_k, a->kv_heads}, {a->v_stride}};

@@ -1,0 +1,14 @@
+"""Every CuTe kernel family the runtime uses, for `python -m cute_kernels.check` and the AOT build.
+Cheap to import: each family imports the DSL only when it compiles."""
+from __future__ import annotations
+
+from cute_kernels.toolchain.family import KernelFamily
+
+from .prefill_family import PREFILL
+
+FAMILIES: tuple[KernelFamily, ...] = (PREFILL,)
+
+
+def selected_variants(include_unused: bool = False, only: list[str] | None = None) -> list[tuple[KernelFamily, object]]:
+    """(family, spec) for every variant to check or build, kept to names containing any of `only`."""
+    return [(family, spec) for family in FAMILIES for spec in family.selected(include_unused, only)]

@@ -1,0 +1,61 @@
+"""The prefill-attention kernel as a KernelFamily: its variants and the SASS its design relies on."""
+from __future__ import annotations
+
+from typing import Any
+
+from cute_kernels.toolchain.family import KernelFamily
+
+from .prefill_spec import PrefillSpec, runtime_variants
+
+# What csrc/prefill_aot_shim.c packs for each tensor argument: (dynamic shape modes, dynamic stride modes).
+_ROWS = ((1, 1, 0), (1, 0, 0))  # q, k, v, out: [tokens, heads, d]
+_CACHE = ((1, 0, 1, 0), (1, 1, 0, 0))  # [num_blocks, 16, kv_heads, d]
+_TABLE = ((1, 1), (1, 0))  # block_tables [batch, max_blocks], lse [total_q, heads]
+_VECTOR = ((1,), (0,))  # prefix_lens, cu_seqlens_q, cu_seqlens_k
+SHIM_ABI = (_ROWS, _ROWS, _ROWS, _CACHE, _CACHE, _TABLE, _VECTOR, _VECTOR, _VECTOR, _ROWS, _TABLE)
+
+
+def prefill_specs(include_unused: bool) -> list:
+    """The runtime's variants; include_unused adds the non-causal ones."""
+    specs = runtime_variants()
+    if include_unused:
+        specs += [PrefillSpec(s.dtype, s.head_dim, s.qheads_per_kvhead, causal=False) for s in specs]
+    return specs
+
+
+def required_hgmma_shapes(spec) -> set[str]:
+    """S = Q K^T is m64 x tile_n, O += P V is m64 x head_dim, both k16 into fp32."""
+    return {f"64x{spec.tile.tile_n}x16.F32", f"64x{spec.head_dim}x16.F32"}
+
+
+def prefill_sass_problems(spec, stats) -> list[str]:
+    problems = []
+    missing = required_hgmma_shapes(spec) - set(stats.hgmma_shapes)
+    if missing:
+        problems.append(f"no HGMMA {sorted(missing)}")
+    if stats.hmma:
+        problems.append(f"{stats.hmma} HMMA (warp-level MMA fallback)")
+    if not stats.cp_async:
+        problems.append("no cp.async (LDGSTS) loads")
+    return problems
+
+
+def _compile(spec, keep_artifacts: bool) -> Any:
+    from . import prefill_compile  # the DSL, only when compiling
+
+    return prefill_compile.compile_prefill(spec, keep_artifacts=keep_artifacts)
+
+
+def _fake_args(spec) -> tuple:
+    from .prefill_compile import fake_prefill_arguments
+
+    return fake_prefill_arguments(spec)
+
+
+PREFILL = KernelFamily(
+    name="prefill", specs=prefill_specs, compile=_compile, sass_problems=prefill_sass_problems,
+    fake_args=_fake_args, shim_abi=SHIM_ABI, shim="prefill_aot_shim.c",
+    sources=("hopper/prefill_attention.py", "hopper/prefill_schedule.py", "hopper/prefill_spec.py",
+             "hopper/prefill_compile.py", "hopper/wgmma_layouts.py", "hopper/prefill_family.py",
+             "toolchain/csrc/prefill_aot.h", "toolchain/csrc/prefill_aot_shim.c"),
+)
