@@ -167,3 +167,25 @@ def test_fp8_gemm_numerics_gpu(m, n, k, mode):
     assert not out.isnan().any(), "rows or columns left unwritten"
     rel = (out.float() - ref.bfloat16().float()).norm(dim=1) / ref.norm(dim=1).clamp_min(1e-30)
     assert rel.max().item() <= 1e-3, f"worst row {rel.argmax().item()}: {rel.max().item():.2e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("m, k", [(1, 576), (16, 4096), (300, 14336)])
+def test_quantize_rows_kernel_matches_torch_gpu(m, k):
+    """Same amax, same fp32 division, same satfinite rounding: bit-equal to quantize_rowwise."""
+    from cute_kernels.hopper.fp8_gemm_host import quantize_rows
+
+    x = (torch.randn(m, k, device="cuda") * torch.rand(m, 1, device="cuda") * 10).bfloat16()
+    x[0] = 0.0
+    q, scale = quantize_rows(x)
+    q_ref, scale_ref = quantize_rowwise(x)
+    assert torch.equal(scale, scale_ref)
+    assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
+
+
+def test_quantize_rows_rejects_cpu_and_odd_k():
+    from cute_kernels.hopper.fp8_gemm_host import quantize_rows
+
+    with pytest.raises(ValueError, match="CUDA"):
+        quantize_rows(torch.zeros(2, 32, dtype=torch.bfloat16))

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from cute_kernels.hopper.fp8_gemm_check import fp8_gemm_sass_problems, required_qgmma_shape
-from cute_kernels.hopper.fp8_gemm_spec import Fp8GemmSpec, runtime_variants, spec_for
+from cute_kernels.hopper.fp8_gemm_spec import Fp8GemmSpec, Fp8QuantRowsSpec, runtime_variants, selected_specs, spec_for
 from cute_kernels.toolchain.sass import SassStats
 
 GOOD = SassStats(hgmma=0, qgmma=4, hmma=0, tma_load=14, cp_async=0, local_load=0, local_store=0, registers=168,
@@ -38,6 +38,7 @@ def test_variant_choice_by_rows():
     assert spec_for("block128", 64) == Fp8GemmSpec("block128", 64, 64)
     assert spec_for("block128", 65) == Fp8GemmSpec("block128", 128, 128)
     assert len({s.name for s in runtime_variants()}) == 4
+    assert all(s.name.startswith("fp8_gemm") for s in selected_specs(True))
     with pytest.raises(ValueError):
         Fp8GemmSpec("per_tensor", 128, 128)
 
@@ -61,3 +62,19 @@ def test_every_runtime_variant_compiles_to_qgmma(spec, tmp_path, monkeypatch):
     assert required_qgmma_shape(spec) in stats.hgmma_shapes
     assert stats.spills == 0, "local-memory traffic"
     assert stats.registers is not None and stats.registers <= 255
+
+
+def test_quant_rows_kernel_compiles_to_vector_loads(tmp_path, monkeypatch):
+    pytest.importorskip("cutlass", reason="needs nvidia-cutlass-dsl (the hopper extra)")
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    from cute_kernels.hopper.fp8_gemm_compile import compile_fp8_gemm
+    from cute_kernels.toolchain.sass import disassemble, find_nvdisasm, sass_stats
+
+    compiled = compile_fp8_gemm(Fp8QuantRowsSpec(), keep_artifacts=True)
+    assert "cvt.rn.satfinite.e4m3x2.f32" in compiled.artifacts["ptx"]  # saturating, never NaN
+    if find_nvdisasm() is None:
+        pytest.skip("nvdisasm not installed (pip install nvidia-cuda-nvdisasm)")
+    stats = sass_stats(compiled.artifacts["cubin"])
+    assert fp8_gemm_sass_problems(Fp8QuantRowsSpec(), stats) == [] and stats.spills == 0
+    assert "LDG.E.128" in disassemble(compiled.artifacts["cubin"])  # 16-byte loads of bf16 rows
+    assert fp8_gemm_sass_problems(Fp8QuantRowsSpec(), dataclasses.replace(stats, hmma=2))

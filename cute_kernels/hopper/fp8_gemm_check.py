@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from cute_kernels.toolchain.sass import SassStats
 
-from .fp8_gemm_spec import Fp8GemmSpec
+from .fp8_gemm_spec import Fp8GemmSpec, Fp8QuantRowsSpec
 
 
 def required_qgmma_shape(spec: Fp8GemmSpec) -> str:
@@ -12,7 +12,9 @@ def required_qgmma_shape(spec: Fp8GemmSpec) -> str:
     return f"64x{spec.tile_n}x32.F32"
 
 
-def fp8_gemm_sass_problems(spec: Fp8GemmSpec, stats: SassStats) -> list[str]:
+def fp8_gemm_sass_problems(spec: Fp8GemmSpec | Fp8QuantRowsSpec, stats: SassStats) -> list[str]:
+    if isinstance(spec, Fp8QuantRowsSpec):
+        return quant_rows_sass_problems(stats)
     problems = []
     if not stats.qgmma:
         problems.append("no QGMMA (fp8 warpgroup MMA)")
@@ -27,3 +29,10 @@ def fp8_gemm_sass_problems(spec: Fp8GemmSpec, stats: SassStats) -> list[str]:
     if not stats.setmaxnreg:
         problems.append("no USETMAXREG (producer/consumer register split)")
     return problems
+
+
+def quant_rows_sass_problems(stats: SassStats) -> list[str]:
+    """An elementwise row kernel: any tensor-core or async-copy instruction means a wrong lowering."""
+    if stats.qgmma or stats.hgmma or stats.hmma or stats.tma_load:
+        return ["matrix or TMA instructions in the row quantizer"]
+    return []

@@ -13,7 +13,8 @@ from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
 
 from cute_kernels.toolchain.compile_cache import CompileCache, CompiledKernel, timed
 from .fp8_gemm import Fp8GemmSm90
-from .fp8_gemm_spec import Fp8GemmSpec
+from .fp8_gemm_spec import Fp8GemmSpec, Fp8QuantRowsSpec
+from .fp8_quant_rows import Fp8QuantRowsSm90
 
 TARGET_ARCH = "sm_90a"
 
@@ -33,10 +34,22 @@ def fake_fp8_gemm_arguments(spec: Fp8GemmSpec) -> tuple:
     return a, b, c, scale_a, scale_b, make_fake_stream()
 
 
-def compile_fp8_gemm(spec: Fp8GemmSpec, keep_artifacts: bool = False) -> CompiledKernel:
-    """Compile for sm_90a; with keep_artifacts the PTX text and cubin bytes are returned too."""
-    kernel = Fp8GemmSm90(spec)
-    args = fake_fp8_gemm_arguments(spec)
+def fake_quant_rows_arguments(spec: Fp8QuantRowsSpec) -> tuple:
+    """x [M, K] bf16, q [M, K] e4m3, scale [M, 1] fp32: the argument order of Fp8QuantRowsSm90.__call__."""
+    m, k = cute.sym_int32(), cute.sym_int32(divisibility=16)
+    x = make_fake_compact_tensor(cutlass.BFloat16, (m, k), stride_order=(1, 0), assumed_align=16)
+    q = make_fake_compact_tensor(cutlass.Float8E4M3FN, (m, k), stride_order=(1, 0), assumed_align=16)
+    scale = make_fake_compact_tensor(cutlass.Float32, (m, 1), stride_order=(1, 0), assumed_align=4)
+    return x, q, scale, make_fake_stream()
+
+
+def compile_fp8_gemm(spec: Fp8GemmSpec | Fp8QuantRowsSpec, keep_artifacts: bool = False) -> CompiledKernel:
+    """Compile for sm_90a (the GEMM or the activation quantizer, by spec); with keep_artifacts the
+    PTX text and cubin bytes are returned too."""
+    if isinstance(spec, Fp8QuantRowsSpec):
+        kernel, args = Fp8QuantRowsSm90(), fake_quant_rows_arguments(spec)
+    else:
+        kernel, args = Fp8GemmSm90(spec), fake_fp8_gemm_arguments(spec)
     options = f"--gpu-arch {TARGET_ARCH}"
     if not keep_artifacts:
         fn, seconds = timed(lambda: cute.compile(kernel, *args, options=options))

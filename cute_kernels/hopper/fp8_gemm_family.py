@@ -18,5 +18,5 @@ def _compile(spec, keep_artifacts: bool) -> Any:
 FP8_GEMM = KernelFamily(
     name="fp8_gemm", specs=selected_specs, compile=_compile, sass_problems=fp8_gemm_sass_problems,
     sources=("hopper/fp8_gemm.py", "hopper/fp8_gemm_layouts.py", "hopper/fp8_gemm_spec.py",
-             "hopper/fp8_gemm_compile.py", "hopper/fp8_gemm_family.py"),
+             "hopper/fp8_gemm_compile.py", "hopper/fp8_gemm_family.py", "hopper/fp8_quant_rows.py"),
 )

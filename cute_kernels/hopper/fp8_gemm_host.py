@@ -85,3 +85,19 @@ def fp8_gemm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: t
 
         launch_fp8_gemm(launch)
     return launch.out
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp8_quant.quantize_rowwise of bf16 CUDA rows [M, K] (K a multiple of 16), in one kernel."""
+    if x.dim() != 2 or x.dtype != torch.bfloat16 or not x.is_cuda:
+        raise ValueError(f"fp8 row quantization: x is {x.dtype} {tuple(x.shape)} on {x.device}; expected 2-D bf16 CUDA")
+    _check_operand(x, "x", torch.bfloat16)
+    if x.shape[1] % ALIGN_ELEMENTS:
+        raise ValueError(f"fp8 row quantization: K={x.shape[1]} must be a multiple of {ALIGN_ELEMENTS}")
+    q = torch.empty(x.shape, dtype=E4M3, device=x.device)
+    scale = torch.empty(x.shape[0], 1, dtype=torch.float32, device=x.device)
+    if x.shape[0] > 0:
+        from .fp8_gemm_launch import launch_quant_rows
+
+        launch_quant_rows(x, q, scale)
+    return q, scale

@@ -7,6 +7,7 @@ import torch
 from cute_kernels.toolchain.kernel_path import kernel_path
 
 from .fp8_gemm_host import Fp8GemmLaunch
+from .fp8_gemm_spec import Fp8QuantRowsSpec
 
 
 # Divisibility of each tensor's (rows, cols) as compiled: N and K are multiples of 16.
@@ -28,13 +29,21 @@ def _as_cute(t: torch.Tensor, divisibility: tuple[int, int]):
     return x
 
 
-def launch_fp8_gemm(launch: Fp8GemmLaunch) -> None:
+def _run_jit(spec, tensors: tuple[torch.Tensor, ...], divisibility: tuple[tuple[int, int], ...]) -> None:
     if kernel_path() == "aot":
         raise NotImplementedError("fp8 gemm: no ahead-of-time export yet; run with the DSL installed (jit)")
     import cuda.bindings.driver as cuda
 
     from .fp8_gemm_compile import FP8_GEMM_CACHE
 
-    compiled = FP8_GEMM_CACHE.get(launch.spec)
-    stream = cuda.CUstream(torch.cuda.current_stream(launch.a.device).cuda_stream)
-    compiled.fn(*(_as_cute(t, d) for t, d in zip(launch.kernel_tensors(), _DIVISIBILITY)), stream)
+    compiled = FP8_GEMM_CACHE.get(spec)
+    stream = cuda.CUstream(torch.cuda.current_stream(tensors[0].device).cuda_stream)
+    compiled.fn(*(_as_cute(t, d) for t, d in zip(tensors, divisibility)), stream)
+
+
+def launch_fp8_gemm(launch: Fp8GemmLaunch) -> None:
+    _run_jit(launch.spec, launch.kernel_tensors(), _DIVISIBILITY)
+
+
+def launch_quant_rows(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> None:
+    _run_jit(Fp8QuantRowsSpec(), (x, q, scale), ((1, 16), (1, 16), (1, 1)))

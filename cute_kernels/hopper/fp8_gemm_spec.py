@@ -43,6 +43,13 @@ class Fp8GemmSpec:
         return 128 * (1 + self.num_consumer_warpgroups)
 
 
+@dataclass(frozen=True)
+class Fp8QuantRowsSpec:
+    """The per-token activation quantizer (bf16 rows -> e4m3 + one fp32 scale per row); one variant."""
+
+    name: str = "fp8_gemm_quant_rows_bf16"
+
+
 def spec_for(scale_mode: str, m: int) -> Fp8GemmSpec:
     """Decode-sized M takes 64x64 tiles (twice the CTAs over N, so more loads in flight for the
     bandwidth-bound case); prefill-sized M takes 128x128 with two consumer warpgroups."""
@@ -55,8 +62,8 @@ def runtime_variants() -> list[Fp8GemmSpec]:
     return [spec_for(mode, m) for mode in SCALE_MODES for m in (1, SMALL_M + 1)]
 
 
-def selected_specs(include_unused: bool = False) -> list[Fp8GemmSpec]:
-    specs = runtime_variants()
+def selected_specs(include_unused: bool = False) -> list[Fp8GemmSpec | Fp8QuantRowsSpec]:
+    specs: list = [*runtime_variants(), Fp8QuantRowsSpec()]
     if include_unused:
         specs += [Fp8GemmSpec(mode, 128, 64) for mode in SCALE_MODES]
     return specs
