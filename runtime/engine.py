@@ -52,7 +52,8 @@ class LLMEngine:
         # The draft comes first and the target's KV budget is read last, so free memory excludes both models.
         proposer = make_proposer(config, model_config, self.device, self.dtype)
         self.runner, self.ledger = make_runner(model_config, tensors, lambda: kv_budget(config, self.device),
-                                               config.block_size, self.device, self.dtype, config.backend)
+                                               config.block_size, self.device, self.dtype, config.backend,
+                                               config.quantization)
         if self.ledger.num_blocks < 1:
             need = self.ledger.bytes_per_token * config.block_size
             raise UserError(f"the KV cache budget ({self.ledger.budget_bytes} bytes) holds no block of "
