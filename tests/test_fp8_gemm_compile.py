@@ -39,6 +39,7 @@ def test_variant_choice_by_rows():
     assert spec_for("block128", 65) == Fp8GemmSpec("block128", 128, 128)
     assert len({s.name for s in runtime_variants()}) == 4
     assert all(s.name.startswith("fp8_gemm") for s in selected_specs(True))
+    assert Fp8QuantRowsSpec().name.startswith("fp8_quant")
     with pytest.raises(ValueError):
         Fp8GemmSpec("per_tensor", 128, 128)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import cuda.bindings.driver as cuda
 import cutlass
+import cutlass.memory
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils as utils
@@ -77,7 +78,7 @@ class Fp8GemmSm90:
             cpasync.prefetch_descriptor(tma_b)
             cpasync.prefetch_descriptor(tma_c)
 
-        storage = utils.SmemAllocator().allocate(self.shared_storage)
+        storage = cutlass.memory.SmemAllocator().allocate(self.shared_storage)
         tx_bytes = (cute.size_in_bytes(cutlass.Float8E4M3FN, cute.slice_(a_staged, (None, None, 0)))
                     + cute.size_in_bytes(cutlass.Float8E4M3FN, cute.slice_(b_staged, (None, None, 0))))
         mainloop = pipeline.PipelineTmaAsync.create(

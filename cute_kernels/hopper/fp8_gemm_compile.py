@@ -43,13 +43,17 @@ def fake_quant_rows_arguments(spec: Fp8QuantRowsSpec) -> tuple:
     return x, q, scale, make_fake_stream()
 
 
+def fake_arguments(spec: Fp8GemmSpec | Fp8QuantRowsSpec) -> tuple:
+    if isinstance(spec, Fp8QuantRowsSpec):
+        return fake_quant_rows_arguments(spec)
+    return fake_fp8_gemm_arguments(spec)
+
+
 def compile_fp8_gemm(spec: Fp8GemmSpec | Fp8QuantRowsSpec, keep_artifacts: bool = False) -> CompiledKernel:
     """Compile for sm_90a (the GEMM or the activation quantizer, by spec); with keep_artifacts the
     PTX text and cubin bytes are returned too."""
-    if isinstance(spec, Fp8QuantRowsSpec):
-        kernel, args = Fp8QuantRowsSm90(), fake_quant_rows_arguments(spec)
-    else:
-        kernel, args = Fp8GemmSm90(spec), fake_fp8_gemm_arguments(spec)
+    kernel = Fp8QuantRowsSm90() if isinstance(spec, Fp8QuantRowsSpec) else Fp8GemmSm90(spec)
+    args = fake_arguments(spec)
     options = f"--gpu-arch {TARGET_ARCH}"
     if not keep_artifacts:
         fn, seconds = timed(lambda: cute.compile(kernel, *args, options=options))

@@ -1,4 +1,4 @@
-"""Launch the FP8 GEMM on CUDA tensors: compiled by the DSL's JIT on first use (FP8_GEMM_CACHE) or
+"""Launch the FP8 GEMM (and the activation quantizer) on CUDA tensors: compiled by the DSL's JIT on first use (FP8_GEMM_CACHE) or
 taken from the ahead-of-time library (see toolchain/kernel_path.py)."""
 from __future__ import annotations
 
@@ -29,9 +29,11 @@ def _as_cute(t: torch.Tensor, divisibility: tuple[int, int]):
     return x
 
 
-def _run_jit(spec, tensors: tuple[torch.Tensor, ...], divisibility: tuple[tuple[int, int], ...]) -> None:
+def _run(spec, tensors: tuple[torch.Tensor, ...], divisibility: tuple[tuple[int, int], ...]) -> None:
     if kernel_path() == "aot":
-        raise NotImplementedError("fp8 gemm: no ahead-of-time export yet; run with the DSL installed (jit)")
+        from .fp8_gemm_aot import launch_aot
+
+        return launch_aot(spec, tensors)
     import cuda.bindings.driver as cuda
 
     from .fp8_gemm_compile import FP8_GEMM_CACHE
@@ -42,8 +44,8 @@ def _run_jit(spec, tensors: tuple[torch.Tensor, ...], divisibility: tuple[tuple[
 
 
 def launch_fp8_gemm(launch: Fp8GemmLaunch) -> None:
-    _run_jit(launch.spec, launch.kernel_tensors(), _DIVISIBILITY)
+    _run(launch.spec, launch.kernel_tensors(), _DIVISIBILITY)
 
 
 def launch_quant_rows(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> None:
-    _run_jit(Fp8QuantRowsSpec(), (x, q, scale), ((1, 16), (1, 16), (1, 1)))
+    _run(Fp8QuantRowsSpec(), (x, q, scale), ((1, 16), (1, 16), (1, 1)))

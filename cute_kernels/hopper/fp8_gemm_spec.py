@@ -47,7 +47,7 @@ class Fp8GemmSpec:
 class Fp8QuantRowsSpec:
     """The per-token activation quantizer (bf16 rows -> e4m3 + one fp32 scale per row); one variant."""
 
-    name: str = "fp8_gemm_quant_rows_bf16"
+    name: str = "fp8_quant_rows_bf16"
 
 
 def spec_for(scale_mode: str, m: int) -> Fp8GemmSpec:
@@ -62,8 +62,12 @@ def runtime_variants() -> list[Fp8GemmSpec]:
     return [spec_for(mode, m) for mode in SCALE_MODES for m in (1, SMALL_M + 1)]
 
 
-def selected_specs(include_unused: bool = False) -> list[Fp8GemmSpec | Fp8QuantRowsSpec]:
-    specs: list = [*runtime_variants(), Fp8QuantRowsSpec()]
+def quant_specs(include_unused: bool = False) -> list[Fp8QuantRowsSpec]:
+    return [Fp8QuantRowsSpec()]
+
+
+def selected_specs(include_unused: bool = False) -> list[Fp8GemmSpec]:
+    specs = runtime_variants()
     if include_unused:
         specs += [Fp8GemmSpec(mode, 128, 64) for mode in SCALE_MODES]
     return specs

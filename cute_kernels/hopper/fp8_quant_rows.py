@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import cuda.bindings.driver as cuda
 import cutlass
+import cutlass.memory
 import cutlass.cute as cute
-import cutlass.utils as utils
 
 E4M3_MAX = 448.0
 THREADS = 128
@@ -33,7 +33,7 @@ class Fp8QuantRowsSm90:
         n_chunks = cute.size(x_chunks, mode=[1])
         x_frag = cute.make_rmem_tensor((VEC,), cutlass.BFloat16)
         q_frag = cute.make_rmem_tensor((VEC,), cutlass.Float8E4M3FN)
-        warp_amax = utils.SmemAllocator().allocate_tensor(cutlass.Float32, cute.make_layout(THREADS // 32), 16)
+        warp_amax = cutlass.memory.SmemAllocator().allocate_tensor(cutlass.Float32, cute.make_layout(THREADS // 32), 16)
 
         amax = cutlass.Float32(0.0)
         for j in range(tidx, n_chunks, THREADS):
