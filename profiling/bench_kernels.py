@@ -1,9 +1,11 @@
-"""Kernel benchmarks on the GPU: `python profiling/bench_kernels.py prefill [--json PATH] [--dry-run]`.
+"""Kernel benchmarks on the GPU: `python profiling/bench_kernels.py {prefill,fp8} [--json PATH] [--dry-run]`.
 
 prefill: the cute sm_90a prefill kernel vs torch SDPA (flash backend) on the same inputs, causal
 TFLOP/s (half the square counted) and the fraction of the chip's dense bf16 peak. One row per case;
 `path` says whether the kernel ran JIT-compiled (DSL) or from the AOT library
 (cute_kernels.toolchain.kernel_path).
+fp8: the FP8 GEMM beside torch._scaled_mm and bf16 matmul (profiling/bench_fp8.py); fp8_engine: batch-1
+decode TPOT of an 8B-shaped model, --quantization fp8 vs bf16 (profiling/bench_fp8_engine.py).
 """
 from __future__ import annotations
 
@@ -14,6 +16,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from profiling.bench_fp8 import run_fp8  # noqa: E402
+from profiling.bench_fp8_engine import run_fp8_engine  # noqa: E402
 
 DENSE_BF16_PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "H800": 989.0, "H20": 148.0}
 
@@ -115,7 +120,7 @@ def run_prefill(dry_run: bool) -> list[dict]:
     return rows
 
 
-BENCHES = {"prefill": run_prefill}
+BENCHES = {"prefill": run_prefill, "fp8": run_fp8, "fp8_engine": run_fp8_engine}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,8 +16,8 @@ export TMPDIR="${TMPDIR:-$OUT}"   # the DSL's cache stays with this run
 export CUTE_KERNELS_PATH="${CUTE_KERNELS_PATH:-aot}"
 export CUTE_AOT_DIR="${CUTE_AOT_DIR:-$PWD/build/aot}"
 
-TESTS=(tests/test_prefill_attention.py tests/test_aot.py)   # GPU numerics (pytest marker: gpu)
-BENCHES=(prefill)                                           # profiling/bench_kernels.py <name>
+TESTS=(tests/test_prefill_attention.py tests/test_aot.py tests/test_fp8_gemm.py)   # GPU numerics (marker: gpu)
+BENCHES=(prefill fp8 fp8_engine)                            # profiling/bench_kernels.py <name>
 
 DRY=0
 [[ "${1:-}" == "--dry-run" ]] && DRY=1

@@ -20,19 +20,20 @@ from cute_kernels.reference import fp8_gemm_ref
 E4M3_REL = 2.0 ** -4
 
 
-def _inputs(m, n, k, seed=0):
-    """Activations with rows of different magnitudes, and a weight."""
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(m, k, generator=g) * torch.rand(m, 1, generator=g) * 4, torch.randn(n, k, generator=g) * 0.05
+def _inputs(m, n, k, seed=0, device="cpu"):
+    """Activations with rows of different magnitudes, and a weight (made on `device`)."""
+    g = torch.Generator(device).manual_seed(seed)
+    x = torch.randn(m, k, generator=g, device=device) * torch.rand(m, 1, generator=g, device=device) * 4
+    return x, torch.randn(n, k, generator=g, device=device) * 0.05
 
 
 def _operands(m, n, k, mode, seed=0, device="cpu"):
-    x, w = _inputs(m, n, k, seed)
+    x, w = _inputs(m, n, k, seed, device)
     if mode == "rowwise":
         (a, sa), (b, sb) = quantize_rowwise(x), quantize_rowwise(w)
     else:
         (a, sa), (b, sb) = quantize_activation_blocks(x), quantize_weight_blocks(w)
-    return [t.to(device) for t in (a, b, sa, sb)]
+    return [a, b, sa, sb]
 
 
 @pytest.mark.parametrize("quantize", [quantize_rowwise, quantize_activation_blocks, quantize_weight_blocks])

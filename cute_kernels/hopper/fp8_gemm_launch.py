@@ -49,3 +49,23 @@ def launch_fp8_gemm(launch: Fp8GemmLaunch) -> None:
 
 def launch_quant_rows(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> None:
     _run(Fp8QuantRowsSpec(), (x, q, scale), ((1, 16), (1, 16), (1, 1)))
+
+
+def fp8_kernels_unavailable_reason() -> str | None:
+    """None when this process can launch the FP8 kernels (GPU permitting), else why not."""
+    from cute_kernels.toolchain.kernel_path import dsl_installed
+
+    if kernel_path() == "jit":
+        return None if dsl_installed() else "nvidia-cutlass-dsl is not installed"
+    from cute_kernels.toolchain.aot_library import AotUnavailable, get_library
+
+    from .fp8_gemm_aot import AotFp8Kernels
+    from .fp8_gemm_spec import runtime_variants
+
+    try:
+        variants = get_library(AotFp8Kernels).variants
+    except AotUnavailable as exc:
+        return f"no usable AOT kernels: {exc}"
+    missing = {s.name for s in runtime_variants()} | {Fp8QuantRowsSpec().name}
+    missing -= variants
+    return f"AOT library lacks {sorted(missing)}" if missing else None

@@ -28,9 +28,9 @@ _GEMM_ALIGN = 16  # the kernel's TMA rows: N and K multiples of 16
 def _cute_gemm_here(device: torch.device) -> bool:
     if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] != 9:
         return False
-    from cute_kernels.toolchain.kernel_path import kernels_unavailable_reason
+    from cute_kernels.hopper.fp8_gemm_launch import fp8_kernels_unavailable_reason
 
-    return kernels_unavailable_reason() is None
+    return fp8_kernels_unavailable_reason() is None
 
 
 class Fp8Linear:
