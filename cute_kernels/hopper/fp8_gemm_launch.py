@@ -2,12 +2,16 @@
 taken from the ahead-of-time library (see toolchain/kernel_path.py)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from cute_kernels.toolchain.kernel_path import kernel_path
 
-from .fp8_gemm_host import Fp8GemmLaunch
 from .fp8_gemm_spec import Fp8QuantRowsSpec
+
+if TYPE_CHECKING:  # the host module calls this one
+    from .fp8_gemm_host import Fp8GemmLaunch
 
 
 # Divisibility of each tensor's (rows, cols) as compiled: N and K are multiples of 16.
@@ -43,7 +47,7 @@ def _run(spec, tensors: tuple[torch.Tensor, ...], divisibility: tuple[tuple[int,
     compiled.fn(*(_as_cute(t, d) for t, d in zip(tensors, divisibility)), stream)
 
 
-def launch_fp8_gemm(launch: Fp8GemmLaunch) -> None:
+def launch_fp8_gemm(launch: "Fp8GemmLaunch") -> None:
     _run(launch.spec, launch.kernel_tensors(), _DIVISIBILITY)
 
 
