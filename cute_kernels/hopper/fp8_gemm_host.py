@@ -1,8 +1,8 @@
-"""Host side of the FP8 GEMM (pure torch; testable on the CPU): check the operands, pick the variant,
-and launch through the DSL's JIT or the ahead-of-time library (toolchain/kernel_path.py).
+"""Host side of the FP8 GEMM (pure torch; testable on the CPU): check the operands and scales, pick
+the variant. The torch entry points that launch are in fp8_gemm_launch.py.
 
-fp8_gemm(a, b, scale_a, scale_b) has fp8_gemm_ref's contract: a [M, K] and b [N, K] e4m3,
-K-contiguous; scales fp32 in one of fp8_quant's two modes, told apart by scale_b's shape.
+Operands (fp8_gemm_ref's contract): a [M, K] and b [N, K] e4m3, K-contiguous; scales fp32 in one of
+fp8_quant's two modes, told apart by their shapes.
 """
 from __future__ import annotations
 
@@ -74,30 +74,10 @@ def prepare_fp8_gemm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, sc
     return Fp8GemmLaunch(spec_for(mode, m), a, b, out, scale_a, scale_b)
 
 
-def fp8_gemm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
-             out: torch.Tensor | None = None) -> torch.Tensor:
-    """bf16 [M, N] = (a x b^T) scaled, on an sm_90 GPU (reference.fp8_gemm_ref's contract)."""
-    launch = prepare_fp8_gemm(a, b, scale_a, scale_b, out)
-    if not a.is_cuda:
-        raise ValueError("fp8 gemm (cute): tensors must be on a CUDA device")
-    if a.shape[0] > 0:
-        from .fp8_gemm_launch import launch_fp8_gemm
-
-        launch_fp8_gemm(launch)
-    return launch.out
-
-
-def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp8_quant.quantize_rowwise of bf16 CUDA rows [M, K] (K a multiple of 16), in one kernel."""
+def check_quant_rows_input(x: torch.Tensor) -> None:
+    """What the per-token quantizer takes: 2-D bf16 CUDA rows, K a multiple of 16."""
     if x.dim() != 2 or x.dtype != torch.bfloat16 or not x.is_cuda:
         raise ValueError(f"fp8 row quantization: x is {x.dtype} {tuple(x.shape)} on {x.device}; expected 2-D bf16 CUDA")
     _check_operand(x, "x", torch.bfloat16)
     if x.shape[1] % ALIGN_ELEMENTS:
         raise ValueError(f"fp8 row quantization: K={x.shape[1]} must be a multiple of {ALIGN_ELEMENTS}")
-    q = torch.empty(x.shape, dtype=E4M3, device=x.device)
-    scale = torch.empty(x.shape[0], 1, dtype=torch.float32, device=x.device)
-    if x.shape[0] > 0:
-        from .fp8_gemm_launch import launch_quant_rows
-
-        launch_quant_rows(x, q, scale)
-    return q, scale

@@ -1,17 +1,15 @@
-"""Launch the FP8 GEMM (and the activation quantizer) on CUDA tensors: compiled by the DSL's JIT on first use (FP8_GEMM_CACHE) or
+"""Torch entry points of the FP8 GEMM and the activation quantizer on CUDA tensors (fp8_gemm,
+quantize_rows), and their launch: compiled by the DSL's JIT on first use (FP8_GEMM_CACHE) or
 taken from the ahead-of-time library (see toolchain/kernel_path.py)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
+from cute_kernels.fp8_quant import E4M3
 from cute_kernels.toolchain.kernel_path import kernel_path
 
+from .fp8_gemm_host import Fp8GemmLaunch, check_quant_rows_input, prepare_fp8_gemm
 from .fp8_gemm_spec import Fp8QuantRowsSpec
-
-if TYPE_CHECKING:  # the host module calls this one
-    from .fp8_gemm_host import Fp8GemmLaunch
 
 
 # Divisibility of each tensor's (rows, cols) as compiled: N and K are multiples of 16.
@@ -47,7 +45,7 @@ def _run(spec, tensors: tuple[torch.Tensor, ...], divisibility: tuple[tuple[int,
     compiled.fn(*(_as_cute(t, d) for t, d in zip(tensors, divisibility)), stream)
 
 
-def launch_fp8_gemm(launch: "Fp8GemmLaunch") -> None:
+def launch_fp8_gemm(launch: Fp8GemmLaunch) -> None:
     _run(launch.spec, launch.kernel_tensors(), _DIVISIBILITY)
 
 
@@ -73,3 +71,24 @@ def fp8_kernels_unavailable_reason() -> str | None:
     missing = {s.name for s in runtime_variants()} | {Fp8QuantRowsSpec().name}
     missing -= variants
     return f"AOT library lacks {sorted(missing)}" if missing else None
+
+
+def fp8_gemm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+             out: torch.Tensor | None = None) -> torch.Tensor:
+    """bf16 [M, N] = (a x b^T) scaled, on an sm_90 GPU (reference.fp8_gemm_ref's contract)."""
+    launch = prepare_fp8_gemm(a, b, scale_a, scale_b, out)
+    if not a.is_cuda:
+        raise ValueError("fp8 gemm (cute): tensors must be on a CUDA device")
+    if a.shape[0] > 0:
+        launch_fp8_gemm(launch)
+    return launch.out
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp8_quant.quantize_rowwise of bf16 CUDA rows [M, K] (K a multiple of 16), in one kernel."""
+    check_quant_rows_input(x)
+    q = torch.empty(x.shape, dtype=E4M3, device=x.device)
+    scale = torch.empty(x.shape[0], 1, dtype=torch.float32, device=x.device)
+    if x.shape[0] > 0:
+        launch_quant_rows(x, q, scale)
+    return q, scale

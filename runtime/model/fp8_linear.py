@@ -72,7 +72,7 @@ class Fp8Linear:
         return F.linear(x, dequantize(self.weight, self.scale, rows.dtype), self.bias)
 
     def _cute(self, rows: torch.Tensor) -> torch.Tensor:
-        from cute_kernels.hopper.fp8_gemm_host import fp8_gemm, quantize_rows
+        from cute_kernels.hopper.fp8_gemm_launch import fp8_gemm, quantize_rows
 
         rows = rows.contiguous()
         q, scale = quantize_activation_blocks(rows) if self.block_scaled else quantize_rows(rows)
