@@ -29,12 +29,14 @@ class PrefillArgs:
 
 @dataclass
 class DecodeArgs:
-    """One new query token per sequence over its whole paged context."""
+    """New query tokens over each sequence's whole paged context: one per sequence, or (speculative
+    verification) a few, bottom-right causal among themselves."""
 
-    q: torch.Tensor            # [batch, heads, d]
+    q: torch.Tensor            # [batch, heads, d]; with cu_seqlens_q, packed [tokens, heads, d]
     k_cache: torch.Tensor
     v_cache: torch.Tensor
     block_tables: torch.Tensor # int32 [batch, max_blocks]
-    context_lens: torch.Tensor # int32 [batch], including the new token
+    context_lens: torch.Tensor # int32 [batch], including the new token(s)
     scale: float
     plan: Any = None
+    cu_seqlens_q: torch.Tensor | None = None  # int32 [batch + 1]; None: one query token per sequence

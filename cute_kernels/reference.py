@@ -98,12 +98,16 @@ def plan_decode(block_tables: torch.Tensor, context_lens: torch.Tensor, block_si
 
 def decode_attention_ref(args: DecodeArgs) -> torch.Tensor:
     """One query token per sequence over its whole paged context: q [B, H, d] -> [B, H, d].
+    With args.cu_seqlens_q (speculative verification): several tokens per sequence, the last ones
+    of its context, each seeing the keys up to its own position (decode_verify_ref).
 
     K/V rows are gathered whole ([L, Hkv * d], one contiguous copy, never repeated per query head);
     each query head is placed in a block-diagonal row so that one batched product [H, Hkv * d] x
     [Hkv * d, L] scores every head against its own KV head (zeros elsewhere). That orientation is
     several times faster on CPU BLAS than [L, .] x [., H], and the softmax runs on contiguous rows.
     """
+    if args.cu_seqlens_q is not None:
+        return decode_verify_ref(args)
     q, k_cache, v_cache, scale = args.q, args.k_cache, args.v_cache, args.scale
     plan = args.plan if args.plan is not None else plan_decode(args.block_tables, args.context_lens, k_cache.shape[1])
     hkv, d = k_cache.shape[2], k_cache.shape[3]
@@ -125,6 +129,17 @@ def decode_attention_ref(args: DecodeArgs) -> torch.Tensor:
         full = torch.bmm(scores.softmax(-1), v).view(b, heads, hkv, d)
         out[idx] = full[:, head_of, kv_head_of].to(q.dtype)
     return out
+
+
+def decode_verify_ref(args: DecodeArgs) -> torch.Tensor:
+    """Several query tokens per sequence over its paged context: a prefill of no new keys whose
+    prefix is the whole context (the queries' own keys are in the cache already), so query i of a
+    sequence of q_len tokens sits at key position context_len - q_len + i (bottom-right causal)."""
+    empty = args.q.new_zeros(0, args.k_cache.shape[2], args.k_cache.shape[3])
+    zeros = torch.zeros_like(args.cu_seqlens_q)
+    return prefill_attention_ref(PrefillArgs(
+        args.q, empty, empty, args.cu_seqlens_q, zeros, args.scale, True, args.k_cache, args.v_cache,
+        args.block_tables, args.context_lens))
 
 
 # -- fused elementwise ops of a decoder layer ---------------------------------------------------

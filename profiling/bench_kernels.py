@@ -1,9 +1,12 @@
-"""Kernel benchmarks on the GPU: `python profiling/bench_kernels.py {prefill,fp8} [--json PATH] [--dry-run]`.
+"""Kernel benchmarks on the GPU: `python profiling/bench_kernels.py {prefill,decode,fp8,fp8_engine} [--json PATH]
+[--dry-run]`.
 
 prefill: the cute sm_90a prefill kernel vs torch SDPA (flash backend) on the same inputs, causal
 TFLOP/s (half the square counted) and the fraction of the chip's dense bf16 peak. One row per case;
 `path` says whether the kernel ran JIT-compiled (DSL) or from the AOT library
 (cute_kernels.toolchain.kernel_path).
+decode: the paged split-KV decode kernel's bandwidth as a fraction of the measured device copy
+bandwidth, beside the torch reference and FlashInfer / flash-attn when importable (profiling/decode_bench.py).
 fp8: the FP8 GEMM beside torch._scaled_mm and bf16 matmul (profiling/bench_fp8.py); fp8_engine: batch-1
 decode TPOT of an 8B-shaped model, --quantization fp8 vs bf16 (profiling/bench_fp8_engine.py).
 """
@@ -120,7 +123,13 @@ def run_prefill(dry_run: bool) -> list[dict]:
     return rows
 
 
-BENCHES = {"prefill": run_prefill, "fp8": run_fp8, "fp8_engine": run_fp8_engine}
+def run_decode(dry_run: bool) -> list[dict]:
+    from profiling.decode_bench import run_decode_bench
+
+    return run_decode_bench(dry_run, _time_ms)
+
+
+BENCHES = {"prefill": run_prefill, "decode": run_decode, "fp8": run_fp8, "fp8_engine": run_fp8_engine}
 
 
 def main(argv: list[str] | None = None) -> int:

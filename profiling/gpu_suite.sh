@@ -16,8 +16,9 @@ export TMPDIR="${TMPDIR:-$OUT}"   # the DSL's cache stays with this run
 export CUTE_KERNELS_PATH="${CUTE_KERNELS_PATH:-aot}"
 export CUTE_AOT_DIR="${CUTE_AOT_DIR:-$PWD/build/aot}"
 
-TESTS=(tests/test_prefill_attention.py tests/test_aot.py tests/test_fp8_gemm.py)   # GPU numerics (marker: gpu)
-BENCHES=(prefill fp8 fp8_engine)                            # profiling/bench_kernels.py <name>
+TESTS=(tests/test_prefill_attention.py tests/test_aot.py   # GPU numerics (pytest marker: gpu)
+       tests/test_decode_attention.py tests/test_fp8_gemm.py)
+BENCHES=(prefill decode fp8 fp8_engine)                     # profiling/bench_kernels.py <name>
 
 DRY=0
 [[ "${1:-}" == "--dry-run" ]] && DRY=1
@@ -30,6 +31,8 @@ aot_status() { python -m cute_kernels.aot --status --out "$1" 2>&1 | tail -n 1; 
 
 if (( DRY )); then
   bash -n "$0" && row check gpu_suite.sh "syntax ok" || { row check gpu_suite.sh FAIL; status=1; }
+  if smoke=$(python profiling/gpu_smoke.py --dry-run 2>&1); then row smoke gpu_smoke.py "$smoke"
+  else row smoke gpu_smoke.py "FAIL: $smoke"; status=1; fi
   for t in "${TESTS[@]}"; do
     n=$(python -m pytest -q --collect-only -m gpu "$t" 2>/dev/null | grep -c '::') || true
     if (( n > 0 )); then row tests "$t" "$n gpu tests collect"; else row tests "$t" "FAIL: none collected"; status=1; fi

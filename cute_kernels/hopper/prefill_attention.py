@@ -18,25 +18,20 @@ Design (one CTA = 128 packed query rows of one KV head of one sequence, 2 MMA wa
 """
 from __future__ import annotations
 
-import math
-from typing import Optional
-
 import cuda.bindings.driver as cuda
 
 import cutlass
 import cutlass.memory
 import cutlass.cute as cute
-import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, Int64, const_expr
-from cutlass.cute.nvgpu import cpasync, warpgroup
-from cutlass.tensor_utils import LayoutEnum
 
 from .prefill_schedule import kv_block_range, key_row_coords, packed_row_token_head, query_key_position
 from .prefill_spec import KV_BLOCK_SIZE, PrefillSpec
+from .warpgroup_ops import (
+    DTYPES, attention_tiled_mmas, copy_row_chunk, online_softmax, quad_allreduce_sum, make_row_copy, row_lse,
+    swizzled_rows_layout, wgmma,
+)
 from .wgmma_layouts import acc_as_rows_cols, acc_as_operand_a
-
-DTYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}
-LOG2_E = math.log2(math.e)
 
 
 class PrefillAttentionSm90:
@@ -56,37 +51,7 @@ class PrefillAttentionSm90:
 
     # ------------------------------------------------------------------ configuration
     def _smem_layout(self, rows: int):
-        """Row-major [rows, head_dim] tile with the widest GMMA swizzle (K-major for Q and K)."""
-        atom = warpgroup.make_smem_layout_atom(
-            sm90_utils.get_smem_layout_atom(LayoutEnum.ROW_MAJOR, self.dtype, self.head_dim), self.dtype
-        )
-        return cute.tile_to_shape(atom, (rows, self.head_dim), order=(0, 1))
-
-    def _tiled_mmas(self):
-        wg_layout = (self.num_wg, 1, 1)  # warpgroups split the query rows
-        mma_qk = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K,
-            Float32, atom_layout_mnk=wg_layout, tiler_mn=(64, self.tile_n),
-        )
-        # V is [keys, d] row-major: as the B operand of P @ V it is MN-major (d contiguous).
-        mma_pv = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN,
-            Float32, atom_layout_mnk=wg_layout, tiler_mn=(64, self.head_dim),
-            a_source=warpgroup.OperandSource.RMEM,
-        )
-        return mma_qk, mma_pv
-
-    def _row_copy(self):
-        """cp.async tiled copy: each thread moves 16 B of one row per issue."""
-        elems = 128 // self.dtype.width
-        chunks_per_row = self.head_dim // elems
-        atom = cute.make_copy_atom(
-            cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), self.dtype, num_bits_per_copy=128
-        )
-        thr_layout = cute.make_ordered_layout(
-            (self.num_threads // chunks_per_row, chunks_per_row), order=(1, 0)
-        )
-        return cute.make_tiled_copy_tv(atom, thr_layout, cute.make_layout((1, elems)))
+        return swizzled_rows_layout(self.dtype, self.head_dim, (rows, self.head_dim))
 
     # ------------------------------------------------------------------ host side
     @cute.jit
@@ -107,7 +72,7 @@ class PrefillAttentionSm90:
         max_seqlen_q: Int32,
         stream: cuda.CUstream,
     ):
-        mma_qk, mma_pv = self._tiled_mmas()
+        mma_qk, mma_pv = attention_tiled_mmas(self.dtype, self.head_dim, self.tile_n, self.num_wg)
         sQ_layout = self._smem_layout(self.tile_m)
         sKV_layout = self._smem_layout(self.tile_n)
 
@@ -122,7 +87,8 @@ class PrefillAttentionSm90:
         num_kv_heads = mK.shape[1]
         self.kernel(
             mQ, mK, mV, mKCache, mVCache, mBlockTables, mPrefixLens, mCuSeqlensQ, mCuSeqlensK, mO, mLSE,
-            softmax_scale_log2, sQ_layout, sKV_layout, mma_qk, mma_pv, self._row_copy(), SharedStorage,
+            softmax_scale_log2, sQ_layout, sKV_layout, mma_qk, mma_pv,
+            make_row_copy(self.dtype, self.head_dim, self.num_threads), SharedStorage,
         ).launch(
             grid=[num_m_blocks, num_kv_heads, batch],
             block=[self.num_threads, 1, 1],
@@ -233,7 +199,7 @@ class PrefillAttentionSm90:
             token = cutlass.min(token, ctx.q_len - 1)
             offset = (Int64(ctx.q_start + token) * Int64(mQ.stride[0]) + Int64(head) * Int64(mQ.stride[1])
                       + Int64(coord[1]))
-            self._copy_row_chunk(row_copy, mQ, offset, tQsQ[None, i, 0])
+            copy_row_chunk(row_copy, self.dtype, mQ, offset, tQsQ[None, i, 0])
 
     @cute.jit
     def load_kv(self, mX, mXCache, mBlockTables, sX, thr_copy, row_copy, ctx, n_block: Int32):
@@ -250,20 +216,11 @@ class PrefillAttentionSm90:
                 block = Int64(mBlockTables[ctx.batch_idx, block_col])
                 offset = (block * Int64(mXCache.stride[0]) + Int64(slot) * Int64(mXCache.stride[1])
                           + Int64(ctx.kv_head) * Int64(mXCache.stride[2]) + col)
-                self._copy_row_chunk(row_copy, mXCache, offset, tXsX[None, i, 0])
+                copy_row_chunk(row_copy, self.dtype, mXCache, offset, tXsX[None, i, 0])
             else:
                 offset = (Int64(new_row) * Int64(mX.stride[0]) + Int64(ctx.kv_head) * Int64(mX.stride[1])
                           + col)
-                self._copy_row_chunk(row_copy, mX, offset, tXsX[None, i, 0])
-
-    @cute.jit
-    def _copy_row_chunk(self, row_copy, mSrc, elem_offset: Int64, dst):
-        """One 16-byte cp.async from mSrc's element `elem_offset` (64-bit: large KV pools)."""
-        src_ptr = cute.make_ptr(
-            self.dtype, mSrc.iterator.toint() + elem_offset * (self.dtype.width // 8),
-            cute.AddressSpace.gmem, assumed_align=16,
-        )
-        cute.copy(row_copy, cute.make_tensor(src_ptr, dst.layout), dst)
+                copy_row_chunk(row_copy, self.dtype, mX, offset, tXsX[None, i, 0])
 
     # ------------------------------------------------------------------ main loop
     @cute.jit
@@ -279,11 +236,11 @@ class PrefillAttentionSm90:
         cute.arch.cp_async_commit_group()
 
         acc_S = cute.make_rmem_tensor(thr_mma_qk.partition_shape_C((self.tile_m, self.tile_n)), Float32)
-        _wgmma(mma_qk, acc_S, tSrQ, tSrK, zero_init=True)
+        wgmma(mma_qk, acc_S, tSrQ, tSrK, zero_init=True)
 
         if const_expr(masked):
             self.apply_mask(acc_S, tScS_rc, n_block, ctx)
-        self.online_softmax(acc_S, acc_O, row_max, row_sum, softmax_scale_log2)
+        online_softmax(acc_S, acc_O, row_max, row_sum, softmax_scale_log2)
         tOrP = cute.make_rmem_tensor_like(acc_as_operand_a(acc_S), self.dtype)
         tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
 
@@ -292,7 +249,7 @@ class PrefillAttentionSm90:
         if n_block > 0:
             self.load_kv(mK, mKCache, mBlockTables, sK, thr_copy, row_copy, ctx, n_block - 1)
         cute.arch.cp_async_commit_group()
-        _wgmma(mma_pv, acc_O, tOrP, tOrVt, zero_init=False)
+        wgmma(mma_pv, acc_O, tOrP, tOrVt, zero_init=False)
 
     @cute.jit
     def _wait_loads_and_sync(self):
@@ -316,24 +273,6 @@ class PrefillAttentionSm90:
                 if tScS_rc[0, c][1] >= col_limit:
                     s[r, c] = -Float32.inf
 
-    @cute.jit
-    def online_softmax(self, acc_S, acc_O, row_max, row_sum, softmax_scale_log2: Float32):
-        """S -> P = exp2(S*scale_log2 - running max); rescale O and the running sum."""
-        s = acc_as_rows_cols(acc_S)
-        o = acc_as_rows_cols(acc_O)
-        for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
-            tile_max = s[r, None].load().reduce(cute.ReductionOp.MAX, -Float32.inf, 0)
-            tile_max = _quad_allreduce_max(tile_max)
-            new_max = cutlass.max(row_max[r], tile_max)
-            # A row with every key masked so far keeps max -inf: use 0 so exp2 gives 0, not NaN.
-            max_scaled = new_max * softmax_scale_log2 if new_max != -Float32.inf else Float32(0.0)
-            p = cute.math.exp2(s[r, None].load() * softmax_scale_log2 - max_scaled, fastmath=True)
-            s[r, None].store(p)
-            correction = cute.math.exp2(row_max[r] * softmax_scale_log2 - max_scaled, fastmath=True)
-            row_sum[r] = row_sum[r] * correction + p.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
-            row_max[r] = new_max
-            o[r, None].store(o[r, None].load() * correction)
-
     # ------------------------------------------------------------------ epilogue
     @cute.jit
     def epilogue(self, mO, mLSE, acc_O, row_max, row_sum, thr_mma_pv, ctx, softmax_scale_log2: Float32):
@@ -342,7 +281,7 @@ class PrefillAttentionSm90:
         tOcO = acc_as_rows_cols(thr_mma_pv.partition_C(cute.make_identity_tensor((self.tile_m, self.head_dim))))
         lane = cute.arch.lane_idx()
         for r in cutlass.range_constexpr(cute.size(o, mode=[0])):
-            total = _quad_allreduce_sum(row_sum[r])
+            total = quad_allreduce_sum(row_sum[r])
             inv = 1.0 / total if total > 0.0 else Float32(0.0)
             row = ctx.m_block * self.tile_m + tOcO[r, 0][0]
             token, head = packed_row_token_head(row, ctx.kv_head, self.group)
@@ -354,10 +293,7 @@ class PrefillAttentionSm90:
                 for c in cutlass.range_constexpr(cute.size(o, mode=[1])):
                     mO[q_row, head, tOcO[0, c][1]] = out[c]
                 if lane % 4 == 0:
-                    lse = -Float32.inf
-                    if total > 0.0:
-                        lse = (row_max[r] * softmax_scale_log2 + cute.math.log2(total, fastmath=True)) / LOG2_E
-                    mLSE[q_row, head] = lse
+                    mLSE[q_row, head] = row_lse(row_max[r], total, softmax_scale_log2)
 
 
 class _TileContext:
@@ -367,30 +303,3 @@ class _TileContext:
         self.q_start, self.q_len, self.k_start = q_start, q_len, k_start
         self.prefix_len, self.seqlen_k = prefix_len, seqlen_k
         self.kv_head, self.m_block, self.batch_idx = kv_head, m_block, batch_idx
-
-
-@cute.jit
-def _wgmma(tiled_mma: cute.TiledMma, acc: cute.Tensor, tA: cute.Tensor, tB: cute.Tensor,
-           zero_init: cutlass.Constexpr):
-    """acc (+)= A @ B over the K blocks of the fragments, then wait for completion."""
-    warpgroup.fence()
-    atom = cute.make_mma_atom(tiled_mma.op)  # a fresh atom: its ACCUMULATE flag is mutated below
-    atom.set(warpgroup.Field.ACCUMULATE, not zero_init)
-    for k in cutlass.range_constexpr(cute.size(tA, mode=[2])):
-        cute.gemm(atom, acc, tA[None, None, k], tB[None, None, k], acc)
-        atom.set(warpgroup.Field.ACCUMULATE, True)
-    warpgroup.commit_group()
-    warpgroup.wait_group(0)
-
-
-@cute.jit
-def _quad_allreduce_max(x: Float32) -> Float32:
-    """Max over the 4 lanes that share an accumulator row."""
-    x = cutlass.max(x, cute.arch.shuffle_sync_bfly(x, offset=2))
-    return cutlass.max(x, cute.arch.shuffle_sync_bfly(x, offset=1))
-
-
-@cute.jit
-def _quad_allreduce_sum(x: Float32) -> Float32:
-    x = x + cute.arch.shuffle_sync_bfly(x, offset=2)
-    return x + cute.arch.shuffle_sync_bfly(x, offset=1)

@@ -5,18 +5,13 @@ batch, sequence lengths, head counts, cache size and block-table width. Strides 
 """
 from __future__ import annotations
 
-import os
-import tempfile
-
 import cutlass
 import cutlass.cute as cute
 from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
 
-from cute_kernels.toolchain.compile_cache import CompileCache, CompiledKernel, timed
+from cute_kernels.toolchain.compile_cache import CompileCache, CompiledKernel, compile_sm90
 from .prefill_attention import DTYPES, PrefillAttentionSm90
 from .prefill_spec import KV_BLOCK_SIZE, PrefillSpec
-
-TARGET_ARCH = "sm_90a"
 
 
 def fake_prefill_arguments(spec: PrefillSpec) -> tuple:
@@ -49,17 +44,7 @@ def compile_prefill(spec: PrefillSpec, keep_artifacts: bool = False) -> Compiled
     """Compile for sm_90a; with keep_artifacts the PTX text and cubin bytes are returned too."""
     kernel = PrefillAttentionSm90(spec)
     args = fake_prefill_arguments(spec)
-    options = f"--gpu-arch {TARGET_ARCH}"
-    if not keep_artifacts:
-        fn, seconds = timed(lambda: cute.compile(kernel, *args, options=options))
-        return CompiledKernel(fn, seconds)
-    with tempfile.TemporaryDirectory(prefix="cute_dump_") as dump_dir:
-        options += f" --keep-ptx --keep-cubin --dump-dir {dump_dir}"
-        fn, seconds = timed(lambda: cute.compile(kernel, *args, options=options))
-        artifacts = {"ptx": fn.artifacts.PTX, "cubin": fn.artifacts.CUBIN}
-    if not isinstance(artifacts["cubin"], (bytes, bytearray)):
-        raise RuntimeError(f"{spec.name}: the DSL kept no cubin ({artifacts['cubin']!r})")
-    return CompiledKernel(fn, seconds, artifacts)
+    return compile_sm90(kernel, args, spec.name, keep_artifacts)
 
 
 PREFILL_CACHE = CompileCache(compile_prefill)

@@ -56,6 +56,7 @@ PREFILL = KernelFamily(
     name="prefill", specs=prefill_specs, compile=_compile, sass_problems=prefill_sass_problems,
     fake_args=_fake_args, shim_abi=SHIM_ABI, shim="prefill_aot_shim.c",
     sources=("hopper/prefill_attention.py", "hopper/prefill_schedule.py", "hopper/prefill_spec.py",
-             "hopper/prefill_compile.py", "hopper/wgmma_layouts.py", "hopper/prefill_family.py",
+             "hopper/prefill_compile.py", "hopper/wgmma_layouts.py", "hopper/warpgroup_ops.py",
+             "hopper/prefill_family.py",
              "toolchain/csrc/prefill_aot.h", "toolchain/csrc/prefill_aot_shim.c"),
 )

@@ -54,3 +54,23 @@ def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
     start = time.perf_counter()
     out = fn()
     return out, time.perf_counter() - start
+
+
+def compile_sm90(kernel: Any, args: tuple, name: str, keep_artifacts: bool = False) -> CompiledKernel:
+    """cute.compile(kernel, *args) for sm_90a (the DSL's default would be sm_100a); with keep_artifacts
+    the PTX text and cubin bytes come back too (the compile check reads the SASS)."""
+    import tempfile
+
+    import cutlass.cute as cute
+
+    options = "--gpu-arch sm_90a"
+    if not keep_artifacts:
+        fn, seconds = timed(lambda: cute.compile(kernel, *args, options=options))
+        return CompiledKernel(fn, seconds)
+    with tempfile.TemporaryDirectory(prefix="cute_dump_") as dump_dir:
+        options += f" --keep-ptx --keep-cubin --dump-dir {dump_dir}"
+        fn, seconds = timed(lambda: cute.compile(kernel, *args, options=options))
+        artifacts = {"ptx": fn.artifacts.PTX, "cubin": fn.artifacts.CUBIN}
+    if not isinstance(artifacts["cubin"], (bytes, bytearray)):
+        raise RuntimeError(f"{name}: the DSL kept no cubin ({artifacts['cubin']!r})")
+    return CompiledKernel(fn, seconds, artifacts)

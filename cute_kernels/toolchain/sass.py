@@ -26,7 +26,11 @@ _PATTERNS = {
     "setmaxnreg": r"\bUSETMAXREG\b",  # warp-specialized register reallocation
     "tma_store": r"\bUTMASTG\b",
     "bulk_copy": r"\bUBLKCP\b",  # cp.async.bulk (non-tensor)
+    "mbarrier_waits": r"\bSYNCS\.PHASECHK\b",  # waits on mbarrier phases (async pipelines)
 }
+# BAR.SYNC over the whole CTA: barrier 0 with no thread count (named barriers name a count).
+_CTA_BARRIER = re.compile(r"/\*([0-9a-f]+)\*/\s+BAR\.SYNC(?:\.DEFER_BLOCKING)?\s+0x0\s*;")
+_FIRST_TMA = re.compile(r"/\*([0-9a-f]+)\*/[^\n]*\bUTMALDG\b")
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,9 @@ class SassStats:
     setmaxnreg: int = 0
     tma_store: int = 0
     bulk_copy: int = 0
+    mbarrier_waits: int = 0
+    cta_barrier_offsets: tuple[int, ...] = ()  # byte offsets of CTA-wide BAR.SYNCs
+    first_tma_offset: int | None = None  # byte offset of the first UTMALDG
 
     @property
     def spills(self) -> int:
@@ -128,5 +135,8 @@ def sass_stats(cubin: bytes) -> SassStats:
     text = disassemble(cubin)
     counts = {key: len(re.findall(pat, text)) for key, pat in _PATTERNS.items()}
     shapes = tuple(sorted(set(re.findall(r"\b[HQ]GMMA\.(\d+x\d+x\d+\.[A-Z0-9]+)", text))))
+    first_tma = _FIRST_TMA.search(text)
     return SassStats(**counts, registers=cubin_registers(cubin), hgmma_shapes=shapes,
-                     stack_bytes=cubin_stack_bytes(cubin))
+                     stack_bytes=cubin_stack_bytes(cubin),
+                     cta_barrier_offsets=tuple(int(m, 16) for m in _CTA_BARRIER.findall(text)),
+                     first_tma_offset=int(first_tma.group(1), 16) if first_tma else None)

@@ -3,12 +3,17 @@
 #include <cuda_runtime.h>
 #include "fp8_gemm_aot.h"
 #include "prefill_aot.h"
+#include "decode_aot.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
 EXPORT int32_t cute_aot_abi_version(void) { return CUTE_AOT_ABI; }
 
 EXPORT int32_t cute_aot_prefill_args_size(void) { return (int32_t)sizeof(cute_aot_prefill_args_t); }
+
+EXPORT int32_t cute_aot_decode_args_size(void) { return (int32_t)sizeof(cute_aot_decode_args_t); }
+
+EXPORT int32_t cute_aot_decode_merge_args_size(void) { return (int32_t)sizeof(cute_aot_decode_merge_args_t); }
 
 EXPORT int32_t cute_aot_fp8_gemm_args_size(void) { return (int32_t)sizeof(cute_aot_fp8_gemm_args_t); }
 

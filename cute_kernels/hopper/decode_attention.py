@@ -1,0 +1,344 @@
+"""Paged split-KV decode attention for Hopper (sm_90a), in the CuTe DSL.
+
+Contract: reference.decode_attention_ref (q [tokens, heads, d] over each sequence's first
+context_lens[b] cached tokens; several query tokens per sequence for speculative verification,
+bottom-right causal among them), plus the natural-log LSE; with several splits, the fp32 partial
+output and LSE of each split, which decode_merge.py combines.
+
+Design: one CTA = one (split, KV head, sequence); 4 consumer warps (one warpgroup) + 1 producer warp.
+- Packed GQA: the CTA's 64 query rows are (query token, query head of this KV head), so each K/V
+  byte is read once for the whole group (rows past q_len * group are padding, never stored).
+- Decode is bandwidth-bound: the kernel's job is to keep K/V streaming. The producer warp issues
+  TMA copies of whole cache blocks: the cache [num_blocks, 16, kv_heads, d] is viewed as
+  (slot, d, kv_head, block) and a box is one head's 16 rows (at stride kv_heads * d) by one 128-byte
+  swizzle span of d (one box per block and tensor at d = 64, two at d = 128), so there is no per-row
+  copy, the GMMA swizzle is written by the copy engine, addressing is 64-bit in hardware and the block
+  id is just a coordinate. 4 blocks make a stage of a 3-6 stage ring completed on mbarriers
+  (PipelineTmaAsync). Block-table entries are read 32 at a time by the producer's lanes, one group
+  ahead of use, and shuffled out.
+- Math on the tensor cores with warpgroup MMA: the group is padded to M = 64 rows. The FLOPs are
+  wasted but free (a tile's two wgmmas take a fraction of the time its 16-32 KiB take to arrive),
+  and the consumer warps stay mostly idle, waiting on the next stage: per-warp mma.sync or FMA
+  would cost more issue slots for the same bytes.
+- Cache slots past the context (the last block's tail) may hold anything, NaN included: their
+  scores are masked by select, and their V rows zeroed in shared memory, since 0 * NaN is NaN.
+"""
+from __future__ import annotations
+
+import cuda.bindings.driver as cuda
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.memory
+import cutlass.pipeline as pipeline
+from cutlass import Float32, Int32, Int64
+from cutlass.cute.nvgpu import cpasync
+
+from .decode_spec import BLOCKS_PER_TILE, KEYS_PER_TILE, QUERY_ROWS, DecodeSpec
+from .prefill_spec import KV_BLOCK_SIZE
+from .warpgroup_ops import (
+    DTYPES, attention_tiled_mmas, copy_row_chunk, make_row_copy, online_softmax, quad_allreduce_sum, row_lse,
+    swizzled_rows_layout, wgmma,
+)
+from .wgmma_layouts import acc_as_operand_a, acc_as_rows_cols
+
+CONSUMER_THREADS = 128  # one warpgroup
+PRODUCER_WARP = CONSUMER_THREADS // 32
+CONSUMER_BARRIER = 1  # named barrier among the consumer warps only (0 is __syncthreads)
+TABLE_GROUP = 32  # block-table entries the producer warp reads at once, one per lane
+
+
+class DecodeAttentionSm90:
+    """Compile-time configuration + host launch (__call__) + kernel body."""
+
+    def __init__(self, spec: DecodeSpec):
+        self.spec = spec
+        self.dtype = DTYPES[spec.dtype]
+        self.head_dim = spec.head_dim
+        self.stages = spec.stages
+        self.num_threads = CONSUMER_THREADS + 32
+
+    # ------------------------------------------------------------------ configuration
+    def _cache_tma(self, mCache: cute.Tensor, block_layout):
+        """TMA atom over the cache viewed as (slot, d, kv_head, block): a box is one head's 16 x d block."""
+        view = cute.make_tensor(mCache.iterator, cute.select(mCache.layout, mode=[1, 3, 2, 0]))
+        return cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileG2SOp(), view, block_layout, (KV_BLOCK_SIZE, self.head_dim)
+        )
+
+    # ------------------------------------------------------------------ host side
+    @cute.jit
+    def __call__(
+        self,
+        mQ: cute.Tensor,  # [total_q, H, d]
+        mKCache: cute.Tensor,  # [num_blocks, 16, Hkv, d]
+        mVCache: cute.Tensor,
+        mBlockTables: cute.Tensor,  # [B, max_blocks] int32
+        mContextLens: cute.Tensor,  # [B] int32, keys per sequence (its query tokens' included)
+        mCuSeqlensQ: cute.Tensor,  # [B + 1] int32
+        mO: cute.Tensor,  # [total_q, H, d]: written when num_splits == 1
+        mLSE: cute.Tensor,  # [total_q, H] fp32: written when num_splits == 1
+        mOPartial: cute.Tensor,  # [splits, total_q, H, d] fp32: written when num_splits > 1
+        mLSEPartial: cute.Tensor,  # [splits, total_q, H] fp32
+        softmax_scale_log2: Float32,
+        num_splits: Int32,
+        stream: cuda.CUstream,
+    ):
+        mma_qk, mma_pv = attention_tiled_mmas(self.dtype, self.head_dim, KEYS_PER_TILE)
+        d = self.head_dim
+        # Rows before column atoms: the 16 rows of one cache block in one 128 B column span are one TMA box.
+        sQ_layout = swizzled_rows_layout(self.dtype, d, (QUERY_ROWS, d))
+        sKV_layout = swizzled_rows_layout(self.dtype, d, (KEYS_PER_TILE, d, self.stages))
+        block_layout = swizzled_rows_layout(self.dtype, d, (KV_BLOCK_SIZE, d))
+        tma_k, gK = self._cache_tma(mKCache, block_layout)
+        tma_v, gV = self._cache_tma(mVCache, block_layout)
+
+        @cute.struct
+        class SharedStorage:
+            sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
+            barriers: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
+
+        self.kernel(
+            mQ, tma_k, gK, tma_v, gV, mBlockTables, mContextLens, mCuSeqlensQ, mO, mLSE, mOPartial,
+            mLSEPartial, softmax_scale_log2, num_splits, sQ_layout, sKV_layout,
+            mma_qk, mma_pv, make_row_copy(self.dtype, d, CONSUMER_THREADS), SharedStorage,
+        ).launch(
+            grid=[num_splits, mKCache.shape[2], mContextLens.shape[0]],
+            block=[self.num_threads, 1, 1],
+            smem=SharedStorage.size_in_bytes(),
+            stream=stream,
+        )
+
+    # ------------------------------------------------------------------ kernel
+    @cute.kernel
+    def kernel(
+        self,
+        mQ: cute.Tensor,
+        tma_k: cute.CopyAtom,
+        gK_all: cute.Tensor,
+        tma_v: cute.CopyAtom,
+        gV_all: cute.Tensor,
+        mBlockTables: cute.Tensor,
+        mContextLens: cute.Tensor,
+        mCuSeqlensQ: cute.Tensor,
+        mO: cute.Tensor,
+        mLSE: cute.Tensor,
+        mOPartial: cute.Tensor,
+        mLSEPartial: cute.Tensor,
+        softmax_scale_log2: Float32,
+        num_splits: Int32,
+        sQ_layout: cute.ComposedLayout,
+        sKV_layout: cute.ComposedLayout,
+        mma_qk: cute.TiledMma,
+        mma_pv: cute.TiledMma,
+        q_copy: cute.TiledCopy,
+        SharedStorage: cutlass.Constexpr,
+    ):
+        tidx, _, _ = cute.arch.thread_idx()
+        split, kv_head, batch_idx = cute.arch.block_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+
+        context_len = mContextLens[batch_idx]
+        q_start = mCuSeqlensQ[batch_idx]
+        q_len = mCuSeqlensQ[batch_idx + 1] - q_start
+        group = mQ.shape[1] // gK_all.shape[2]
+        # This split's key tiles (decode_spec.split_tile_range).
+        n_tiles = (context_len + KEYS_PER_TILE - 1) // KEYS_PER_TILE
+        per_split = (n_tiles + num_splits - 1) // num_splits
+        tile_lo = cutlass.min(split * per_split, n_tiles)
+        n_local = cutlass.min(tile_lo + per_split, n_tiles) - tile_lo
+
+        smem = cutlass.memory.SmemAllocator()
+        storage = smem.allocate(SharedStorage)
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sK = storage.sK.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)
+        sV = storage.sV.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)
+        tile_bytes = 2 * KEYS_PER_TILE * self.head_dim * (self.dtype.width // 8)
+        kv_pipeline = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.barriers.data_ptr(),
+            num_stages=self.stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, CONSUMER_THREADS // 32),
+            tx_count=tile_bytes,
+            cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)),
+        )
+
+        if warp_idx == PRODUCER_WARP:
+            self.produce(tma_k, gK_all, _as_blocks(sK), tma_v, gV_all, _as_blocks(sV), kv_pipeline,
+                         mBlockTables, batch_idx, kv_head, context_len, tile_lo, n_local)
+        else:
+            ctx = _DecodeContext(q_start, q_len, context_len, group, kv_head, split, num_splits)
+            self.consume(mQ, sQ, sK, sV, q_copy, mma_qk, mma_pv, kv_pipeline, mO, mLSE, mOPartial,
+                         mLSEPartial, softmax_scale_log2, tile_lo, n_local, ctx)
+
+    # ------------------------------------------------------------------ producer warp
+    @cute.jit
+    def produce(self, tma_k, gK_all, sKb, tma_v, gV_all, sVb, kv_pipeline, mBlockTables,
+                batch_idx: Int32, kv_head: Int32, context_len: Int32, tile_lo: Int32, n_local: Int32):
+        cpasync.prefetch_descriptor(tma_k)
+        cpasync.prefetch_descriptor(tma_v)
+        # (TMA, block-slot in the ring) destinations, (TMA, cache block) sources of this KV head.
+        tKsK, tKgK = cpasync.tma_partition(tma_k, 0, cute.make_layout(1), cute.group_modes(sKb, 0, 2),
+                                           cute.group_modes(gK_all[None, None, kv_head, None], 0, 2))
+        tVsV, tVgV = cpasync.tma_partition(tma_v, 0, cute.make_layout(1), cute.group_modes(sVb, 0, 2),
+                                           cute.group_modes(gV_all[None, None, kv_head, None], 0, 2))
+        lane = cute.arch.lane_idx()
+        first_col = tile_lo * BLOCKS_PER_TILE
+        last_col = (context_len - 1) // KV_BLOCK_SIZE  # columns past it repeat it (masked later)
+        entries = self._table_entry(mBlockTables, batch_idx, first_col + lane, last_col)
+        next_entries = self._table_entry(mBlockTables, batch_idx, first_col + TABLE_GROUP + lane, last_col)
+        tiles_per_group = TABLE_GROUP // BLOCKS_PER_TILE
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+        for i in cutlass.range(n_local, unroll=1):
+            kv_pipeline.producer_acquire(state)
+            barrier = kv_pipeline.producer_get_barrier(state)
+            for j in cutlass.range_constexpr(BLOCKS_PER_TILE):
+                block = cute.arch.shuffle_sync(entries, (i % tiles_per_group) * BLOCKS_PER_TILE + j)
+                slot = state.index * BLOCKS_PER_TILE + j
+                cute.copy(tma_k, tKgK[None, block], tKsK[None, slot], tma_bar_ptr=barrier)
+                cute.copy(tma_v, tVgV[None, block], tVsV[None, slot], tma_bar_ptr=barrier)
+            kv_pipeline.producer_commit(state)
+            state.advance()
+            if i % tiles_per_group == tiles_per_group - 1:  # next group's entries, read a group ago
+                entries = next_entries
+                next_col = first_col + (i // tiles_per_group + 2) * TABLE_GROUP + lane
+                next_entries = self._table_entry(mBlockTables, batch_idx, next_col, last_col)
+
+    @cute.jit
+    def _table_entry(self, mBlockTables, batch_idx: Int32, col: Int32, last_col: Int32) -> Int32:
+        return mBlockTables[batch_idx, cutlass.min(col, last_col)]
+
+    # ------------------------------------------------------------------ consumer warpgroup
+    @cute.jit
+    def consume(self, mQ, sQ, sK, sV, q_copy, mma_qk, mma_pv, kv_pipeline, mO, mLSE, mOPartial,
+                mLSEPartial, softmax_scale_log2: Float32, tile_lo: Int32, n_local: Int32, ctx):
+        tidx, _, _ = cute.arch.thread_idx()
+        self.load_q(mQ, sQ, q_copy.get_slice(tidx), q_copy, ctx)
+        cute.arch.cp_async_commit_group()
+        cute.arch.cp_async_wait_group(0)
+        # cp.async writes are generic-proxy; wgmma reads shared memory through the async proxy.
+        cute.arch.fence_view_async_shared()
+        cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=CONSUMER_THREADS)
+
+        # V^T view [d, keys, stage] for the PV B operand (same bytes, MN-major).
+        sVt = cute.composition(
+            sV, cute.make_ordered_layout((self.head_dim, KEYS_PER_TILE, self.stages), order=(1, 0, 2))
+        )
+        thr_mma_qk = mma_qk.get_slice(tidx)
+        thr_mma_pv = mma_pv.get_slice(tidx)
+        tSrQ = thr_mma_qk.make_fragment_A(thr_mma_qk.partition_A(sQ))
+        tSrK = thr_mma_qk.make_fragment_B(thr_mma_qk.partition_B(sK))
+        tOrVt = thr_mma_pv.make_fragment_B(thr_mma_pv.partition_B(sVt))
+        acc_O = cute.make_rmem_tensor(thr_mma_pv.partition_shape_C((QUERY_ROWS, self.head_dim)), Float32)
+        acc_O.fill(0.0)
+        row_max = cute.make_rmem_tensor((cute.size(acc_as_rows_cols(acc_O), mode=[0]),), Float32)
+        row_sum = cute.make_rmem_tensor_like(row_max)
+        row_max.fill(-Float32.inf)
+        row_sum.fill(0.0)
+        tScS_rc = acc_as_rows_cols(thr_mma_qk.partition_C(cute.make_identity_tensor((QUERY_ROWS, KEYS_PER_TILE))))
+        # Keys at or past mask_from are hidden from some query row (its later tokens, the cache's tail).
+        mask_from = ctx.context_len - ctx.q_len + 1
+
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+        for i in cutlass.range(n_local, unroll=1):
+            tile = tile_lo + i
+            kv_pipeline.consumer_wait(state)
+            acc_S = cute.make_rmem_tensor(thr_mma_qk.partition_shape_C((QUERY_ROWS, KEYS_PER_TILE)), Float32)
+            wgmma(mma_qk, acc_S, tSrQ, tSrK[None, None, None, state.index], zero_init=True)
+            if (tile + 1) * KEYS_PER_TILE > mask_from:
+                self.apply_mask(acc_S, tScS_rc, tile, ctx)
+                self.zero_v_tail(sV, state.index, ctx.context_len - tile * KEYS_PER_TILE, tidx)
+            online_softmax(acc_S, acc_O, row_max, row_sum, softmax_scale_log2)
+            tOrP = cute.make_rmem_tensor_like(acc_as_operand_a(acc_S), self.dtype)
+            tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
+            wgmma(mma_pv, acc_O, tOrP, tOrVt[None, None, None, state.index], zero_init=False)
+            kv_pipeline.consumer_release(state)
+            state.advance()
+
+        self.epilogue(mO, mLSE, mOPartial, mLSEPartial, acc_O, row_max, row_sum, thr_mma_pv, ctx,
+                      softmax_scale_log2)
+
+    @cute.jit
+    def load_q(self, mQ, sQ, thr_copy, q_copy, ctx):
+        """cp.async the packed Q rows; padding rows repeat the last token (finite, never stored)."""
+        tQsQ = thr_copy.partition_D(sQ)
+        tQcQ = thr_copy.partition_S(cute.make_identity_tensor((QUERY_ROWS, self.head_dim)))
+        for i in cutlass.range_constexpr(cute.size(tQsQ, mode=[1])):
+            coord = tQcQ[0, i, 0]
+            token = cutlass.min(coord[0] // ctx.group, ctx.q_len - 1)
+            head = ctx.kv_head * ctx.group + coord[0] % ctx.group
+            offset = (Int64(ctx.q_start + token) * Int64(mQ.stride[0]) + Int64(head) * Int64(mQ.stride[1])
+                      + Int64(coord[1]))
+            copy_row_chunk(q_copy, self.dtype, mQ, offset, tQsQ[None, i, 0])
+
+    @cute.jit
+    def apply_mask(self, acc_S, tScS_rc, tile: Int32, ctx):
+        """-inf for keys past each row's last visible position: context_len - q_len + token."""
+        s = acc_as_rows_cols(acc_S)
+        for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
+            token = cutlass.min(tScS_rc[r, 0][0] // ctx.group, ctx.q_len - 1)
+            col_limit = ctx.context_len - ctx.q_len + token + 1 - tile * KEYS_PER_TILE
+            for c in cutlass.range_constexpr(cute.size(s, mode=[1])):
+                if tScS_rc[0, c][1] >= col_limit:
+                    s[r, c] = -Float32.inf
+
+    @cute.jit
+    def zero_v_tail(self, sV, stage: Int32, valid_keys: Int32, tidx: Int32):
+        """Zero V rows valid_keys.. of this stage (slots past the context), then order those writes
+        before the PV wgmma reads them through the async proxy."""
+        if valid_keys < KEYS_PER_TILE:
+            for row in cutlass.range(cutlass.max(valid_keys, 0), KEYS_PER_TILE, unroll=1):
+                for c in cutlass.range_constexpr((self.head_dim + CONSUMER_THREADS - 1) // CONSUMER_THREADS):
+                    col = c * CONSUMER_THREADS + tidx
+                    if col < self.head_dim:
+                        sV[row, col, stage] = self.dtype(0.0)
+            cute.arch.fence_view_async_shared()
+            cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=CONSUMER_THREADS)
+
+    # ------------------------------------------------------------------ epilogue
+    @cute.jit
+    def epilogue(self, mO, mLSE, mOPartial, mLSEPartial, acc_O, row_max, row_sum, thr_mma_pv, ctx,
+                 softmax_scale_log2: Float32):
+        """O / row sum and the LSE of each real row: final (dtype) with one split, else this split's
+        fp32 partial. An empty split (or rows whose keys are all masked) writes O = 0, LSE = -inf."""
+        o = acc_as_rows_cols(acc_O)
+        tOcO = acc_as_rows_cols(thr_mma_pv.partition_C(cute.make_identity_tensor((QUERY_ROWS, self.head_dim))))
+        lane = cute.arch.lane_idx()
+        for r in cutlass.range_constexpr(cute.size(o, mode=[0])):
+            total = quad_allreduce_sum(row_sum[r])
+            inv = 1.0 / total if total > 0.0 else Float32(0.0)
+            row = tOcO[r, 0][0]
+            token = row // ctx.group
+            head = ctx.kv_head * ctx.group + row % ctx.group
+            if token < ctx.q_len:
+                q_row = ctx.q_start + token
+                lse = row_lse(row_max[r], total, softmax_scale_log2)
+                if ctx.num_splits == 1:
+                    out = cute.make_rmem_tensor_like(o[r, None], self.dtype)
+                    out.store((o[r, None].load() * inv).to(self.dtype))
+                    for c in cutlass.range_constexpr(cute.size(o, mode=[1])):
+                        mO[q_row, head, tOcO[0, c][1]] = out[c]
+                    if lane % 4 == 0:
+                        mLSE[q_row, head] = lse
+                else:
+                    for c in cutlass.range_constexpr(cute.size(o, mode=[1])):
+                        mOPartial[ctx.split, q_row, head, tOcO[0, c][1]] = o[r, c] * inv
+                    if lane % 4 == 0:
+                        mLSEPartial[ctx.split, q_row, head] = lse
+
+
+@cute.jit
+def _as_blocks(sX: cute.Tensor) -> cute.Tensor:
+    """(key, d, stage) ring -> (slot, d, (block, stage)): the TMA destination of each cache block."""
+    blocks = cute.flat_divide(sX, (KV_BLOCK_SIZE, sX.shape[1]))  # (16, d, 4, 1, stages)
+    return cute.group_modes(blocks, 2, 5)
+
+
+class _DecodeContext:
+    """Per-CTA runtime scalars passed between the consumer's helpers."""
+
+    def __init__(self, q_start, q_len, context_len, group, kv_head, split, num_splits):
+        self.q_start, self.q_len, self.context_len = q_start, q_len, context_len
+        self.group, self.kv_head, self.split, self.num_splits = group, kv_head, split, num_splits

@@ -1,0 +1,32 @@
+"""What the decode kernels' SASS must show for their design to hold (python -m cute_kernels.check
+fails a variant on any of these, on top of the checks every kernel gets: compile, local memory,
+registers over DECODE_MAX_REGISTERS, AOT export)."""
+from __future__ import annotations
+
+from typing import Any
+
+from .decode_spec import KEYS_PER_TILE, QUERY_ROWS, DecodeSpec
+
+
+def required_hgmma_shapes(spec: DecodeSpec) -> set[str]:
+    """S = Q K^T is m64 x 64 keys, O += P V is m64 x head_dim, both k16 into fp32."""
+    return {f"{QUERY_ROWS}x{KEYS_PER_TILE}x16.F32", f"{QUERY_ROWS}x{spec.head_dim}x16.F32"}
+
+
+def decode_sass_problems(spec: Any, stats: Any) -> list[str]:
+    """Design rules of the decode kernel (the merge kernel is plain loads and shuffles: none)."""
+    if not isinstance(spec, DecodeSpec):
+        return []
+    problems = []
+    if not stats.tma_load:
+        problems.append("no UTMALDG: the cache blocks are not bulk tensor copies")
+    if not stats.mbarrier_waits:
+        problems.append("no mbarrier waits (SYNCS.PHASECHK): loads are not completed on the pipeline's mbarriers")
+    missing = required_hgmma_shapes(spec) - set(stats.hgmma_shapes)
+    if missing:
+        problems.append(f"no HGMMA {sorted(missing)}")
+    if stats.hmma:
+        problems.append(f"{stats.hmma} HMMA (warp-level MMA fallback)")
+    if stats.first_tma_offset is None or any(o > stats.first_tma_offset for o in stats.cta_barrier_offsets):
+        problems.append("a CTA-wide BAR.SYNC after the first TMA: the main loop must sync on mbarriers only")
+    return problems

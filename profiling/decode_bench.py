@@ -1,0 +1,150 @@
+"""`bench_kernels.py decode`: the cute paged decode kernel's achieved bandwidth, as a fraction of this
+device's copy bandwidth measured in the same run (a large torch device-to-device copy), beside the
+torch reference and, where importable, FlashInfer's paged decode and flash-attn's kvcache function
+on the same cache.
+
+Bytes counted are the ones a decode must move: every context token's K and V of every KV head once,
+plus q and the output. A kernel that reads each K/V byte once at copy speed scores 1.0.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class DecodeCase:
+    batch: int
+    context: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+
+    @property
+    def name(self) -> str:
+        return f"b{self.batch} ctx{self.context} h{self.heads}:{self.kv_heads} d{self.head_dim}"
+
+    def bytes_moved(self, elem: int = 2) -> int:
+        kv = 2 * self.batch * self.context * self.kv_heads * self.head_dim * elem
+        return kv + 2 * self.batch * self.heads * self.head_dim * elem
+
+
+DECODE_CASES = [
+    DecodeCase(64, 4096, 32, 8, 128),  # the issue's target: >= 80% of copy bandwidth
+    DecodeCase(1, 32768, 32, 8, 128),  # one long sequence: all split-KV
+    DecodeCase(8, 8192, 32, 8, 128),
+    DecodeCase(256, 1024, 32, 8, 128),
+    DecodeCase(64, 4096, 32, 8, 64),
+    DecodeCase(32, 2048, 32, 32, 128),  # no GQA
+]
+COPY_BYTES = 1 << 31
+
+
+def copy_bandwidth(time_ms: Callable) -> float:
+    """GB/s of a 2 GiB device-to-device torch copy (read + write counted)."""
+    import torch
+
+    src = torch.empty(COPY_BYTES, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = time_ms(lambda: dst.copy_(src))
+    return 2 * COPY_BYTES / ms / 1e6
+
+
+def make_case(case: DecodeCase):
+    """A shuffled paged cache holding every sequence's context, and one query token per sequence."""
+    import torch
+
+    from cute_kernels.attention_args import DecodeArgs
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    per_seq = -(-case.context // 16)
+    num_blocks = case.batch * per_seq
+    shape = (num_blocks, 16, case.kv_heads, case.head_dim)
+    k_cache = torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=g)
+    v_cache = torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=g)
+    tables = torch.randperm(num_blocks, device="cuda", generator=g).view(case.batch, per_seq).int()
+    lens = torch.full((case.batch,), case.context, dtype=torch.int32, device="cuda")
+    q = torch.randn(case.batch, case.heads, case.head_dim, device="cuda", dtype=torch.bfloat16, generator=g)
+    return DecodeArgs(q, k_cache, v_cache, tables, lens, case.head_dim ** -0.5)
+
+
+def _flashinfer_ms(args, case: DecodeCase, time_ms: Callable) -> float | None:
+    """FlashInfer's paged decode over the same cache (NHD pages of 16), when it is installed."""
+    try:
+        import flashinfer
+    except ImportError:
+        return None
+    import torch
+
+    per_seq = args.block_tables.shape[1]
+    indptr = torch.arange(0, case.batch * per_seq + 1, per_seq, dtype=torch.int32, device="cuda")
+    last = torch.full((case.batch,), (case.context - 1) % 16 + 1, dtype=torch.int32, device="cuda")
+    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+        torch.empty(128 << 20, dtype=torch.uint8, device="cuda"), "NHD")
+    wrapper.plan(indptr, args.block_tables.flatten(), last, case.heads, case.kv_heads, case.head_dim, 16,
+                 q_data_type=torch.bfloat16)
+    return time_ms(lambda: wrapper.run(args.q, (args.k_cache, args.v_cache)))
+
+
+def _flash_attn_ms(args, time_ms: Callable) -> float | None:
+    """flash-attn's flash_attn_with_kvcache over the same paged cache, when it is installed (FA2 wants
+    pages of 256 tokens and refuses ours: the row then says so)."""
+    try:
+        from flash_attn import flash_attn_with_kvcache
+    except ImportError:
+        return None
+    q = args.q.unsqueeze(1)  # [batch, 1 new token, heads, d]
+    return time_ms(lambda: flash_attn_with_kvcache(q, args.k_cache, args.v_cache, cache_seqlens=args.context_lens,
+                                                   block_table=args.block_tables, softmax_scale=args.scale))
+
+
+def _peer_columns(name: str, measure: Callable[[], float | None], gbs: Callable, cute_ms: float) -> dict:
+    """A peer's GB/s and its time over ours, nothing when it is not installed, its error when it fails."""
+    try:
+        ms = measure()
+    except Exception as exc:  # noqa: BLE001 - a peer's failure is reported, not fatal
+        return {name: f"error {type(exc).__name__}"}
+    return {} if ms is None else {f"{name}_GBs": round(gbs(ms)), f"vs_{name}": round(ms / cute_ms, 2)}
+
+
+def bench_decode_case(case: DecodeCase, copy_gbs: float, time_ms: Callable) -> dict:
+    import torch
+
+    from cute_kernels.hopper.decode_host import prepare_decode_args
+    from cute_kernels.hopper.decode_launch import launch_decode
+    from cute_kernels.reference import decode_attention_ref, plan_decode
+    from cute_kernels.toolchain.kernel_path import kernel_path
+
+    args = make_case(case)
+    launch = prepare_decode_args(args)  # the per-step plan and buffers, outside the timed region
+    cute_ms = time_ms(lambda: launch_decode(launch))
+    ref_plan = plan_decode(args.block_tables, args.context_lens, 16)
+    ref_args = type(args)(args.q, args.k_cache, args.v_cache, args.block_tables, args.context_lens, args.scale,
+                          plan=ref_plan)
+    torch_ms = time_ms(lambda: decode_attention_ref(ref_args), warmup=1, iters=3)
+    err = ((launch.out.float() - decode_attention_ref(ref_args).float()).norm() / launch.out.float().norm()).item()
+    gbs = lambda ms: case.bytes_moved() / ms / 1e6  # noqa: E731
+    row = {"case": case.name, "path": kernel_path(), "splits": launch.num_splits, "cute_us": round(cute_ms * 1e3, 1),
+           "cute_GBs": round(gbs(cute_ms)), "of_copy": round(gbs(cute_ms) / copy_gbs, 2),
+           "torch_ref_GBs": round(gbs(torch_ms)), "vs_torch_ref": round(torch_ms / cute_ms, 1),
+           "rel_err": f"{err:.1e}"}
+    row |= _peer_columns("flashinfer", lambda: _flashinfer_ms(args, case, time_ms), gbs, cute_ms)
+    row |= _peer_columns("flash_attn", lambda: _flash_attn_ms(args, time_ms), gbs, cute_ms)
+    return row
+
+
+def run_decode_bench(dry_run: bool, time_ms: Callable) -> list[dict]:
+    from cute_kernels.hopper.decode_spec import num_splits
+    from cute_kernels.toolchain.kernel_path import kernel_path
+
+    if dry_run:
+        return [{"case": c.name, "path": kernel_path(), "splits": num_splits(c.batch, c.kv_heads, c.context),
+                 "MB": round(c.bytes_moved() / 1e6, 1), "dry_run": True} for c in DECODE_CASES]
+    copy_gbs = copy_bandwidth(time_ms)
+    rows = [{"case": "device copy (2 GiB)", "copy_GBs": round(copy_gbs)}]
+    for case in DECODE_CASES:
+        try:
+            rows.append(bench_decode_case(case, copy_gbs, time_ms))
+        except Exception as exc:  # one failing case must not hide the others
+            rows.append({"case": case.name, "error": f"{type(exc).__name__}: {exc}"[:200]})
+    return rows
