@@ -8,7 +8,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-CHECKS = ("device is sm_90", "kernels load", "prefill matches the reference", "decode (2 splits + merge) matches")
+CHECKS = ("device is sm_90", "kernels load", "prefill matches the reference", "decode (2 splits + merge) matches",
+          "fp8 quantize + GEMM match")
 
 
 def _rel(got, want) -> float:
@@ -45,13 +46,32 @@ def smoke() -> list[tuple[str, bool, str]]:
     err = _rel(decode_attention(dec, splits=2), decode_attention_ref(DecodeArgs(
         dec.q.float(), kc.float(), vc.float(), tables, dec.context_lens, dec.scale)))
     results.append((CHECKS[3], err < 1e-2, f"relative error {err:.1e}"))
+    results.append(_fp8_check(rnd))
     return results
+
+
+def _fp8_check(rnd) -> tuple[str, bool, str]:
+    """Per-token quantization kernel (bit-equal to torch's) feeding the rowwise FP8 GEMM."""
+    import torch
+
+    from cute_kernels.fp8_quant import quantize_rowwise
+    from cute_kernels.hopper.fp8_gemm_launch import fp8_gemm, fp8_kernels_unavailable_reason, quantize_rows
+    from cute_kernels.reference import fp8_gemm_ref
+
+    reason = fp8_kernels_unavailable_reason()
+    if reason is not None:
+        return CHECKS[4], False, reason
+    x, w = rnd(5, 256), rnd(128, 256)
+    (a, sa), (b, sb) = quantize_rows(x), quantize_rowwise(w)
+    same = a.view(torch.uint8).equal(quantize_rowwise(x)[0].view(torch.uint8))
+    err = _rel(fp8_gemm(a, b, sa, sb), fp8_gemm_ref(a, b, sa, sb, out_dtype=torch.float32))
+    return CHECKS[4], same and err < 1e-2, f"quantizer bit-equal: {same}; GEMM relative error {err:.1e}"
 
 
 def main(argv: list[str]) -> int:
     if "--dry-run" in argv:  # the modules the smoke needs import here too (no CUDA needed)
         import cute_kernels.hopper.decode_host, cute_kernels.hopper.decode_launch  # noqa: E401, F401
-        import cute_kernels.hopper.prefill_launch  # noqa: F401
+        import cute_kernels.hopper.fp8_gemm_launch, cute_kernels.hopper.prefill_launch  # noqa: E401, F401
         print("smoke checks: " + "; ".join(CHECKS))
         return 0
     try:
