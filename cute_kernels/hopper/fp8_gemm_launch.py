@@ -12,11 +12,13 @@ from .fp8_gemm_host import Fp8GemmLaunch, check_quant_rows_input, prepare_fp8_ge
 from .fp8_gemm_spec import Fp8QuantRowsSpec
 
 
-# Divisibility of each tensor's (rows, cols) as compiled: N and K are multiples of 16.
+# Divisibility of each tensor's (rows, cols) as compiled (N and K are multiples of 16); None: a
+# static mode (the quantizer's scale is [M, 1] with the 1 compiled in).
 _DIVISIBILITY = ((1, 16), (16, 16), (1, 16), (1, 1), (1, 1))
+_QUANT_DIVISIBILITY = ((1, 16), (1, 16), (1, None))
 
 
-def _as_cute(t: torch.Tensor, divisibility: tuple[int, int]):
+def _as_cute(t: torch.Tensor, divisibility: tuple[int | None, int | None]):
     """DLPack view with every size dynamic, as compiled; DLPack has no fp8, so e4m3 travels as
     uint8 and gets its element type back here."""
     import cutlass
@@ -27,11 +29,12 @@ def _as_cute(t: torch.Tensor, divisibility: tuple[int, int]):
     if is_fp8:
         x.element_type = cutlass.Float8E4M3FN
     for mode, divisible_by in enumerate(divisibility):
-        x = x.mark_compact_shape_dynamic(mode=mode, stride_order=(0, 1), divisibility=divisible_by)
+        if divisible_by is not None:
+            x = x.mark_compact_shape_dynamic(mode=mode, stride_order=(0, 1), divisibility=divisible_by)
     return x
 
 
-def _run(spec, tensors: tuple[torch.Tensor, ...], divisibility: tuple[tuple[int, int], ...]) -> None:
+def _run(spec, tensors: tuple[torch.Tensor, ...], divisibility: tuple[tuple[int | None, int | None], ...]) -> None:
     if kernel_path() == "aot":
         from .fp8_gemm_aot import launch_aot
 
@@ -50,7 +53,7 @@ def launch_fp8_gemm(launch: Fp8GemmLaunch) -> None:
 
 
 def launch_quant_rows(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> None:
-    _run(Fp8QuantRowsSpec(), (x, q, scale), ((1, 16), (1, 16), (1, 1)))
+    _run(Fp8QuantRowsSpec(), (x, q, scale), _QUANT_DIVISIBILITY)
 
 
 def fp8_kernels_unavailable_reason() -> str | None:
