@@ -35,21 +35,7 @@ FP8_CASES = [GemmCase(8192, 8192, 8192)] + [
 ]
 
 
-def _time_ms(fn, warmup: int = 3, iters: int = 20) -> float:
-    import torch
-
-    for _ in range(warmup):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters
-
-
-def bench_case(case: GemmCase) -> dict:
+def bench_case(case: GemmCase, time_ms) -> dict:
     import torch
 
     from cute_kernels.fp8_quant import quantize_activation_blocks, quantize_rowwise, quantize_weight_blocks
@@ -64,24 +50,26 @@ def bench_case(case: GemmCase) -> dict:
     (ab, sab), (bb, sbb) = quantize_activation_blocks(x), quantize_weight_blocks(w)
     block = prepare_fp8_gemm(ab, bb, sab, sbb)
     ms = {
-        "cute_rowwise": _time_ms(lambda: launch_fp8_gemm(rowwise)),
-        "cute_block": _time_ms(lambda: launch_fp8_gemm(block)),
-        "scaled_mm": _time_ms(lambda: torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sb.t(), out_dtype=torch.bfloat16)),
-        "bf16_matmul": _time_ms(lambda: x @ w.t()),
+        "cute_rowwise": time_ms(lambda: launch_fp8_gemm(rowwise)),
+        "cute_block": time_ms(lambda: launch_fp8_gemm(block)),
+        "scaled_mm": time_ms(lambda: torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sb.t(), out_dtype=torch.bfloat16)),
+        "bf16_matmul": time_ms(lambda: x @ w.t()),
     }
     row = {"case": case.name, "path": kernel_path(), **{f"{k}_us": round(v * 1e3, 1) for k, v in ms.items()}}
     if case.decode:
         name = torch.cuda.get_device_name()
         bw = next((v for key, v in HBM_BYTES_PER_S.items() if key in name), None)
         floor_ms = case.n * case.k / bw * 1e3 if bw else None
-        row |= {f"{k}_of_floor": round(floor_ms / v, 2) if floor_ms else None for k, v in ms.items() if k != "bf16_matmul"}
+        row |= {f"{k}_of_floor": round(floor_ms / v, 2) if floor_ms else None
+                for k, v in ms.items() if k != "bf16_matmul"}
     else:
         row |= {f"{k}_tflops": round(case.flops() / v / 1e9, 1) for k, v in ms.items()}
         row["rowwise_vs_scaled_mm"] = round(ms["scaled_mm"] / ms["cute_rowwise"], 2)
     return row
 
 
-def run_fp8(dry_run: bool) -> list[dict]:
+def run_fp8_bench(dry_run: bool, time_ms) -> list[dict]:
+    """time_ms(fn) -> mean milliseconds of fn on the GPU (bench_kernels' timer)."""
     if dry_run:
         from cute_kernels.toolchain.kernel_path import kernel_path
 
@@ -90,7 +78,7 @@ def run_fp8(dry_run: bool) -> list[dict]:
     rows = []
     for case in FP8_CASES:
         try:
-            rows.append(bench_case(case))
+            rows.append(bench_case(case, time_ms))
         except Exception as exc:  # one failing case must not hide the others
             rows.append({"case": case.name, "error": f"{type(exc).__name__}: {exc}"[:200]})
     return rows

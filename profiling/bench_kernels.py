@@ -20,7 +20,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from profiling.bench_fp8 import run_fp8  # noqa: E402
 from profiling.bench_fp8_engine import run_fp8_engine  # noqa: E402
 
 DENSE_BF16_PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "H800": 989.0, "H20": 148.0}
@@ -127,6 +126,12 @@ def run_decode(dry_run: bool) -> list[dict]:
     from profiling.decode_bench import run_decode_bench
 
     return run_decode_bench(dry_run, _time_ms)
+
+
+def run_fp8(dry_run: bool) -> list[dict]:
+    from profiling.bench_fp8 import run_fp8_bench
+
+    return run_fp8_bench(dry_run, _time_ms)
 
 
 BENCHES = {"prefill": run_prefill, "decode": run_decode, "fp8": run_fp8, "fp8_engine": run_fp8_engine}

@@ -41,7 +41,8 @@ def test_cli_lists_fp8():
 def test_fp8_linear_is_the_w8a8_product(block):
     """The CPU path is activations quantized per token (or per 128 of K) times the e4m3 weight."""
     g = torch.Generator().manual_seed(0)
-    w, bias, x = torch.randn(96, 272, generator=g) * 0.1, torch.randn(96, generator=g), torch.randn(5, 3, 272, generator=g)
+    w, bias = torch.randn(96, 272, generator=g) * 0.1, torch.randn(96, generator=g)
+    x = torch.randn(5, 3, 272, generator=g)
     layer = Fp8Linear.quantize(w, bias, block=block)
     out = layer(x)
     assert out.shape == (5, 3, 96) and layer.block_scaled == block
@@ -66,7 +67,8 @@ def _ledger_weight_bytes(quantization):
     from tests.tiny_engine import tiny_weights
 
     cfg, tensors = tiny_weights()
-    runner, ledger = make_runner(cfg, tensors, 1 << 20, dtype=torch.bfloat16, backend="torch", quantization=quantization)
+    runner, ledger = make_runner(cfg, tensors, 1 << 20, dtype=torch.bfloat16, backend="torch",
+                                 quantization=quantization)
     return cfg, runner, ledger.weight_bytes
 
 

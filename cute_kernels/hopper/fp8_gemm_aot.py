@@ -15,7 +15,8 @@ class Fp8GemmArgsC(ctypes.Structure):
 
     _fields_ = ([(n, ctypes.c_void_p) for n in ("a", "b", "c", "scale_a", "scale_b")]
                 + [(n, ctypes.c_int32) for n in ("m", "n", "k", "scale_cols", "scale_b_rows")]
-                + [(n, ctypes.c_int64) for n in ("a_stride", "b_stride", "c_stride", "scale_a_stride", "scale_b_stride")])
+                + [(n, ctypes.c_int64)
+                   for n in ("a_stride", "b_stride", "c_stride", "scale_a_stride", "scale_b_stride")])
 
 
 class Fp8QuantArgsC(ctypes.Structure):

@@ -14,7 +14,7 @@ def required_qgmma_shape(spec: Fp8GemmSpec) -> str:
 
 def fp8_gemm_sass_problems(spec: Fp8GemmSpec | Fp8QuantRowsSpec, stats: SassStats) -> list[str]:
     if isinstance(spec, Fp8QuantRowsSpec):
-        return quant_rows_sass_problems(stats)
+        return quant_rows_sass_problems(spec, stats)
     problems = []
     if not stats.qgmma:
         problems.append("no QGMMA (fp8 warpgroup MMA)")
@@ -31,7 +31,7 @@ def fp8_gemm_sass_problems(spec: Fp8GemmSpec | Fp8QuantRowsSpec, stats: SassStat
     return problems
 
 
-def quant_rows_sass_problems(stats: SassStats) -> list[str]:
+def quant_rows_sass_problems(spec: Fp8QuantRowsSpec, stats: SassStats) -> list[str]:
     """An elementwise row kernel: any tensor-core or async-copy instruction means a wrong lowering."""
     if stats.qgmma or stats.hgmma or stats.hmma or stats.tma_load:
         return ["matrix or TMA instructions in the row quantizer"]

@@ -5,18 +5,14 @@ kernel per spec serves every shape; the scale tensors' widths are symbolic too.
 """
 from __future__ import annotations
 
-import tempfile
-
 import cutlass
 import cutlass.cute as cute
 from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
 
-from cute_kernels.toolchain.compile_cache import CompileCache, CompiledKernel, timed
+from cute_kernels.toolchain.compile_cache import CompileCache, CompiledKernel, compile_sm90
 from .fp8_gemm import Fp8GemmSm90
 from .fp8_gemm_spec import Fp8GemmSpec, Fp8QuantRowsSpec
 from .fp8_quant_rows import Fp8QuantRowsSm90
-
-TARGET_ARCH = "sm_90a"
 
 
 def fake_fp8_gemm_arguments(spec: Fp8GemmSpec) -> tuple:
@@ -53,18 +49,7 @@ def compile_fp8_gemm(spec: Fp8GemmSpec | Fp8QuantRowsSpec, keep_artifacts: bool 
     """Compile for sm_90a (the GEMM or the activation quantizer, by spec); with keep_artifacts the
     PTX text and cubin bytes are returned too."""
     kernel = Fp8QuantRowsSm90() if isinstance(spec, Fp8QuantRowsSpec) else Fp8GemmSm90(spec)
-    args = fake_arguments(spec)
-    options = f"--gpu-arch {TARGET_ARCH}"
-    if not keep_artifacts:
-        fn, seconds = timed(lambda: cute.compile(kernel, *args, options=options))
-        return CompiledKernel(fn, seconds)
-    with tempfile.TemporaryDirectory(prefix="cute_dump_") as dump_dir:
-        options += f" --keep-ptx --keep-cubin --dump-dir {dump_dir}"
-        fn, seconds = timed(lambda: cute.compile(kernel, *args, options=options))
-        artifacts = {"ptx": fn.artifacts.PTX, "cubin": fn.artifacts.CUBIN}
-    if not isinstance(artifacts["cubin"], (bytes, bytearray)):
-        raise RuntimeError(f"{spec.name}: the DSL kept no cubin ({artifacts['cubin']!r})")
-    return CompiledKernel(fn, seconds, artifacts)
+    return compile_sm90(kernel, fake_arguments(spec), spec.name, keep_artifacts)
 
 
 FP8_GEMM_CACHE = CompileCache(compile_fp8_gemm)

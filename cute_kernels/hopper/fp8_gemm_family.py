@@ -37,7 +37,7 @@ FP8_GEMM = KernelFamily(
 )
 
 FP8_QUANT = KernelFamily(
-    name="fp8_quant", specs=quant_specs, compile=_compile, sass_problems=lambda spec, stats: quant_rows_sass_problems(stats),
+    name="fp8_quant", specs=quant_specs, compile=_compile, sass_problems=quant_rows_sass_problems,
     fake_args=_fake_args, shim_abi=QUANT_SHIM_ABI, shim="fp8_quant_aot_shim.c",
     sources=_COMMON + ("hopper/fp8_quant_rows.py", "toolchain/csrc/fp8_quant_aot_shim.c"),
 )
