@@ -190,3 +190,21 @@ def test_quantize_rows_rejects_cpu_and_odd_k():
 
     with pytest.raises(ValueError, match="CUDA"):
         quantize_rows(torch.zeros(2, 32, dtype=torch.bfloat16))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("block", [False, True])
+def test_fp8_linear_takes_the_kernel_and_matches_its_cpu_path_gpu(block):
+    """The model's Fp8Linear on bf16 CUDA rows runs the CuTe path; the same layer's dequantizing path
+    (what the CPU runs) computes the same W8A8 product through a bf16 matmul: rows agree to bf16 rounding."""
+    from runtime.model.fp8_linear import Fp8Linear
+
+    x, w = _inputs(7, 1536, 576, device="cuda")
+    layer = Fp8Linear.quantize(w, torch.randn(1536, device="cuda").bfloat16(), block=block)
+    rows = x.bfloat16()
+    assert layer._kernel_takes(rows)
+    got = layer(rows).float()
+    want = layer._dequantized(rows).float()  # activations quantized from the same bf16 values
+    rel = (got - want).norm(dim=1) / want.norm(dim=1)
+    assert rel.max().item() < 1e-2
