@@ -3,9 +3,11 @@ e4m3 linear weights beside fp32 scales, dequantized here to the float32 tensors 
 
 Two layouts: `weight_block_size: [128, 128]` with `<name>.weight_scale_inv` per 128x128 block
 ([ceil(out/128), ceil(in/128)]; DeepSeek-V3, Qwen3-FP8; multiplied in despite its name), or no
-block size with `<name>.weight_scale`, one per tensor or per output channel. e4m3 x fp32 scale is
-exact in fp32 to its last bit, so --quantization fp8 re-quantizes these weights (same 128x128 blocks,
-see ModelConfig.fp8_weight_block) to the checkpoint's own e4m3 values when its scales are amax / 448.
+block size with `<name>.weight_scale`, one per tensor or per output channel. An e4m3 value times an
+fp32 scale is within fp32 rounding (2^-24 relative) of the exact product, so --quantization fp8
+re-quantizes these weights (the same 128x128 blocks, see ModelConfig.fp8_weight_block; fused q/k/v
+and gate/up keep them where each part's rows are whole blocks, as in real models) to the
+checkpoint's own e4m3 values when its scales are amax / 448.
 """
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from cute_kernels.fp8_quant import (
-    dequantize, quantize_activation_blocks, quantize_rowwise, quantize_weight_blocks,
+    BLOCK, dequantize, quantize_activation_blocks, quantize_rowwise, quantize_weight_blocks,
 )
 from runtime.model.linear import tensor_bytes
 
@@ -40,9 +40,12 @@ class Fp8Linear:
     def __init__(self, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         if weight.dtype != torch.float8_e4m3fn or weight.dim() != 2:
             raise ValueError(f"Fp8Linear: weight is {weight.dtype} {tuple(weight.shape)}; expected 2-D float8_e4m3fn")
+        (n, k), blocks = weight.shape, (-(-weight.shape[0] // BLOCK), -(-weight.shape[1] // BLOCK))
+        if tuple(scale.shape) not in ((n, 1), blocks):
+            raise ValueError(f"Fp8Linear: scales {tuple(scale.shape)} fit no scale mode of a [{n}, {k}] weight "
+                             f"(rowwise [{n}, 1] or 128x128 blocks [{blocks[0]}, {blocks[1]}])")
         self.weight, self.scale, self.bias = weight, scale.float().contiguous(), bias
-        self.block_scaled = self.scale.shape != (weight.shape[0], 1)
-        dequantize(weight[:1], self.scale[:1])  # the scale shape fits one of the modes, or ValueError now
+        self.block_scaled = tuple(scale.shape) != (n, 1)
 
     @classmethod
     def quantize(cls, weight: torch.Tensor, bias: torch.Tensor | None = None, block: bool = False) -> "Fp8Linear":
