@@ -44,8 +44,10 @@ def test_variant_choice_by_rows():
         Fp8GemmSpec("per_tensor", 128, 128)
 
 
-@pytest.mark.parametrize("spec", runtime_variants(), ids=lambda s: s.name)
-def test_every_runtime_variant_compiles_to_qgmma(spec, tmp_path, monkeypatch):
+# One variant per tile config, each scale mode once; `python -m cute_kernels.check` compiles them all.
+@pytest.mark.parametrize("spec", [Fp8GemmSpec("rowwise", 64, 64), Fp8GemmSpec("block128", 128, 128)],
+                         ids=lambda s: s.name)
+def test_runtime_variants_compile_to_qgmma(spec, tmp_path, monkeypatch):
     pytest.importorskip("cutlass", reason="needs nvidia-cutlass-dsl (the hopper extra)")
     monkeypatch.setenv("TMPDIR", str(tmp_path))  # the DSL's cache stays in the test's temp dir
     from cute_kernels.hopper.fp8_gemm_compile import compile_fp8_gemm
