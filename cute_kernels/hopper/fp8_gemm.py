@@ -141,6 +141,7 @@ class Fp8GemmSm90:
         acc_shape = thr_mma.partition_C(gC).shape[:3]
         acc = cute.make_rmem_tensor(acc_shape, cutlass.Float32)
         partial = cute.make_rmem_tensor(acc_shape, cutlass.Float32)
+        block_scales = cute.make_rmem_tensor(acc_shape, cutlass.Float32)  # per element; a few distinct values
         # This thread's (row, col) within a tile for each accumulator element: where its scales live.
         coords = thr_mma.partition_C(cute.make_identity_tensor((self.spec.tile_m, self.spec.tile_n)))
         k_blocks = cute.size(tCrA, mode=[2])
@@ -157,6 +158,8 @@ class Fp8GemmSm90:
             m0, n0 = m_idx * self.spec.tile_m, n_idx * self.spec.tile_n
             acc.fill(0.0)
             for k_tile in range(k_tiles):
+                # Block scales load before the wait and the wgmma: their latency hides behind both.
+                self.load_block_scales(block_scales, coords, scale_a, scale_b, m0, n0, k_tile, rows)
                 mainloop.consumer_wait(state)
                 warpgroup.fence()
                 tiled_mma.set(warpgroup.Field.ACCUMULATE, False)  # the first k-block starts a fresh partial
@@ -168,7 +171,7 @@ class Fp8GemmSm90:
                 warpgroup.wait_group(0)
                 mainloop.consumer_release(state)  # the producer refills this stage while we promote
                 state.advance()
-                self.promote(acc, partial, coords, scale_a, scale_b, m0, n0, k_tile, rows)
+                self.promote(acc, partial, block_scales)
             if cutlass.const_expr(not self.block_scaled):
                 self.apply_rowwise_scales(acc, coords, scale_a, scale_b, m0, n0, rows, cols)
             self.epilogue(acc, tiled_mma, sC, tma_c, gC[(None, None, m_idx, n_idx, l_idx)], store_pipeline,
@@ -178,14 +181,21 @@ class Fp8GemmSm90:
         store_pipeline.producer_tail()
 
     @cute.jit
-    def promote(self, acc, partial, coords, scale_a, scale_b, m0, n0, k_tile, rows):
+    def load_block_scales(self, block_scales, coords, scale_a, scale_b, m0, n0, k_tile, rows):
+        """block128: each element's activation scale (its row, this k block) x the tile's weight block
+        scale (tile_n divides 128). Rowwise mode loads nothing here."""
         if cutlass.const_expr(self.block_scaled):
-            weight_scale = scale_b[n0 // SCALE_BLOCK, k_tile]  # tile_n divides 128: one weight block
-            for i in cutlass.range_constexpr(cute.size(acc)):
+            weight_scale = scale_b[n0 // SCALE_BLOCK, k_tile]
+            for i in cutlass.range_constexpr(cute.size(block_scales)):
                 row = cutlass.min(m0 + coords[i][0], rows - 1)
-                acc[i] = acc[i] + partial[i] * (scale_a[row, k_tile] * weight_scale)
-        else:
-            for i in cutlass.range_constexpr(cute.size(acc)):
+                block_scales[i] = scale_a[row, k_tile] * weight_scale
+
+    @cute.jit
+    def promote(self, acc, partial, block_scales):
+        for i in cutlass.range_constexpr(cute.size(acc)):
+            if cutlass.const_expr(self.block_scaled):
+                acc[i] = acc[i] + partial[i] * block_scales[i]
+            else:
                 acc[i] = acc[i] + partial[i]
 
     @cute.jit
