@@ -12,7 +12,8 @@ from cute_kernels.hopper.fp8_gemm_spec import Fp8GemmSpec, Fp8QuantRowsSpec, run
 from cute_kernels.toolchain.sass import SassStats
 
 GOOD = SassStats(hgmma=0, qgmma=4, hmma=0, tma_load=14, cp_async=0, local_load=0, local_store=0, registers=168,
-                 hgmma_shapes=("64x128x32.F32",), tma_store=4, setmaxnreg=2)
+                 hgmma_shapes=("64x128x32.F32",), tma_store=4, setmaxnreg=2, mbarrier_waits=41,
+                 cta_barrier_offsets=(896,), first_tma_offset=2272)
 SPEC = Fp8GemmSpec("rowwise", 128, 128)
 
 
@@ -27,6 +28,8 @@ def test_rules_pass_a_kernel_with_everything():
     ({"tma_load": 0}, "no UTMALDG"),
     ({"tma_store": 0}, "no UTMASTG"),
     ({"setmaxnreg": 0}, "no USETMAXREG"),
+    ({"mbarrier_waits": 0}, "no mbarrier waits"),
+    ({"cta_barrier_offsets": (896, 4096)}, "BAR.SYNC after the first TMA"),
 ])
 def test_rules_fail_a_kernel_lacking_any_of_it(broken, expected):
     problems = fp8_gemm_sass_problems(SPEC, dataclasses.replace(GOOD, **broken))

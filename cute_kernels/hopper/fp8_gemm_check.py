@@ -28,6 +28,10 @@ def fp8_gemm_sass_problems(spec: Fp8GemmSpec | Fp8QuantRowsSpec, stats: SassStat
         problems.append("no UTMASTG (TMA-store epilogue)")
     if not stats.setmaxnreg:
         problems.append("no USETMAXREG (producer/consumer register split)")
+    if not stats.mbarrier_waits:
+        problems.append("no mbarrier waits (the TMA pipeline is gone)")
+    if stats.first_tma_offset is not None and any(o > stats.first_tma_offset for o in stats.cta_barrier_offsets):
+        problems.append("CTA-wide BAR.SYNC after the first TMA load: the pipeline stalls on the whole CTA")
     return problems
 
 
