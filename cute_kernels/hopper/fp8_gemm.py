@@ -4,9 +4,11 @@ Warp-specialized and persistent: warpgroup 0 (registers lowered with setmaxnreg)
 scheduler and TMA-loads A and B k-tiles into a 4-8 stage mbarrier pipeline; the consumer
 warpgroups (registers raised), 64 rows each, run e4m3 wgmma (QGMMA) over each 128-wide k-tile into
 a fresh fp32 partial sum, then promote it into the fp32 accumulator. The tensor core accumulates
-fp8 products in a reduced-precision adder, so promoting every 128 of K keeps long K exact to fp32
-(CUTLASS's fp8 "2xacc", DeepGEMM). In block128 mode the promotion also applies that k block's
-scales; in rowwise mode the scales are applied once in the epilogue, which converts to bf16 and
+fp8 products in a reduced-precision adder, so promoting every 128 of K keeps long K at fp32
+precision (CUTLASS's fp8 "2xacc", DeepGEMM). A warpgroup waits for its k-tile's wgmma before it
+promotes, so its consecutive k-tiles do not overlap on the tensor core (the loads stay stages ahead;
+two consumer warpgroups interleave). In block128 mode the promotion also applies that k block's
+scales, loaded before the wait so their latency hides; in rowwise mode the scales are applied once in the epilogue, which converts to bf16 and
 leaves through shared memory and a TMA store. Rows past M and columns past N read clamped scales
 and are dropped by the TMA store; the k tail past K is zero-filled by the TMA load.
 """
