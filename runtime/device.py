@@ -27,11 +27,12 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def kv_budget(config: EngineConfig, device: torch.device) -> int:
-    """Bytes for the KV cache; read once the weights are resident, so free memory no longer counts them."""
+    """Bytes for one rank's KV cache; read once the weights are resident, so free memory no longer counts them."""
     if config.kv_cache_memory is not None:
         return config.kv_cache_memory
     if device.type == "cuda":
         torch.cuda.empty_cache()  # load-time temporaries held by the caching allocator are free memory too
         free, _ = torch.cuda.mem_get_info(device)
         return int(free * 0.85)
-    return int(available_host_memory() * config.kv_cache_fraction)
+    # tensor-parallel ranks on the CPU share the host's memory: each takes its part of the fraction
+    return int(available_host_memory() * config.kv_cache_fraction / config.tensor_parallel_size)

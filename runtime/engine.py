@@ -15,9 +15,10 @@ import torch
 import runtime.nvtx as nvtx
 from runtime.batching import SchedulerOutput
 from runtime.device import kv_budget, resolve_device, resolve_dtype
+from runtime.distributed.plan import check_tp_size
 from runtime.engine_config import EngineConfig
 from runtime.engine_stats import EngineStats
-from runtime.errors import RequestError, UserError
+from runtime.errors import RequestError
 from runtime.host_allocator import tune_host_allocator
 from runtime.kv.block_manager import BlockManager
 from runtime.kv.block_pool import BlockPool
@@ -47,17 +48,13 @@ class LLMEngine:
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.max_model_len = min(model_config.max_position_embeddings, config.max_model_len or 1 << 62)
+        check_tp_size(model_config, config.tensor_parallel_size)  # before anything is built
         if self.device.type == "cpu":
             tune_host_allocator()
         # The draft comes first and the target's KV budget is read last, so free memory excludes both models.
         proposer = make_proposer(config, model_config, self.device, self.dtype)
-        self.runner, self.ledger = make_runner(model_config, tensors, lambda: kv_budget(config, self.device),
-                                               config.block_size, self.device, self.dtype, config.backend,
-                                               config.quantization)
-        if self.ledger.num_blocks < 1:
-            need = self.ledger.bytes_per_token * config.block_size
-            raise UserError(f"the KV cache budget ({self.ledger.budget_bytes} bytes) holds no block of "
-                            f"{config.block_size} tokens ({need} bytes needed)")
+        self.runner, self.ledger = self._make_runner(model_config, tensors)
+        self.ledger.require_blocks()
         self.stats = EngineStats()
         self.pool = BlockPool(self.ledger.num_blocks, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, BlockManager(self.pool, config.block_size), self.stats, self.max_model_len)
@@ -71,6 +68,34 @@ class LLMEngine:
         self._aborted: list[RequestState] = []
         if config.log_ledger:
             log.info(self.ledger.describe())
+
+    def _make_runner(self, model_config: ModelConfig, tensors: dict[str, torch.Tensor]):
+        config = self.config
+        budget = lambda: kv_budget(config, self.device)  # noqa: E731
+        if config.tensor_parallel_size == 1:
+            return make_runner(model_config, tensors, budget, config.block_size, self.device, self.dtype,
+                               config.backend, config.quantization)
+        from runtime.distributed.runner import make_tp_runner
+
+        return make_tp_runner(model_config, tensors, budget, config.block_size, self.device, self.dtype,
+                              config.backend, config.tensor_parallel_size)
+
+    def close(self) -> None:
+        """Release what outlives the object: tensor-parallel worker processes (idempotent)."""
+        close = getattr(self.runner, "close", None)
+        if close is not None:
+            close()
+
+    def failure(self) -> str | None:
+        """Why no step can run any more (a tensor-parallel worker died), or None; safe from any thread."""
+        failure = getattr(self.runner, "failure", None)
+        return failure() if failure is not None else None
+
+    def __enter__(self) -> "LLMEngine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def set_proposer(self, proposer: Proposer | None) -> None:
         """Speculate with this proposer from now on (a draft model gets its own KV pool); engine idle."""
@@ -240,4 +265,12 @@ class LLMEngine:
                 "backend": self.runner.model.backend.describe(), "block size": str(self.config.block_size),
                 "scheduler": self.config.scheduler,
                 "prefix caching": "on" if self.config.enable_prefix_caching else "off",
-                "speculative": (self.config.speculative or "on") if self.proposer else "off", "memory ledger": self.ledger.describe()}
+                "speculative": (self.config.speculative or "on") if self.proposer else "off",
+                "tensor parallel": self._describe_tp(), "memory ledger": self.ledger.describe()}
+
+    def _describe_tp(self) -> str:
+        n = self.config.tensor_parallel_size
+        if n == 1:
+            return "off"
+        per_rank = self.ledger.weight_bytes + self.ledger.total_bytes
+        return f"{n} ranks, {per_rank / 2**20:.1f} MiB each (weights + KV cache)"

@@ -59,12 +59,15 @@ class EngineConfig:
     draft_model: str | None = flag(None, "draft model path for --speculative draft")
     ngram_min: int = flag(1, "smallest n-gram to match (default: %(default)s)")
     ngram_max: int = flag(4, "largest n-gram to match (default: %(default)s)")
+    tensor_parallel_size: int = flag(1, "split the model over N processes (torch.distributed: gloo on the CPU, NCCL over "
+                                     "N GPUs), each holding 1/N of the weights and of the KV heads; --kv-cache-memory "
+                                     "is then per rank (default: %(default)s)")
     seed: int = flag(0, "seed for requests that do not set one", flag="--engine-seed")
     log_ledger: bool = True
 
     def __post_init__(self) -> None:
         positive = {"block_size": self.block_size, "max_num_batched_tokens": self.max_num_batched_tokens,
-                    "max_num_seqs": self.max_num_seqs,
+                    "max_num_seqs": self.max_num_seqs, "tensor_parallel_size": self.tensor_parallel_size,
                     "max_model_len": 1 if self.max_model_len is None else self.max_model_len}
         bad = next((k for k, v in positive.items() if not isinstance(v, int) or v < 1), None)
         if bad:
@@ -75,6 +78,8 @@ class EngineConfig:
             raise UserError(f"kv_cache_fraction must be in (0, 1], got {self.kv_cache_fraction}")
         if self.quantization is not None and self.quantization not in QUANTIZATION_MODES:
             raise UserError(f"unknown quantization {self.quantization!r} ({', '.join(QUANTIZATION_MODES)})")
+        if self.quantization is not None and self.tensor_parallel_size > 1:
+            raise UserError("--quantization does not combine with --tensor-parallel-size > 1 yet")
         if self.scheduler not in SCHEDULERS:
             raise UserError(f"unknown scheduler {self.scheduler!r} ({' or '.join(SCHEDULERS)})")
         if self.scheduler == "static" and self.speculative:

@@ -4,7 +4,7 @@ UserError and ModelLoadError are defined by the checkpoint package (weights.erro
 one class each, so `except UserError` catches a load error whichever module raised it."""
 from weights.errors import ModelLoadError, UserError
 
-__all__ = ["ModelLoadError", "RequestError", "UserError"]
+__all__ = ["EngineDeadError", "ModelLoadError", "RequestError", "UserError"]
 
 
 class RequestError(UserError):
@@ -20,3 +20,8 @@ class RequestError(UserError):
     @classmethod
     def invalid(cls, param: str, why: str) -> "RequestError":
         return cls(f"invalid {param}: {why}", param=param)
+
+
+class EngineDeadError(RuntimeError):
+    """The engine can run no more steps (e.g. a tensor-parallel worker process died); the server stops
+    serving (HTTP 503) rather than retrying."""

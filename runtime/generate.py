@@ -31,7 +31,12 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging()
     config = config_from_args(args)
     model_config, tensors, tokenizer, _ = load_model(args.model)
-    engine = LLMEngine(config, model_config, tensors, tokenizer)
+    with LLMEngine(config, model_config, tensors, tokenizer) as engine:
+        return _generate(args, engine)
+
+
+def _generate(args: argparse.Namespace, engine: LLMEngine) -> int:
+    tokenizer = engine.tokenizer
     if args.chat:
         messages = ([{"role": "system", "content": args.system}] if args.system else [])
         prompt = tokenizer.encode_chat(messages + [{"role": "user", "content": args.prompt}])

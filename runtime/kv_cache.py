@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
+from runtime.errors import UserError
 from weights.config import ModelConfig
 
 
@@ -18,6 +19,7 @@ class KVLedger:
     num_blocks: int
     budget_bytes: int
     weight_bytes: int = 0  # the model's resident weights (packed copies included), for the ledger line
+    tensor_parallel_size: int = 1  # >1: every figure is one rank's (its weight shard, its KV heads)
 
     @property
     def max_tokens(self) -> int:
@@ -27,8 +29,15 @@ class KVLedger:
     def total_bytes(self) -> int:
         return self.num_blocks * self.block_size * self.bytes_per_token
 
+    def require_blocks(self) -> None:
+        """Raise UserError when the budget holds not even one block."""
+        if self.num_blocks < 1:
+            raise UserError(f"the KV cache budget ({self.budget_bytes} bytes) holds no block of {self.block_size} "
+                            f"tokens ({self.bytes_per_token * self.block_size} bytes needed)")
+
     def describe(self) -> str:
-        return (f"weights {self.weight_bytes / 2**20:.1f} MiB; "
+        tp = self.tensor_parallel_size
+        return (f"tensor parallel {tp}, per rank: " if tp > 1 else "") + (f"weights {self.weight_bytes / 2**20:.1f} MiB; "
                 f"KV cache: {self.bytes_per_token_per_layer} B/token/layer, {self.bytes_per_token / 1024:.1f} KiB/token "
                 f"over all layers; {self.num_blocks} blocks x {self.block_size} tokens = {self.max_tokens} tokens "
                 f"in {self.total_bytes / 2**20:.1f} MiB (budget {self.budget_bytes / 2**20:.1f} MiB)")

@@ -29,12 +29,28 @@ class LLM:
         model_config, tensors, tokenizer, _ = load_model(model)
         self.engine = LLMEngine(config, model_config, tensors, tokenizer)
         self._ids = itertools.count()
+        self._owns_engine = True
 
     @classmethod
     def from_engine(cls, engine: LLMEngine) -> "LLM":
+        """Generate on an engine someone else owns (and closes)."""
         llm = cls.__new__(cls)
-        llm.engine, llm._ids = engine, itertools.count()
+        llm.engine, llm._ids, llm._owns_engine = engine, itertools.count(), False
         return llm
+
+    def close(self) -> None:
+        """Stop the engine's worker processes (tensor parallelism); also on deletion and at exit."""
+        if getattr(self, "_owns_engine", False):
+            self.engine.close()
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        self.close()
 
     @property
     def tokenizer(self):

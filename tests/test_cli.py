@@ -84,7 +84,8 @@ def test_prompt_longer_than_context():
 
 
 @pytest.mark.parametrize("args,needle", [(["--temperature", "-1"], "temperature"), (["--top-p", "0"], "top_p"),
-                                         (["--max-tokens", "0"], "max_tokens"), (["--kv-cache-memory", "lots"], "lots")])
+                                         (["--max-tokens", "0"], "max_tokens"), (["--kv-cache-memory", "lots"], "lots"),
+                                         (["--tensor-parallel-size", "0"], "tensor_parallel_size")])
 def test_bad_flags(args, needle):
     res = generate("--prompt", "hi", "--kv-cache-memory", "64MiB", *args) if "--kv-cache-memory" not in args \
         else generate("--prompt", "hi", *args)

@@ -10,7 +10,7 @@ NOT_FLAGS = {"kv_cache_fraction", "log_ledger"}  # set from Python only (LLM(...
 FLAGS = ["--model", "--device", "--dtype", "--backend", "--block-size", "--kv-cache-memory",
          "--max-num-batched-tokens", "--max-num-seqs", "--max-model-len", "--scheduler",
          "--enable-prefix-caching", "--no-enable-prefix-caching", "--speculative", "--num-speculative-tokens",
-         "--draft-model", "--ngram-min", "--ngram-max", "--engine-seed"]
+         "--draft-model", "--ngram-min", "--ngram-max", "--tensor-parallel-size", "--engine-seed"]
 
 
 def engine_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Action]]:
@@ -47,6 +47,8 @@ def test_no_flags_give_the_default_config_and_flags_reach_their_fields():
     p, _ = engine_parser()
     assert config_from_args(p.parse_args([])) == EngineConfig()
     args = p.parse_args(["--kv-cache-memory", "2GiB", "--engine-seed", "7", "--no-enable-prefix-caching",
-                         "--speculative", "ngram", "--max-model-len", "256", "--model", "m.gguf"])
+                         "--speculative", "ngram", "--max-model-len", "256", "--model", "m.gguf",
+                         "--tensor-parallel-size", "3"])
     assert config_from_args(args) == EngineConfig(kv_cache_memory=2 << 30, seed=7, enable_prefix_caching=False,
-                                                  speculative="ngram", max_model_len=256, model="m.gguf")
+                                                  speculative="ngram", max_model_len=256, model="m.gguf",
+                                                  tensor_parallel_size=3)

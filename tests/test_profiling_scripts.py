@@ -105,3 +105,14 @@ def test_ladder_picks_up_quantization_modes_when_engine_config_grows_them(monkey
     rungs = ol.ladder({"speculative": "ngram"})
     assert [r.label for r in rungs[3:5]] == ["4 + quantized (int8)", "4 + quantized (int4)"]
     assert rungs[-1].config == {**rungs[4].config, "speculative": "ngram"}  # speculation on top of the last mode
+
+
+def test_bench_tp_smoke_splits_steps_into_compute_and_communication(tmp_path):
+    out = tmp_path / "tp.json"
+    proc = run_script("profiling/bench_tp.py", "--smoke", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(out.read_text())
+    one, two = report["rows"]
+    assert (one["tp"], two["tp"]) == (1, 2) and report["multi_gpu"] is False
+    assert one["decode"]["comm_ms"] == 0 and two["decode"]["comm_ms"] > 0 and two["prefill"]["steps"] > 0
+    assert "multi-GPU run: no" in proc.stdout and "identical greedy tokens: yes" in proc.stdout

@@ -25,7 +25,7 @@ from typing import Protocol, Sequence
 
 from runtime.engine import LLMEngine
 from runtime.engine_stats import EngineStats
-from runtime.errors import RequestError
+from runtime.errors import EngineDeadError, RequestError
 from runtime.outputs import RequestOutput
 from runtime.request_limits import RequestLimits
 from runtime.sampling_params import SamplingParams
@@ -133,11 +133,13 @@ class AsyncEngine:
         return self
 
     def shutdown(self, timeout: float = 10.0) -> None:
-        """Stop the step loop; streams still open get EngineUnavailableError."""
+        """Stop the step loop, then the engine's worker processes; streams still open get EngineUnavailableError."""
         self._stopping = True
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
+        if self._thread is None or not self._thread.is_alive():  # the engine thread no longer touches it
+            self.engine.close()
 
     def drain(self) -> None:
         """Admit nothing new (submit raises EngineUnavailableError); requests in flight run on."""
@@ -163,7 +165,8 @@ class AsyncEngine:
         if self._draining:
             return EngineUnavailableError("the server is shutting down")
         if self.is_running:
-            return None
+            failure = self.engine.failure()  # e.g. a worker died while the engine sat idle
+            return None if failure is None else EngineUnavailableError(f"the engine cannot run: {failure}")
         return EngineUnavailableError("the engine is not running" + (f": {self.error}" if self.error else ""))
 
     def add_observer(self, observer: OutputObserver) -> None:
@@ -289,6 +292,9 @@ class AsyncEngine:
     def _step(self) -> None:
         try:
             outputs = self.engine.step()
+        except EngineDeadError as exc:  # no step can run again: stop serving (503), do not retry
+            self.error = exc
+            return
         except Exception as exc:
             log.exception("engine step failed; failing the requests in flight")
             self._fail_all(EngineStepError(f"the engine failed while serving this request: {exc}"))

@@ -89,12 +89,16 @@ class LlamaModel(nn.Module):
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         """Final hidden states [tokens, hidden] for the packed tokens of one step."""
         self.backend.plan(batch)  # once for every layer
-        x = F.embedding(input_ids, self.embed)
+        x = self.embed_tokens(input_ids)
         residual = None
         cos_sin = self.rope.lookup(positions)
         for layer, kv in zip(self.layers, kv_caches):
             x, residual = layer(x, residual, cos_sin, kv, batch, self.backend)
         return self.backend.add_rms_norm(x, residual, self.norm, self.cfg.rms_norm_eps)[0]
+
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Rows of the embedding table (tensor parallelism swaps in a vocab-parallel lookup)."""
+        return F.embedding(input_ids, self.embed)
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
