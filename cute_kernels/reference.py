@@ -187,3 +187,12 @@ def rope_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Ten
     """x [tokens, heads, d] rotated by cos/sin [tokens, 1, d/2] (rotate-half convention)."""
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype)
+
+
+def fp8_gemm_ref(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
+                 out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """C[M, N] = A[M, K] x B[N, K]^T of e4m3 operands, each scaled as fp8_quant.dequantize reads its
+    scales (rowwise, or per-token x 128x128 blocks): an fp32 matmul of the exact dequantized values."""
+    from cute_kernels.fp8_quant import dequantize
+
+    return (dequantize(a, scale_a) @ dequantize(b, scale_b).T).to(out_dtype)

@@ -1,4 +1,5 @@
-"""Kernel benchmarks on the GPU: `python profiling/bench_kernels.py {prefill,decode,fused} [--json PATH] [--dry-run]`.
+"""Kernel benchmarks on the GPU: `python profiling/bench_kernels.py {prefill,decode,fused,fp8,fp8_engine}
+[--json PATH] [--dry-run]`.
 
 prefill (profiling/bench_prefill.py): the cute sm_90a prefill kernel vs torch SDPA with the cuDNN and
 flash backends on the same inputs, TFLOP/s over the visible score entries and the fraction of the
@@ -7,6 +8,8 @@ ran JIT-compiled (DSL) or from the AOT library (cute_kernels.toolchain.kernel_pa
 decode: the paged split-KV decode kernel's bandwidth as a fraction of the measured device copy
 bandwidth, beside the torch reference and FlashInfer / flash-attn when importable (profiling/decode_bench.py).
 fused: the fused elementwise kernels vs the device copy bandwidth and the torch references (bench_fused.py).
+fp8: the FP8 GEMM beside torch._scaled_mm and bf16 matmul (profiling/bench_fp8.py); fp8_engine: batch-1
+decode TPOT of an 8B-shaped model, --quantization fp8 vs bf16 (profiling/bench_fp8_engine.py).
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from profiling.bench_fp8_engine import run_fp8_engine  # noqa: E402
 from profiling.bench_prefill import run_prefill  # noqa: E402
 from profiling.gpu_peaks import time_ms  # noqa: E402
 
@@ -33,7 +37,14 @@ def run_fused(dry_run: bool) -> list[dict]:
     return run(dry_run, time_ms)
 
 
-BENCHES = {"prefill": run_prefill, "decode": run_decode, "fused": run_fused}
+def run_fp8(dry_run: bool) -> list[dict]:
+    from profiling.bench_fp8 import run_fp8_bench
+
+    return run_fp8_bench(dry_run, time_ms)
+
+
+BENCHES = {"prefill": run_prefill, "decode": run_decode, "fused": run_fused, "fp8": run_fp8,
+           "fp8_engine": run_fp8_engine}
 
 
 def main(argv: list[str] | None = None) -> int:

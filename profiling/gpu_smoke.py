@@ -9,7 +9,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 CHECKS = ("device is sm_90", "kernels load", "prefill matches the reference", "decode (2 splits + merge) matches",
-          "fused norm/rope/silu/KV write match")
+          "fused norm/rope/silu/KV write match", "fp8 quantize + GEMM match")
 
 
 def _rel(got, want) -> float:
@@ -48,6 +48,7 @@ def smoke() -> list[tuple[str, bool, str]]:
     results.append((CHECKS[3], err < 1e-2, f"relative error {err:.1e}"))
     err = _fused_error(rnd)
     results.append((CHECKS[4], err < 1e-2, f"worst relative error {err:.1e}"))
+    results.append(_fp8_check(rnd))
     return results
 
 
@@ -72,10 +73,29 @@ def _fused_error(rnd) -> float:
     return max(errs)
 
 
+def _fp8_check(rnd) -> tuple[str, bool, str]:
+    """Per-token quantization kernel (bit-equal to torch's) feeding the rowwise FP8 GEMM."""
+    import torch
+
+    from cute_kernels.fp8_quant import quantize_rowwise
+    from cute_kernels.hopper.fp8_gemm_launch import fp8_gemm, fp8_kernels_unavailable_reason, quantize_rows
+    from cute_kernels.reference import fp8_gemm_ref
+
+    reason = fp8_kernels_unavailable_reason()
+    if reason is not None:
+        return CHECKS[5], False, reason
+    x, w = rnd(5, 256), rnd(128, 256)
+    (a, sa), (b, sb) = quantize_rows(x), quantize_rowwise(w)
+    same = a.view(torch.uint8).equal(quantize_rowwise(x)[0].view(torch.uint8))
+    err = _rel(fp8_gemm(a, b, sa, sb), fp8_gemm_ref(a, b, sa, sb, out_dtype=torch.float32))
+    return CHECKS[5], same and err < 1e-2, f"quantizer bit-equal: {same}; GEMM relative error {err:.1e}"
+
+
 def main(argv: list[str]) -> int:
     if "--dry-run" in argv:  # the modules the smoke needs import here too (no CUDA needed)
         import cute_kernels.hopper.decode_host, cute_kernels.hopper.decode_launch  # noqa: E401, F401
-        import cute_kernels.hopper.fused_ops, cute_kernels.hopper.prefill_launch  # noqa: E401, F401
+        import cute_kernels.hopper.fp8_gemm_launch, cute_kernels.hopper.fused_ops  # noqa: E401, F401
+        import cute_kernels.hopper.prefill_launch  # noqa: F401
         print("smoke checks: " + "; ".join(CHECKS))
         return 0
     try:

@@ -21,8 +21,9 @@ export CUTE_KERNELS_PATH="${CUTE_KERNELS_PATH:-aot}"
 export CUTE_AOT_DIR="${CUTE_AOT_DIR:-$PWD/build/aot}"
 
 TESTS=(tests/test_prefill_attention.py tests/test_aot.py    # GPU numerics (pytest marker: gpu)
-       tests/test_decode_attention.py tests/test_fused_ops.py tests/test_cuda_graphs.py tests/test_engine_gpu.py)
-BENCHES=(prefill decode fused)                              # profiling/bench_kernels.py <name>
+       tests/test_decode_attention.py tests/test_fused_ops.py tests/test_cuda_graphs.py tests/test_engine_gpu.py
+       tests/test_fp8_gemm.py)
+BENCHES=(prefill decode fused fp8 fp8_engine)               # profiling/bench_kernels.py <name>
 GENERATE=(profiling/bench_generate.py --device cuda)        # the engine on an 8B-shaped random model
 BUDGET_S=470                                                # the whole suite, smoke included (< 8 min)
 

@@ -77,7 +77,7 @@ class LLMEngine:
         budget = lambda: kv_budget(config, self.device)  # noqa: E731
         if config.tensor_parallel_size == 1:
             return make_runner(model_config, tensors, budget, config.block_size, self.device, self.dtype,
-                               config.backend)
+                               config.backend, config.quantization)
         from runtime.distributed.runner import make_tp_runner
 
         return make_tp_runner(model_config, tensors, budget, config.block_size, self.device, self.dtype,

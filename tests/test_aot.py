@@ -86,7 +86,8 @@ def test_libraries_are_small_x86_64_and_export_only_the_c_api(built):
 
     out, manifest = built
     expected = {"cute_aot_abi_version", "cute_aot_prefill_args_size", "cute_aot_error_name", "cute_aot_error_string",
-                "cute_aot_decode_args_size", "cute_aot_decode_merge_args_size", "cute_aot_fused_ops_args_size"}
+                "cute_aot_decode_args_size", "cute_aot_decode_merge_args_size", "cute_aot_fused_ops_args_size",
+                "cute_aot_fp8_gemm_args_size", "cute_aot_fp8_quant_args_size"}
     expected |= {f"cute_aot_{s.name}_{fn}" for s in VARIANTS for fn in ("load", "launch")}
     for lib in manifest["libraries"]:
         info = inspect_library(out / lib["file"])

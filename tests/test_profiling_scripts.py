@@ -95,7 +95,7 @@ def test_ladder_picks_up_quantization_modes_when_engine_config_grows_them(monkey
     from profiling import optimization_ladder as ol
     from runtime.engine_config import flag
 
-    assert [r.config for r in ol.ladder({})][3] is None  # today: no such field, rung 4 says n/a
+    assert "4 + quantized (fp8)" in [r.label for r in ol.ladder({})]  # a rung per mode EngineConfig declares
 
     @dataclass
     class WithQuantization:

@@ -28,6 +28,8 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
     name: str = "model"
+    # An FP8 checkpoint's weight block size (128: 128x128 block scales); its tensors arrive dequantized.
+    fp8_weight_block: int | None = None
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:

@@ -10,6 +10,7 @@ import torch
 from weights.checkpoint import Checkpoint, check_shapes, expected_shapes
 from weights.config import ModelConfig
 from weights.errors import ModelLoadError
+from weights.fp8_checkpoint import dequantize_fp8_weights, fp8_weight_block, scale_names
 from weights.jsonfile import read_json_object
 
 # HF architecture -> our arch. Mistral is Llama compute (its sliding window is handled below).
@@ -51,9 +52,7 @@ def config_from_hf(cfg: dict[str, Any], path: str, generation: dict[str, Any] | 
     if cfg.get("hidden_act", "silu") not in ("silu", "swish"):
         raise ModelLoadError(f"unsupported activation {cfg['hidden_act']!r} in {path}/config.json")
     quant = cfg.get("quantization_config")
-    if quant:
-        method = quant.get("quant_method", "?") if isinstance(quant, dict) else "?"
-        raise ModelLoadError(f"quantized HF checkpoints ({method}) are not supported: {path}")
+    fp8_block = fp8_weight_block(quant, path) if quant else None
     if cfg.get("mlp_bias"):
         raise ModelLoadError(f"mlp_bias=true is not supported ({path}/config.json)")
     # Qwen2 always has q/k/v bias (no config key). Elsewhere attention_bias also adds an o_proj bias we lack.
@@ -91,6 +90,7 @@ def config_from_hf(cfg: dict[str, Any], path: str, generation: dict[str, Any] | 
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=list(dict.fromkeys(eos)),
             name=os.path.basename(os.path.normpath(path)),
+            fp8_weight_block=fp8_block,
         )
     except KeyError as exc:
         raise ModelLoadError(f"{path}/config.json is missing {exc.args[0]!r}") from None
@@ -123,16 +123,24 @@ def load_hf(path: str) -> Checkpoint:
     generation = _read_json(gen_path) if os.path.isfile(gen_path) else None
     config = config_from_hf(cfg, path, generation)
     wanted = expected_shapes(config)
+    fp8 = bool(cfg.get("quantization_config"))  # config_from_hf let only fp8 through
+    wanted_scales = {s for name in wanted for s in scale_names(name)} if fp8 else set()
 
     tensors: dict[str, torch.Tensor] = {}
+    scales: dict[str, torch.Tensor] = {}
     for file in _weight_files(path):
         try:
             with safe_open(file, framework="pt") as f:
                 for name in f.keys():
                     if name in wanted:  # skip extras such as rotary inv_freq or a tied lm_head copy
-                        tensors[name] = f.get_tensor(name).to(torch.float32)
+                        t = f.get_tensor(name)
+                        tensors[name] = t if fp8 else t.to(torch.float32)
+                    elif name in wanted_scales:
+                        scales[name] = f.get_tensor(name)
         except Exception as exc:  # safetensors raises its own error types for truncated/corrupt files
             msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise ModelLoadError(f"corrupt or truncated safetensors file {file}: {msg}") from None
+    if fp8:
+        dequantize_fp8_weights(tensors, scales, config.fp8_weight_block, path)
     check_shapes(tensors, config, path)
     return Checkpoint(config=config, tensors=tensors, source="hf", metadata={}, path=os.path.abspath(path))

@@ -8,6 +8,7 @@ from runtime.errors import ModelLoadError
 from runtime.model.attention_backend import AttentionBackend
 from runtime.model.cpu_linear import PackedCpuLinear, pack_linear_weight
 from runtime.model.linear import DenseLinear, Linear
+from runtime.model.quantization import quantize_linear
 from runtime.model.llama import DecoderLayer, LlamaModel
 from runtime.model.rope import RotaryEmbedding
 from weights.config import ModelConfig
@@ -22,8 +23,16 @@ def _take(tensors: dict[str, torch.Tensor], name: str, shape: tuple[int, ...]) -
     return t
 
 
-def make_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Linear:
-    """The linear for this weight: oneDNN-packed where that applies (fp32 on the CPU), else dense."""
+def make_linear(weight: torch.Tensor, bias: torch.Tensor | None = None, quantization: str | None = None,
+                fp8_block: bool = False) -> Linear:
+    """The linear for this weight: quantized when asked (fp8_block: 128x128 block scales, as an FP8
+    checkpoint stored them), else oneDNN-packed where that applies (fp32 on the CPU), else dense."""
+    if quantization == "fp8" and fp8_block:
+        from runtime.model.fp8_linear import Fp8Linear
+
+        return Fp8Linear.quantize(weight, bias, block=True)
+    if quantization is not None:
+        return quantize_linear(quantization, weight, bias)
     packed = pack_linear_weight(weight)
     return DenseLinear(weight, bias) if packed is None else PackedCpuLinear(weight, bias, packed)
 
@@ -62,8 +71,10 @@ _LINEAR_NAMES = (*DecoderLayer.LINEARS, "qkv_bias", "lm_head")
 
 
 def build_model(cfg: ModelConfig, tensors: dict[str, torch.Tensor], backend: AttentionBackend,
-                device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> LlamaModel:
-    """Consumes `tensors` (entries are popped) and returns the model on `device` in `dtype`."""
+                device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                quantization: str | None = None) -> LlamaModel:
+    """Consumes `tensors` (entries are popped) and returns the model on `device` in `dtype`; with
+    `quantization` every decoder linear is quantized (the LM head and embedding stay in `dtype`)."""
     # fp32 tables: bf16 angles lose precision at long positions.
     rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling,
                            device=device, dtype=torch.float32)
@@ -76,6 +87,6 @@ def build_model(cfg: ModelConfig, tensors: dict[str, torch.Tensor], backend: Att
     for n, layer in enumerate(model.layers):
         for name in layer.LINEARS:
             weight, bias = linear.pop(f"layers.{n}.{name}"), linear.pop(f"layers.{n}.{name}_bias", None)
-            setattr(layer, name, make_linear(weight, bias))
+            setattr(layer, name, make_linear(weight, bias, quantization, cfg.fp8_weight_block == 128))
     model.head = make_linear(linear.pop("lm_head", model.embed))
     return model
