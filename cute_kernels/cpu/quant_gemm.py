@@ -1,0 +1,66 @@
+"""Quantized linear layers on the CPU: csrc/cpu_quant_gemm.c (built by build.py) over weights in
+ggml block formats (quant_blocks.py); quant_reference.quant_linear_ref is its oracle.
+
+The activations are quantized once per call (int8 blocks of 32), so a fused weight (q/k/v,
+gate/up) shares them; where the library cannot be built, quant_linear runs the reference.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+
+from cute_kernels.cpu import build
+from cute_kernels.cpu.quant_blocks import BLOCK_BYTES, QK, TYPE_IDS
+from cute_kernels.cpu.quant_reference import quant_linear_ref
+
+_P, _I, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+PORTABLE_FLAGS = ("-DQUANT_PORTABLE",)  # the plain C variant, as machines without AVX2 build it
+
+
+def _signatures() -> dict:
+    return {"quantize_rows_q8": ([_P, _I, _I, _P, _P, _P, _C], None),
+            "quant_gemm": ([_P, _C, _P, _P, _P, _P, _P, _I, _I, _I, _C], None),
+            "quant_gemm_isa": ([], ctypes.c_char_p)}
+
+
+@functools.lru_cache(maxsize=2)
+def _library(extra_flags: tuple[str, ...] = ()) -> tuple[ctypes.CDLL | None, str | None]:
+    return build.load_with_signatures("cpu_quant_gemm", _signatures(), extra_flags)
+
+
+def unavailable_reason(extra_flags: tuple[str, ...] = ()) -> str | None:
+    """None when the C library is built and loaded; otherwise why not."""
+    return _library(extra_flags)[1]
+
+
+def isa(extra_flags: tuple[str, ...] = ()) -> str:
+    """Which dot-product path the built library runs: avx512-vnni, avx2 or portable-c."""
+    lib = _library(extra_flags)[0]
+    return "torch reference" if lib is None else lib.quant_gemm_isa().decode()
+
+
+def supports(type_name: str, rows: int, cols: int) -> bool:
+    return type_name in TYPE_IDS and cols % QK == 0 and rows > 0
+
+
+def quant_linear(x: torch.Tensor, blocks: torch.Tensor, type_name: str, bias: torch.Tensor | None = None,
+                 extra_flags: tuple[str, ...] = ()) -> torch.Tensor:
+    """x [rows, k] float32 @ W^T (+ bias) for W given as blocks [n, k/32 * block bytes] of type_name."""
+    lib = _library(extra_flags)[0]
+    n, k = blocks.shape[0], x.shape[-1]
+    if (lib is None or x.dtype != torch.float32 or x.device.type != "cpu" or x.dim() != 2
+            or blocks.shape[1] != k // QK * BLOCK_BYTES[type_name] or not blocks.is_contiguous()):
+        return quant_linear_ref(x, blocks, type_name, bias)
+    x = x.contiguous()
+    m, threads = x.shape[0], torch.get_num_threads()
+    q = torch.empty(m, k, dtype=torch.int8)
+    d, s = torch.empty(m, k // QK), torch.empty(m, k // QK)
+    lib.quantize_rows_q8(x.data_ptr(), m, k, q.data_ptr(), d.data_ptr(), s.data_ptr(), threads)
+    y = torch.empty(m, n)
+    bias = None if bias is None else bias.float().contiguous()  # held: the kernel reads it
+    bias_ptr = None if bias is None else bias.data_ptr()
+    lib.quant_gemm(blocks.data_ptr(), TYPE_IDS[type_name], q.data_ptr(), d.data_ptr(), s.data_ptr(), bias_ptr,
+                   y.data_ptr(), m, n, k, threads)
+    return y
