@@ -22,6 +22,7 @@ from runtime.host_allocator import tune_host_allocator
 from runtime.kv.block_manager import BlockManager
 from runtime.kv.block_pool import BlockPool
 from runtime.model.factory import make_runner
+from runtime.model.quantization import unavailable_reason as quantization_unavailable
 from runtime.model_runner import SeqChunk
 from runtime.output_processor import OutputProcessor, RequestState
 from runtime.outputs import RequestOutput
@@ -46,13 +47,16 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
+        if (reason := quantization_unavailable(config.quantization, self.device)) is not None:
+            raise UserError(reason)
         self.max_model_len = min(model_config.max_position_embeddings, config.max_model_len or 1 << 62)
         if self.device.type == "cpu":
             tune_host_allocator()
         # The draft comes first and the target's KV budget is read last, so free memory excludes both models.
         proposer = make_proposer(config, model_config, self.device, self.dtype)
         self.runner, self.ledger = make_runner(model_config, tensors, lambda: kv_budget(config, self.device),
-                                               config.block_size, self.device, self.dtype, config.backend)
+                                               config.block_size, self.device, self.dtype, config.backend,
+                                               config.quantization)
         if self.ledger.num_blocks < 1:
             need = self.ledger.bytes_per_token * config.block_size
             raise UserError(f"the KV cache budget ({self.ledger.budget_bytes} bytes) holds no block of "

@@ -8,6 +8,8 @@ from dataclasses import Field, dataclass, field, fields
 from typing import Any, get_args, get_type_hints
 
 from runtime.errors import UserError
+from runtime.model.quantization import CHOICES as QUANTIZATION_CHOICES
+from runtime.model.quantization import FLOAT_MODE, QUANTIZATION_MODES
 
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6, "mib": 2**20,
           "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12, "tib": 2**40}
@@ -55,6 +57,10 @@ class EngineConfig:
     draft_model: str | None = flag(None, "draft model path for --speculative draft")
     ngram_min: int = flag(1, "smallest n-gram to match (default: %(default)s)")
     ngram_max: int = flag(4, "largest n-gram to match (default: %(default)s)")
+    quantization: str | None = flag(
+        None, "how linear weights are held (default: a GGUF's Q4_0/Q4_1/Q8_0 weights stay quantized on the CPU, "
+        f"float checkpoints stay float); {FLOAT_MODE}: dequantize everything to float; "
+        + "; ".join(f"{k}: {v}" for k, v in QUANTIZATION_MODES.items()), choices=QUANTIZATION_CHOICES)
     seed: int = flag(0, "seed for requests that do not set one", flag="--engine-seed")
     log_ledger: bool = True
 
@@ -71,6 +77,8 @@ class EngineConfig:
             raise UserError(f"kv_cache_fraction must be in (0, 1], got {self.kv_cache_fraction}")
         if self.scheduler not in SCHEDULERS:
             raise UserError(f"unknown scheduler {self.scheduler!r} ({' or '.join(SCHEDULERS)})")
+        if self.quantization not in (None, *QUANTIZATION_CHOICES):
+            raise UserError(f"unknown quantization {self.quantization!r} (choose from {', '.join(QUANTIZATION_CHOICES)})")
         if self.scheduler == "static" and self.speculative:
             raise UserError("speculative decoding needs the continuous scheduler (static batches verify no drafts)")
 

@@ -1,0 +1,40 @@
+"""--quantization: how linear weights are held. Light at import (the CLI reads the mode names).
+
+Default (no flag): a GGUF's block-quantized weights (Q4_0, Q4_1, Q8_0) stay as shipped on the CPU,
+and float checkpoints stay float. QUANTIZATION_MODES quantize float weights at load (a GGUF's are
+dequantized first); FLOAT_MODE dequantizes a GGUF to float32, the path before quantized kernels.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from runtime.model.linear import Linear
+
+QUANTIZATION_MODES: dict[str, str] = {
+    "int8": "int8 weights, one scale per output channel; int8 activations in blocks of 32 (CPU)",
+    "q4": "4-bit weights in groups of 32 with a scale and a minimum each (Q4_1 layout); int8 activations (CPU)",
+}
+FLOAT_MODE = "none"  # every weight in float (a GGUF dequantized at load)
+CHOICES = (*QUANTIZATION_MODES, FLOAT_MODE)
+
+
+def unavailable_reason(mode: str | None, device: "torch.device") -> str | None:
+    """Why `mode` cannot run on `device`, or None when it can."""
+    if mode in QUANTIZATION_MODES and device.type != "cpu":
+        return f"--quantization {mode} runs on the CPU only (device {device})"
+    return None
+
+
+def quantize_linear(mode: str, weight: "torch.Tensor", bias: "torch.Tensor | None") -> "Linear":
+    """The Linear for a float weight [out, in] quantized as `mode` says (a key of QUANTIZATION_MODES)."""
+    from cute_kernels.cpu.quant_blocks import quantize_q4_1, quantize_q8_0
+    from runtime.model.block_linear import BlockQuantLinear
+
+    if mode == "int8":
+        return BlockQuantLinear("Q8_0", quantize_q8_0(weight, per_channel=True), bias, label="int8")
+    if mode == "q4":
+        return BlockQuantLinear("Q4_1", quantize_q4_1(weight), bias, label="q4")
+    raise ValueError(f"unknown quantization mode {mode!r}")
