@@ -10,7 +10,7 @@ NOT_FLAGS = {"kv_cache_fraction", "log_ledger"}  # set from Python only (LLM(...
 FLAGS = ["--model", "--device", "--dtype", "--backend", "--block-size", "--kv-cache-memory",
          "--max-num-batched-tokens", "--max-num-seqs", "--max-model-len", "--scheduler",
          "--enable-prefix-caching", "--no-enable-prefix-caching", "--speculative", "--num-speculative-tokens",
-         "--draft-model", "--ngram-min", "--ngram-max", "--engine-seed"]
+         "--draft-model", "--ngram-min", "--ngram-max", "--quantization", "--engine-seed"]
 
 
 def engine_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Action]]:
@@ -29,6 +29,7 @@ def test_flags_are_exactly_the_cli_contract():
     assert list(actions["backend"].choices) == ["auto", "torch", "cute"]
     assert list(actions["scheduler"].choices) == ["continuous", "static"]
     assert list(actions["speculative"].choices) == ["ngram", "draft"]
+    assert list(actions["quantization"].choices) == ["int8", "q4", "none"]
 
 
 def test_every_field_but_the_python_only_ones_has_a_flag_with_its_default():
