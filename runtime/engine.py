@@ -243,4 +243,6 @@ class LLMEngine:
                 "backend": self.runner.model.backend.describe(), "block size": str(self.config.block_size),
                 "scheduler": self.config.scheduler,
                 "prefix caching": "on" if self.config.enable_prefix_caching else "off",
-                "speculative": (self.config.speculative or "on") if self.proposer else "off", "memory ledger": self.ledger.describe()}
+                "speculative": (self.config.speculative or "on") if self.proposer else "off",
+                "weights": f"{self.ledger.quantization}, {self.ledger.weight_bytes / 2**20:.1f} MiB resident",
+                "memory ledger": self.ledger.describe()}

@@ -95,7 +95,9 @@ def test_ladder_picks_up_quantization_modes_when_engine_config_grows_them(monkey
     from profiling import optimization_ladder as ol
     from runtime.engine_config import flag
 
-    assert [r.config for r in ol.ladder({})][3] is None  # today: no such field, rung 4 says n/a
+    today = ol.ladder({})
+    assert [r.label for r in today[3:6]] == ["4 + quantized (as shipped)", "4 + quantized (int8)", "4 + quantized (q4)"]
+    assert today[0].config["quantization"] == "none"  # rungs 1-3: float weights, so rung 4 shows the gain
 
     @dataclass
     class WithQuantization:
@@ -103,5 +105,6 @@ def test_ladder_picks_up_quantization_modes_when_engine_config_grows_them(monkey
 
     monkeypatch.setattr(ol, "EngineConfig", WithQuantization)
     rungs = ol.ladder({"speculative": "ngram"})
-    assert [r.label for r in rungs[3:5]] == ["4 + quantized (int8)", "4 + quantized (int4)"]
-    assert rungs[-1].config == {**rungs[4].config, "speculative": "ngram"}  # speculation on top of the last mode
+    assert [r.label for r in rungs[3:6]] == ["4 + quantized (as shipped)", "4 + quantized (int8)",
+                                             "4 + quantized (int4)"]
+    assert rungs[-1].config == {**rungs[5].config, "speculative": "ngram"}  # speculation on top of the last mode

@@ -85,8 +85,9 @@ def test_float_weights_quantized_at_load(mode, bound):
 
 
 def test_engine_runs_a_mode_and_rejects_what_it_cannot_run():
-    out = tiny_engine(quantization="q4")
-    assert "q4 x" in out.ledger.describe()
+    engine = tiny_engine(quantization="q4")
+    assert "(q4 x 9)" in engine.ledger.describe()  # 2 layers x 4 linears + the LM head
+    assert engine.describe()["weights"].startswith("q4 x 9, ")  # the About panel's line
     with pytest.raises(UserError, match="unknown quantization"):
         EngineConfig(quantization="fp3")
     assert "CPU only" in unavailable_reason("int8", torch.device("cuda"))
