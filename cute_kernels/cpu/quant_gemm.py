@@ -3,6 +3,13 @@ ggml block formats (quant_blocks.py); quant_reference.quant_linear_ref is its or
 
 The activations are quantized once per call (int8 blocks of 32), so a fused weight (q/k/v,
 gate/up) shares them; where the library cannot be built, quant_linear runs the reference.
+
+From DEQUANT_MIN_ROWS rows on (prefill chunks) the weight is instead dequantized, a slice of at most
+DEQUANT_SLICE_ROWS output rows at a time into one reused buffer, and multiplied by torch's fp32 GEMM:
+on AVX2 the int8 dot products with a float scale per 32 values do no better than fp32 FMAs, and
+there the blocked float GEMM wins (measured with profiling/bench_cpu_ops.py: at 128 rows and up,
+dequantizing costs under a tenth of the product). Decode rows stay on the int8 path, where reading
+4.5-bit instead of 32-bit weights is the gain.
 """
 from __future__ import annotations
 
@@ -10,19 +17,23 @@ import ctypes
 import functools
 
 import torch
+import torch.nn.functional as F
 
 from cute_kernels.cpu import build
 from cute_kernels.cpu.quant_blocks import BLOCK_BYTES, QK, TYPE_IDS
 from cute_kernels.cpu.quant_reference import quant_linear_ref
 
 _P, _I, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-PORTABLE_FLAGS = ("-DQUANT_PORTABLE",)  # the plain C variant, as machines without AVX2 build it
+PORTABLE_FLAGS = ("-DQUANT_PORTABLE",)
+DEQUANT_MIN_ROWS = 128
+DEQUANT_SLICE_ROWS = 4096  # the plain C variant, as machines without AVX2 build it
 
 
 def _signatures() -> dict:
     return {"quantize_rows_q8": ([_P, _I, _I, _P, _P, _P, _C], None),
             "quant_gemm": ([_P, _C, _P, _P, _P, _P, _P, _I, _I, _I, _C], None),
-            "quant_gemm_isa": ([], ctypes.c_char_p)}
+            "quant_gemm_isa": ([], ctypes.c_char_p),
+            "dequantize_blocks": ([_P, _C, _I, _I, _P, _C], None)}
 
 
 @functools.lru_cache(maxsize=2)
@@ -54,6 +65,8 @@ def quant_linear(x: torch.Tensor, blocks: torch.Tensor, type_name: str, bias: to
             or blocks.shape[1] != k // QK * BLOCK_BYTES[type_name] or not blocks.is_contiguous()):
         return quant_linear_ref(x, blocks, type_name, bias)
     x = x.contiguous()
+    if x.shape[0] >= DEQUANT_MIN_ROWS:
+        return _dequantized_linear(x, blocks, type_name, bias)
     m, threads = x.shape[0], torch.get_num_threads()
     q = torch.empty(m, k, dtype=torch.int8)
     d, s = torch.empty(m, k // QK), torch.empty(m, k // QK)
@@ -64,3 +77,28 @@ def quant_linear(x: torch.Tensor, blocks: torch.Tensor, type_name: str, bias: to
     lib.quant_gemm(blocks.data_ptr(), TYPE_IDS[type_name], q.data_ptr(), d.data_ptr(), s.data_ptr(), bias_ptr,
                    y.data_ptr(), m, n, k, threads)
     return y
+
+
+_scratch: list[torch.Tensor] = [torch.empty(0)]  # one buffer, grown as needed: steps run one at a time
+
+
+def _dequantized_linear(x: torch.Tensor, blocks: torch.Tensor, type_name: str,
+                        bias: torch.Tensor | None) -> torch.Tensor:
+    n, k = blocks.shape[0], x.shape[1]
+    slice_rows = min(n, DEQUANT_SLICE_ROWS)
+    if _scratch[0].numel() < slice_rows * k:
+        _scratch[0] = torch.empty(slice_rows * k)
+    y = torch.empty(x.shape[0], n)
+    for start in range(0, n, slice_rows):
+        rows = blocks[start:start + slice_rows]
+        w = dequantize_c(rows, type_name, k, _scratch[0][:rows.shape[0] * k].view(rows.shape[0], k))
+        y[:, start:start + rows.shape[0]] = F.linear(x, w, None if bias is None else bias[start:start + rows.shape[0]])
+    return y
+
+
+def dequantize_c(blocks: torch.Tensor, type_name: str, cols: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The float32 values [rows, cols] of blocks, by the C library (same values as quant_blocks.dequantize)."""
+    out = torch.empty(blocks.shape[0], cols) if out is None else out
+    _library()[0].dequantize_blocks(blocks.data_ptr(), TYPE_IDS[type_name], blocks.shape[0], cols, out.data_ptr(),
+                                    torch.get_num_threads())
+    return out

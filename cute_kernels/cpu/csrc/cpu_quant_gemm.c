@@ -195,3 +195,23 @@ const char *quant_gemm_isa(void) {
     return "portable-c";
 #endif
 }
+
+/* out[N, K] = the float32 values of W, for row counts where a float GEMM beats the int8 dot products
+ * (see quant_gemm.py): callers dequantize a slice of W at a time into a reused buffer. */
+void dequantize_blocks(const uint8_t *w, int type, int64_t n, int64_t k, float *out, int nthreads) {
+    const int64_t nb = k / QK, bb = BLOCK_BYTES[type], qs_at = type == Q4_1 ? 4 : 2;
+#pragma omp parallel for schedule(static) num_threads(nthreads)
+    for (int64_t i = 0; i < n * nb; i++) {
+        const uint8_t *blk = w + i * bb, *qs = blk + qs_at;
+        const float dw = f16_to_f32(load_u16(blk)), off = block_offset(blk, type, dw);
+        float *o = out + i * QK;
+        if (type == Q8_0) {
+            for (int j = 0; j < QK; j++) o[j] = dw * (float)(int8_t)qs[j];
+        } else {
+            for (int j = 0; j < 16; j++) {
+                o[j] = dw * (float)(qs[j] & 0x0f) + off;
+                o[j + 16] = dw * (float)(qs[j] >> 4) + off;
+            }
+        }
+    }
+}
