@@ -108,3 +108,15 @@ def test_ladder_picks_up_quantization_modes_when_engine_config_grows_them(monkey
     assert [r.label for r in rungs[3:6]] == ["4 + quantized (as shipped)", "4 + quantized (int8)",
                                              "4 + quantized (int4)"]
     assert rungs[-1].config == {**rungs[5].config, "speculative": "ngram"}  # speculation on top of the last mode
+
+
+def test_quant_quality_smoke_measures_every_mode_and_the_shipped_blocks(tmp_path):
+    from runtime.model.quantization import QUANTIZATION_MODES
+
+    out = tmp_path / "q.json"
+    proc = run_script("profiling/quant_quality.py", "--smoke", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(out.read_text())
+    assert [r["path"] for r in report["paths"]] == ["float", "as shipped", *QUANTIZATION_MODES]
+    assert report["paths"][0]["top1_agreement_vs_float"] == 1.0 and report["positions"] == 512
+    assert all(r["perplexity"] > 1 for r in report["paths"]) and "llama.cpp" in proc.stdout
