@@ -7,7 +7,8 @@ float path on the same weights.
 
 Paths: float (--quantization none), the GGUF's blocks as shipped (the default, for a GGUF), and each
 mode of runtime.model.quantization.QUANTIZATION_MODES the device runs (a mode added there is picked up
-here). Per path, over the text's first --positions tokens, teacher-forced: perplexity of the next
+here). Per path, over the text's first --positions tokens, teacher-forced in steps of 64 tokens
+(so the quantized linears run their decode path, int8 activations, throughout): perplexity of the next
 tokens, its change against the float path (target: within 2%), and top-1 agreement with the float
 path (the next token greedy decoding would pick). With llama-cpp-python (importable here, or in the
 Python given by --llama-cpp-python), also the top-1 agreement of the as-shipped path with llama.cpp's
@@ -39,6 +40,7 @@ from weights.quantized import QuantizedTensor  # noqa: E402
 TEXT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "declaration_1776.txt")
 PPL_TARGET, LLAMA_CPP_TARGET = 0.02, 0.99
 BLOCK = 16
+CHUNK = 64  # tokens per step; under cute_kernels.cpu.quant_gemm.DEQUANT_MIN_ROWS
 
 # Runs in llama-cpp-python's interpreter: argv model, ids json, out .npy -> all positions' logits.
 LLAMA_CPP_LOGITS = """
@@ -61,10 +63,15 @@ def paths(tensors: dict, device: torch.device) -> list[tuple[str, str | None]]:
 
 
 def all_logits(cfg, tensors: dict, quantization: str | None, ids: list[int]) -> torch.Tensor:
+    """Every position's logits, fed CHUNK tokens per step: below the quantized linear's
+    DEQUANT_MIN_ROWS, so each product takes its decode path (int8 activations), the one that differs
+    most from float; a long prefill would take the dequantized-weight path instead."""
     blocks = math.ceil(len(ids) / BLOCK)
     budget = blocks * BLOCK * 2 * cfg.num_kv_heads * cfg.head_dim * 4 * cfg.num_layers
     runner, _ = make_runner(cfg, dict(tensors), budget, BLOCK, quantization=quantization)
-    return runner.run([SeqChunk(ids, 0, list(range(blocks)), num_logits=len(ids))])
+    table = list(range(blocks))
+    return torch.cat([runner.run([SeqChunk(ids[at:at + CHUNK], at, table, num_logits=len(ids[at:at + CHUNK]))])
+                      for at in range(0, len(ids), CHUNK)])
 
 
 def perplexity(logits: torch.Tensor, ids: list[int]) -> float:

@@ -79,15 +79,17 @@ def test_float_weights_quantized_at_load(mode, bound):
     cfg = our_config(hf, "qwen2")
     quantized, model, ledger = logits(cfg, state_dict(hf), mode)
     float_logits, _, float_ledger = logits(cfg, state_dict(hf), None)
-    assert model.quantization() == f"{mode} x {len(model.linears())}"
+    head = {"q4": "int8"}.get(mode, mode)  # q4 keeps the LM head in int8
+    assert model.quantization() == (f"{mode} x {len(model.linears())}" if head == mode
+                                    else f"{mode} x {len(model.linears()) - 1}, {head} x 1")
     assert ledger.weight_bytes < float_ledger.weight_bytes
     assert relative_error(quantized, float_logits) < bound
 
 
 def test_engine_runs_a_mode_and_rejects_what_it_cannot_run():
     engine = tiny_engine(quantization="q4")
-    assert "(q4 x 9)" in engine.ledger.describe()  # 2 layers x 4 linears + the LM head
-    assert engine.describe()["weights"].startswith("q4 x 9, ")  # the About panel's line
+    assert "(q4 x 8, int8 x 1)" in engine.ledger.describe()  # 2 layers x 4 linears; the LM head in int8
+    assert engine.describe()["weights"].startswith("q4 x 8, int8 x 1, ")  # the About panel's line
     with pytest.raises(UserError, match="unknown quantization"):
         EngineConfig(quantization="fp3")
     assert "CPU only" in unavailable_reason("int8", torch.device("cuda"))

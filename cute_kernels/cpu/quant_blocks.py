@@ -41,11 +41,10 @@ def _as_blocks(scale: torch.Tensor, tail: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat(parts, dim=-1).reshape(rows, -1).contiguous()
 
 
-def quantize_q8_0(weight: torch.Tensor, per_channel: bool = False) -> torch.Tensor:
-    """Q8_0 blocks of weight [rows, cols]; per_channel: one scale per row (absmax of the row) written
-    into every block, so the same kernel runs it."""
+def quantize_q8_0(weight: torch.Tensor) -> torch.Tensor:
+    """Q8_0 blocks of weight [rows, cols] (absmax scale per 32 values, as llama.cpp quantizes Q8_0)."""
     w = weight.float().reshape(weight.shape[0], -1, QK)
-    amax = w.abs().amax(dim=(1, 2) if per_channel else 2, keepdim=True).expand(-1, w.shape[1], 1)
+    amax = w.abs().amax(dim=2, keepdim=True)
     d = (amax / 127.0).to(torch.float16).float()  # round the scale first: the kernel reads it as f16
     q = torch.where(d > 0, w / d, torch.zeros_like(w)).round().clamp(-127, 127).to(torch.int8)
     return _as_blocks(d, [q.view(torch.uint8)])

@@ -11,7 +11,7 @@ from runtime.model.cpu_linear import PackedCpuLinear, pack_linear_weight
 from runtime.model.embedding import DenseEmbedding, Embedding
 from runtime.model.linear import DenseLinear, Linear
 from runtime.model.llama import DecoderLayer, LlamaModel
-from runtime.model.quantization import QUANTIZATION_MODES, quantize_linear
+from runtime.model.quantization import QUANTIZATION_MODES, head_mode, quantize_linear
 from runtime.model.rope import RotaryEmbedding
 from weights.config import ModelConfig
 from weights.quantized import QuantizedTensor, as_float, cat_rows
@@ -81,14 +81,14 @@ class _LinearFactory:
     def float(self, w: Weight | None) -> torch.Tensor | None:
         return None if w is None else as_float(w).to(device=self.device, dtype=self.dtype).contiguous()
 
-    def linear(self, weight: Weight, bias: torch.Tensor | None) -> Linear:
+    def linear(self, weight: Weight, bias: torch.Tensor | None, head: bool = False) -> Linear:
         bias = self.float(bias)
         if self.keeps(weight):
             return BlockQuantLinear(weight.type_name, weight.blocks, bias)
         weight = self.float(weight)
         if self.quantization in QUANTIZATION_MODES and block_linear_supports("Q8_0", *weight.shape, self.device,
                                                                              self.dtype):
-            return quantize_linear(self.quantization, weight, bias)
+            return quantize_linear(head_mode(self.quantization) if head else self.quantization, weight, bias)
         return make_linear(weight, bias)
 
     def embedding(self, table: Weight) -> Embedding:
@@ -99,7 +99,7 @@ class _LinearFactory:
     def tied_head(self, embedding: Embedding) -> Linear:
         if isinstance(embedding, BlockQuantEmbedding):
             return embedding.as_linear()
-        return self.linear(embedding.table, None)
+        return self.linear(embedding.table, None, head=True)
 
 
 def build_model(cfg: ModelConfig, tensors: dict[str, Weight], backend: AttentionBackend,
@@ -122,5 +122,6 @@ def build_model(cfg: ModelConfig, tensors: dict[str, Weight], backend: Attention
         for name in layer.LINEARS:
             weight, bias = linear.pop(f"layers.{n}.{name}"), linear.pop(f"layers.{n}.{name}_bias", None)
             setattr(layer, name, make.linear(weight, bias))
-    model.head = make.linear(linear.pop("lm_head"), None) if "lm_head" in linear else make.tied_head(model.embedding)
+    model.head = (make.linear(linear.pop("lm_head"), None, head=True) if "lm_head" in linear
+                  else make.tied_head(model.embedding))
     return model
