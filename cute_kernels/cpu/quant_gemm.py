@@ -26,6 +26,9 @@ from cute_kernels.cpu.quant_reference import quant_linear_ref
 _P, _I, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 PORTABLE_FLAGS = ("-DQUANT_PORTABLE",)
 DEQUANT_MIN_ROWS = 128
+# Below this many multiply-adds a product stays on the calling thread: a small GEMV takes tens of
+# microseconds, and joining threads costs more than it saves whenever another process holds a core.
+PARALLEL_MIN_MACS = 1 << 20
 DEQUANT_SLICE_ROWS = 4096  # the plain C variant, as machines without AVX2 build it
 
 
@@ -67,7 +70,8 @@ def quant_linear(x: torch.Tensor, blocks: torch.Tensor, type_name: str, bias: to
     x = x.contiguous()
     if x.shape[0] >= DEQUANT_MIN_ROWS:
         return _dequantized_linear(x, blocks, type_name, bias)
-    m, threads = x.shape[0], torch.get_num_threads()
+    m = x.shape[0]
+    threads = torch.get_num_threads() if m * n * k >= PARALLEL_MIN_MACS else 1
     q = torch.empty(m, k, dtype=torch.int8)
     d, s = torch.empty(m, k // QK), torch.empty(m, k // QK)
     lib.quantize_rows_q8(x.data_ptr(), m, k, q.data_ptr(), d.data_ptr(), s.data_ptr(), threads)
