@@ -128,8 +128,8 @@ def main() -> None:
     args = ap.parse_args()
     torch.manual_seed(0)
     cfg, tensors, ids, path = load(args)
-    print(f"{os.path.basename(path)}; {len(ids)} positions of {os.path.basename(TEXT)}; torch threads: "
-          f"{torch.get_num_threads()}")
+    print(f"{os.path.basename(path)}; {len(ids)} positions of {os.path.basename(TEXT)} in {CHUNK}-token steps (the "
+          f"int8-activation path); torch threads: {torch.get_num_threads()}")
     logits = {label: all_logits(cfg, tensors, q, ids) for label, q in paths(tensors, torch.device("cpu"))}
     base = logits["float"]
     base_ppl = perplexity(base, ids)

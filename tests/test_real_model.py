@@ -50,12 +50,16 @@ def quantized_engine():
     return make_engine(None)  # the default: the GGUF's Q4_1/Q8_0 blocks as shipped
 
 
-def all_logits(engine, ids):
+def all_logits(engine, ids, step=None):
+    """Logits at every position, the prompt fed `step` tokens at a time (default: all at once)."""
     blocks = engine.scheduler.blocks
     kv = KVBlocks()
     assert blocks.allocate(kv, len(ids))
+    step = step or len(ids)
     try:
-        return engine.runner.run([SeqChunk(ids, 0, kv.block_table, num_logits=len(ids))])
+        return torch.cat([engine.runner.run([SeqChunk(ids[at:at + step], at, kv.block_table,
+                                                      num_logits=len(ids[at:at + step]))])
+                          for at in range(0, len(ids), step)])
     finally:
         blocks.free(kv)
 
@@ -109,12 +113,13 @@ def test_chat_answers_paris(engine):
 
 
 def test_quantized_default_tracks_the_float_path(engine, quantized_engine):
-    """The only difference is int8 activation rounding (same Q4_1/Q8_0 weight values): on the long
-    prompt the next-token choice agrees at >= 95% of positions (measured: see quant_quality.py) and
-    the mean log-likelihood of the text moves by < 2%."""
+    """The only difference is int8 activation rounding (same Q4_1/Q8_0 weight values), which the
+    quantized linears apply below 128 rows: fed in 64-token steps, the next-token choice on the long
+    prompt agrees at >= 95% of positions and the mean log-likelihood moves by < 2%
+    (profiling/quant_quality.py measures the same on a natural text)."""
     assert "Q4_1 x 120, Q8_0 x 1" in quantized_engine.ledger.describe()
     ids = prompt_ids(engine, "long")
-    ref, ours = all_logits(engine, ids), all_logits(quantized_engine, ids)
+    ref, ours = all_logits(engine, ids), all_logits(quantized_engine, ids, step=64)
     assert (ours.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.95
     target = torch.tensor(ids[1:])
     nll = [torch.nn.functional.cross_entropy(x[:-1], target).item() for x in (ref, ours)]
