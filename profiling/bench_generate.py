@@ -1,8 +1,11 @@
-"""Batch-1 greedy decode speed: our engine vs transformers' generate, same model and prompt, one run.
+"""Batch-1 greedy decode speed (W1-style): our engine with the GGUF's quantized weights as shipped and
+with fp32 weights (--quantization none), transformers' generate, and llama.cpp (llama-cpp-python, when
+this Python imports it) on the same GGUF; same model and prompt, one run.
 
     python profiling/bench_generate.py [--model PATH] [--new-tokens 128] [--repeats 3]
 
-Prints TTFT and decode tokens/s of each and the ratio (ours / transformers). With `--device cuda`:
+Prints TTFT and decode tokens/s of each and the ratios against our quantized path.
+With `--device cuda`:
 an 8B-shaped random model on the GPU instead, TPOT against its weight-bandwidth floor and batch-64
 throughput (profiling/bench_generate_gpu.py); `--dry-run` lists those cases without a GPU.
 """
@@ -48,6 +51,31 @@ def transformers_run(model, ids: list[int], n: int) -> tuple[float, float, list[
     return ttft, (n - 1) / max(total - ttft, 1e-9), out[0, len(ids):].tolist()
 
 
+def llama_cpp_run(llm, ids: list[int], n: int) -> tuple[float, float, list[int]]:
+    """Same measurement with llama.cpp's greedy generate (reset first: it would reuse the cached prompt)."""
+    llm.reset()
+    out: list[int] = []
+    t0 = time.perf_counter()
+    for tok in llm.generate(ids, top_k=1, temp=0.0):
+        if not out:
+            first = time.perf_counter()
+        out.append(tok)
+        if len(out) == n:
+            break
+    return first - t0, (n - 1) / max(time.perf_counter() - first, 1e-9), out
+
+
+def llama_cpp_model(path: str):
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        return None
+    return Llama(model_path=path, n_threads=torch.get_num_threads(), n_ctx=2048, verbose=False)
+
+
+ENGINES = {"ours q (shipped)": None, "ours fp32": "none"}  # label -> --quantization
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="a .gguf file (default: SmolLM2-135M-Instruct)")
@@ -67,30 +95,34 @@ def main() -> None:
     from runtime.load import load_model
 
     cfg, tensors, tok, path = load_model(args.model)
-    engine = LLMEngine(EngineConfig(device="cpu", backend="torch", kv_cache_memory=256 << 20, log_ledger=False),
-                       cfg, tensors, tok)
-    hf = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
-                                              dtype=torch.float32).eval()
+    runners = {label: (ours, LLMEngine(EngineConfig(device="cpu", backend="torch", kv_cache_memory=256 << 20,
+                                                     log_ledger=False, quantization=q), cfg, dict(tensors), tok))
+               for label, q in ENGINES.items()}
+    runners["transformers"] = (transformers_run, AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32).eval())
+    if (llm := llama_cpp_model(path)) is not None:
+        runners["llama.cpp"] = (llama_cpp_run, llm)
     ids = tok.encode_chat([{"role": "user", "content": PROMPT}])
     n = args.new_tokens
-    ours(engine, ids, 8), transformers_run(hf, ids, 8)  # warm-up
-    rows = {"ours": [], "transformers": []}
-    for _ in range(args.repeats):  # interleaved so drifts in machine load hit both
-        rows["ours"].append(ours(engine, ids, n))
-        rows["transformers"].append(transformers_run(hf, ids, n))
+    for run, model in runners.values():
+        run(model, ids, 8)  # warm-up
+    rows: dict[str, list] = {k: [] for k in runners}
+    for _ in range(args.repeats):  # interleaved so drifts in machine load hit all
+        for k, (run, model) in runners.items():
+            rows[k].append(run(model, ids, n))
     res = {k: {"ttft_ms": 1000 * statistics.median(r[0] for r in v), "decode_tok_s": statistics.median(r[1] for r in v)}
            for k, v in rows.items()}
-    same = rows["ours"][0][2] == rows["transformers"][0][2]
-    print(f"prompt {len(ids)} tokens, {n} new tokens, greedy, float32, {torch.get_num_threads()} threads, "
-          f"median of {args.repeats}")
-    print(f"{'engine':<14}{'TTFT ms':>10}{'decode tok/s':>14}")
+    same = rows["ours fp32"][0][2] == rows["transformers"][0][2]
+    print(f"prompt {len(ids)} tokens, {n} new tokens, greedy, {torch.get_num_threads()} threads, median of "
+          f"{args.repeats}" + ("" if "llama.cpp" in runners else "; llama.cpp: llama-cpp-python not importable"))
+    print(f"{'engine':<18}{'TTFT ms':>10}{'decode tok/s':>14}{'ours q / this':>15}")
+    q = res["ours q (shipped)"]["decode_tok_s"]
     for k, v in res.items():
-        print(f"{k:<14}{v['ttft_ms']:>10.1f}{v['decode_tok_s']:>14.1f}")
-    ratio = res["ours"]["decode_tok_s"] / res["transformers"]["decode_tok_s"]
-    print(f"decode ratio ours/transformers: {ratio:.2f}x; identical tokens: {same}")
+        print(f"{k:<18}{v['ttft_ms']:>10.1f}{v['decode_tok_s']:>14.1f}{q / v['decode_tok_s']:>14.2f}x")
+    print(f"identical tokens, ours fp32 and transformers: {same}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({**res, "ratio": ratio, "identical_tokens": same, "prompt_tokens": len(ids), "new_tokens": n}, f, indent=2)
+            json.dump({**res, "identical_tokens_fp32": same, "prompt_tokens": len(ids), "new_tokens": n}, f, indent=2)
 
 
 def gpu_main(args: argparse.Namespace) -> int:

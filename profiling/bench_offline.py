@@ -1,9 +1,12 @@
 """Offline throughput: 64 requests (prompts 32-512 tokens, outputs 16-256, greedy or sampled, ignore_eos,
 token-id prompts), run side by side by (a) transformers' batched generate, (b) our static batching, (c) our
-continuous batching, and (d) vLLM's CPU build when it is installed (in this Python, or the one
---vllm-python names: vLLM pins its own torch, so it usually lives in a separate virtual environment).
+continuous batching, with the weights as loaded (a GGUF's quantized blocks) or, as continuous-fp32,
+dequantized to fp32 (continuous-int8 / -q4: those --quantization modes), (d) llama.cpp one request at a
+time (engine llama.cpp, llama-cpp-python in this Python), and (e) vLLM's CPU build when it is installed
+(in this Python, or the one --vllm-python names: vLLM pins its own torch, so it usually lives in a
+separate virtual environment).
 
-    python profiling/bench_offline.py [--engines continuous,static,transformers] [--hf-batch 16]
+    python profiling/bench_offline.py [--engines continuous,continuous-fp32,static,transformers] [--hf-batch 16]
         [--vllm-python /path/to/venv/bin/python] [--kv-bytes N] [--temperature T --top-p P] [--json out.json]
 
 Prints useful output tokens/s (requested tokens only), TTFT/TPOT P50/P99, ratios, and where a step's
@@ -33,11 +36,14 @@ from runtime.load import load_model  # noqa: E402
 from runtime.sampling_params import SamplingParams  # noqa: E402
 
 
-def run_ours(model_path, workload, policy: str, args) -> dict:
+def run_ours(model_path, workload, name: str, args) -> dict:
+    """name: continuous or static, with -fp32 / -int8 / -q4 for that --quantization (fp32: none)."""
+    policy, _, weights = name.partition("-")
     cfg, tensors, tok, _ = load_model(model_path)
     engine = LLMEngine(EngineConfig(device="cpu", backend="torch", kv_cache_memory=args.kv_bytes, scheduler=policy,
                                     max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                                    log_ledger=False, enable_prefix_caching=args.enable_prefix_caching), cfg, tensors, tok)
+                                    log_ledger=False, enable_prefix_caching=args.enable_prefix_caching,
+                                    quantization={"fp32": "none"}.get(weights, weights or None)), cfg, tensors, tok)
     llm = LLM.from_engine(engine)
     llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)  # warm-up
     engine.stats.times.__init__()
@@ -50,7 +56,7 @@ def run_ours(model_path, workload, policy: str, args) -> dict:
     useful = sum(len(o.outputs[0].token_ids) for o in outs)
     ttft = [o.metrics["ttft"] for o in outs]
     tpot = [o.metrics["tpot"] for o in outs if o.metrics["tpot"] is not None]
-    return {"engine": policy, "wall_s": wall, "useful_tok_s": useful / wall, "useful_tokens": useful,
+    return {"engine": name, "wall_s": wall, "useful_tok_s": useful / wall, "useful_tokens": useful,
             "ttft_p50": percentile(ttft, 50), "ttft_p99": percentile(ttft, 99),
             "tpot_p50": percentile(tpot, 50), "tpot_p99": percentile(tpot, 99),
             "steps": engine.stats.steps, "preemptions": engine.stats.preemptions,
@@ -85,6 +91,22 @@ def run_transformers(model_path, workload, batch: int, temperature: float, top_p
     wall = time.perf_counter() - t0
     return {"engine": f"transformers(b={batch})", "wall_s": wall, "useful_tok_s": useful / wall, "useful_tokens": useful,
             "e2e_p50": percentile(e2e, 50)}
+
+
+def run_llama_cpp(model_path, workload) -> dict:
+    """llama.cpp (llama-cpp-python) on the same GGUF, greedy, one request at a time."""
+    from llama_cpp import Llama
+
+    llm = Llama(model_path=model_path, n_threads=torch.get_num_threads(), n_ctx=2048, verbose=False)
+    t0, useful = time.perf_counter(), 0
+    for r in workload:
+        llm.reset()
+        for i, _ in enumerate(llm.generate(r.prompt_ids, top_k=1, temp=0.0)):
+            if i + 1 == r.max_tokens:
+                break
+        useful += r.max_tokens
+    wall = time.perf_counter() - t0
+    return {"engine": "llama.cpp(1 at a time)", "wall_s": wall, "useful_tok_s": useful / wall, "useful_tokens": useful}
 
 
 VLLM_SCRIPT = r"""
@@ -168,7 +190,8 @@ def print_table(results: list[dict], base: dict | None) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None)
-    ap.add_argument("--engines", default="continuous,static,transformers")
+    ap.add_argument("--engines", default="continuous,continuous-fp32,static,transformers",
+                    help="continuous[-fp32|-int8|-q4], static[-...], transformers, llama.cpp")
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--hf-batch", type=int, default=16)
     ap.add_argument("--max-num-seqs", type=int, default=64)
@@ -193,8 +216,10 @@ def main() -> None:
           f"{sum(r.max_tokens for r in workload)} output tokens; {torch.get_num_threads()} threads")
     results = []
     for name in args.engines.split(","):
-        if name in ("continuous", "static"):
+        if name.partition("-")[0] in ("continuous", "static"):
             results.append(run_ours(path, workload, name, args))
+        elif name == "llama.cpp":
+            results.append(run_llama_cpp(path, workload))
         elif name == "transformers":
             results.append(run_transformers(path, workload, args.hf_batch, args.temperature, args.top_p))
         r = results[-1]
@@ -211,6 +236,9 @@ def main() -> None:
     ours = {r["engine"]: r for r in results if "tokens" in r}
     if "continuous" in ours and "static" in ours:
         print("continuous and static outputs identical:", ours["continuous"]["tokens"] == ours["static"]["tokens"])
+    if base and "continuous-fp32" in ours:
+        print(f"continuous with the weights as loaded / fp32: "
+              f"{base['useful_tok_s'] / ours['continuous-fp32']['useful_tok_s']:.2f}x")
     if base:
         print("continuous step time shares:", ", ".join(f"{k} {v:.1%}" for k, v in base["time_shares"].items()))
     if args.json:

@@ -48,19 +48,22 @@ class Rung:
 
 
 def quantization_modes() -> list[str]:
-    """The --quantization choices EngineConfig declares, if it has that field (none yet on the CPU)."""
+    """The --quantization choices EngineConfig declares, if it has that field, but the float one."""
     f = next((f for f in fields(EngineConfig) if f.name == "quantization"), None)
     return [] if f is None else [m for m in f.metadata.get("choices", ()) if m not in (None, "none", "off")]
 
 
 def ladder(spec: dict) -> list[Rung]:
-    """The rungs, each adding one optimization; spec: the speculative decoding settings of rung 5."""
-    static = Rung("1 static batching", {"scheduler": "static", "enable_prefix_caching": False})
+    """The rungs, each adding one optimization; spec: the speculative decoding settings of rung 5.
+    Rungs 1-3 run float weights (a GGUF dequantized), so rung 4 shows what quantized weights buy:
+    the GGUF's own blocks (as shipped), then each mode quantizing the float weights at load."""
+    modes = quantization_modes()
+    floats = {"quantization": "none"} if modes else {}
+    static = Rung("1 static batching", {**floats, "scheduler": "static", "enable_prefix_caching": False})
     paged = Rung("2 + continuous, paged KV", {**static.config, "scheduler": "continuous"})
     prefix = Rung("3 + prefix caching", {**paged.config, "enable_prefix_caching": True})
-    modes = quantization_modes()
-    quant = ([Rung(f"4 + quantized ({m})", {**prefix.config, "quantization": m}) for m in modes]
-             or [Rung("4 + quantized weights", None, NO_QUANT)])
+    quant = ([Rung(f"4 + quantized ({m or 'as shipped'})", {**prefix.config, "quantization": m})
+              for m in [None, *modes]] if modes else [Rung("4 + quantized weights", None, NO_QUANT)])
     spec_on = Rung("5 + speculative (n-gram)", {**(quant[-1].config or prefix.config), **spec})
     return [static, paged, prefix, *quant, spec_on]
 

@@ -24,6 +24,7 @@ from runtime.kv.block_manager import BlockManager
 from runtime.kv.block_pool import BlockPool
 from runtime.model.cuda_graphs import CudaGraphRunner, uses_graphs
 from runtime.model.factory import make_runner
+from runtime.model.quantization import unavailable_reason as quantization_unavailable
 from runtime.model_runner import SeqChunk
 from runtime.output_processor import OutputProcessor, RequestState
 from runtime.outputs import RequestOutput
@@ -48,6 +49,8 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
+        if (reason := quantization_unavailable(config.quantization, self.device)) is not None:
+            raise UserError(reason)
         self.max_model_len = min(model_config.max_position_embeddings, config.max_model_len or 1 << 62)
         check_tp_size(model_config, config.tensor_parallel_size)  # before anything is built
         if self.device.type == "cpu":
@@ -282,6 +285,7 @@ class LLMEngine:
                 "prefix caching": "on" if self.config.enable_prefix_caching else "off",
                 "speculative": (self.config.speculative or "on") if self.proposer else "off",
                 "tensor parallel": self._describe_tp(), "cuda graphs": self._describe_graphs(),
+                "weights": f"{self.ledger.quantization}, {self.ledger.weight_bytes / 2**20:.1f} MiB resident",
                 "memory ledger": self.ledger.describe()}
 
     def _describe_tp(self) -> str:

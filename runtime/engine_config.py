@@ -8,7 +8,8 @@ from dataclasses import Field, dataclass, field, fields
 from typing import Any, get_args, get_type_hints
 
 from runtime.errors import UserError
-from runtime.model.quantization import QUANTIZATION_MODES
+from runtime.model.quantization import CHOICES as QUANTIZATION_CHOICES
+from runtime.model.quantization import FLOAT_MODE, QUANTIZATION_MODES
 
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6, "mib": 2**20,
           "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12, "tib": 2**40}
@@ -42,9 +43,10 @@ class EngineConfig:
                         "CPU the torch backend runs fp32 attention (prefill and paged decode) and the fused "
                         "norm/rope/silu ops in C kernels unless CUTE_SERVE_CPU_KERNELS=0)",
                         choices=("auto", "torch", "cute"))
-    quantization: str | None = flag(None, "quantize the linear weights at load: " + "; ".join(
-        f"{mode}: {text}" for mode, text in QUANTIZATION_MODES.items()) + " (default: none)",
-        choices=tuple(QUANTIZATION_MODES))
+    quantization: str | None = flag(
+        None, "how linear weights are held (default: a GGUF's Q4_0/Q4_1/Q8_0 weights stay quantized on the CPU, "
+        f"float checkpoints stay float); {FLOAT_MODE}: dequantize everything to float; "
+        + "; ".join(f"{k}: {v}" for k, v in QUANTIZATION_MODES.items()), choices=QUANTIZATION_CHOICES)
     block_size: int = flag(16, "tokens per KV block (default: %(default)s)")
     kv_cache_memory: int | None = flag(None, "KV cache budget, e.g. 2GiB (default: sized from free memory)",
                                        type=parse_bytes)  # bytes
@@ -82,14 +84,14 @@ class EngineConfig:
             raise UserError(f"kv_cache_memory must be >= 0 bytes, got {self.kv_cache_memory}")
         if not 0.0 < self.kv_cache_fraction <= 1.0:
             raise UserError(f"kv_cache_fraction must be in (0, 1], got {self.kv_cache_fraction}")
-        if self.quantization is not None and self.quantization not in QUANTIZATION_MODES:
-            raise UserError(f"unknown quantization {self.quantization!r} ({', '.join(QUANTIZATION_MODES)})")
-        if self.quantization is not None and self.tensor_parallel_size > 1:
+        if self.quantization in QUANTIZATION_MODES and self.tensor_parallel_size > 1:
             raise UserError("--quantization does not combine with --tensor-parallel-size > 1 yet")
         if self.scheduler not in SCHEDULERS:
             raise UserError(f"unknown scheduler {self.scheduler!r} ({' or '.join(SCHEDULERS)})")
         if self.generation_config not in GENERATION_CONFIGS:
             raise UserError(f"unknown generation_config {self.generation_config!r} ({' or '.join(GENERATION_CONFIGS)})")
+        if self.quantization not in (None, *QUANTIZATION_CHOICES):
+            raise UserError(f"unknown quantization {self.quantization!r} (choose from {', '.join(QUANTIZATION_CHOICES)})")
         if self.scheduler == "static" and self.speculative:
             raise UserError("speculative decoding needs the continuous scheduler (static batches verify no drafts)")
 

@@ -26,8 +26,10 @@ def assert_one_line_error(res, *needles):
 
 
 def test_chat_run_streams_and_reports_metrics():
+    # float weights: on this prompt the first token is a near-tie that int8 activation rounding (the
+    # quantized default) tips to a French reply; test_real_model checks the quantized path's quality
     res = generate("--chat", "--prompt", "What is the capital of France?", "--max-tokens", "24",
-                   "--kv-cache-memory", "64MiB")
+                   "--kv-cache-memory", "64MiB", "--quantization", "none")
     assert res.returncode == 0, res.stderr
     assert "Paris" in res.stdout
     assert "TTFT" in res.stderr and "TPOT" in res.stderr and "tokens/s" in res.stderr

@@ -31,6 +31,7 @@ def test_flags_are_exactly_the_cli_contract():
     assert list(actions["scheduler"].choices) == ["continuous", "static"]
     assert list(actions["speculative"].choices) == ["ngram", "draft"]
     assert list(actions["generation_config"].choices) == ["auto", "vllm"]
+    assert list(actions["quantization"].choices) == ["int8", "q4", "fp8", "none"]
 
 
 def test_every_field_but_the_python_only_ones_has_a_flag_with_its_default():

@@ -16,7 +16,8 @@ from tests.model_files import (llama_cpp_rope_freqs, random_tensors, tiny_config
                                write_tiny_hf)
 from weights.checkpoint import expected_shapes
 from weights.load import load_checkpoint
-from weights.load_gguf import _dequantize, llama3_divisors
+from weights.gguf_quants import dequantize_gguf
+from weights.load_gguf import llama3_divisors
 
 QTYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1"]
 
@@ -54,7 +55,7 @@ def test_dequantize_matches_gguf_reference_on_odd_values(qtype):
     qt = gguf.GGMLQuantizationType[qtype]
     q = gguf.quants.quantize(rows, qt)
     ref = gguf.quants.dequantize(q, qt).reshape(-1)
-    assert torch.equal(_dequantize(q, qtype), torch.from_numpy(ref))
+    assert torch.equal(dequantize_gguf(q, qtype), torch.from_numpy(ref))
 
 
 def test_gguf_llama_qk_rows_unpermuted(tmp_path):

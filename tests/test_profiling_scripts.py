@@ -95,7 +95,10 @@ def test_ladder_picks_up_quantization_modes_when_engine_config_grows_them(monkey
     from profiling import optimization_ladder as ol
     from runtime.engine_config import flag
 
-    assert "4 + quantized (fp8)" in [r.label for r in ol.ladder({})]  # a rung per mode EngineConfig declares
+    today = ol.ladder({})
+    assert [r.label for r in today[3:7]] == ["4 + quantized (as shipped)", "4 + quantized (int8)", "4 + quantized (q4)",
+                                             "4 + quantized (fp8)"]
+    assert today[0].config["quantization"] == "none"  # rungs 1-3: float weights, so rung 4 shows the gain
 
     @dataclass
     class WithQuantization:
@@ -103,8 +106,21 @@ def test_ladder_picks_up_quantization_modes_when_engine_config_grows_them(monkey
 
     monkeypatch.setattr(ol, "EngineConfig", WithQuantization)
     rungs = ol.ladder({"speculative": "ngram"})
-    assert [r.label for r in rungs[3:5]] == ["4 + quantized (int8)", "4 + quantized (int4)"]
-    assert rungs[-1].config == {**rungs[4].config, "speculative": "ngram"}  # speculation on top of the last mode
+    assert [r.label for r in rungs[3:6]] == ["4 + quantized (as shipped)", "4 + quantized (int8)",
+                                             "4 + quantized (int4)"]
+    assert rungs[-1].config == {**rungs[5].config, "speculative": "ngram"}  # speculation on top of the last mode
+
+
+def test_quant_quality_smoke_measures_every_mode_and_the_shipped_blocks(tmp_path):
+    from runtime.model.quantization import QUANTIZATION_MODES
+
+    out = tmp_path / "q.json"
+    proc = run_script("profiling/quant_quality.py", "--smoke", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(out.read_text())
+    assert [r["path"] for r in report["paths"]] == ["float", "as shipped", *QUANTIZATION_MODES]
+    assert report["paths"][0]["top1_agreement_vs_float"] == 1.0 and report["positions"] == 512
+    assert all(r["perplexity"] > 1 for r in report["paths"]) and "llama.cpp" in proc.stdout
 
 
 def test_bench_tp_smoke_splits_steps_into_compute_and_communication(tmp_path):

@@ -1,4 +1,5 @@
-"""A loaded model: config plus float32 weights under Hugging Face Llama names, whatever the file format."""
+"""A loaded model: config plus weights (float32, or GGUF blocks kept quantized) under Hugging Face Llama
+names, whatever the file format."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -13,8 +14,9 @@ from weights.errors import ModelLoadError
 @dataclass
 class Checkpoint:
     config: ModelConfig
-    # float32, HF naming; q/k projection rows in HF (rotate-half RoPE) order.
-    tensors: dict[str, torch.Tensor]
+    # float32 (or QuantizedTensor blocks where the loader kept them), HF naming; q/k projection rows
+    # in HF (rotate-half RoPE) order.
+    tensors: dict[str, Any]
     source: str  # "gguf" or "hf"
     metadata: dict[str, Any] = field(default_factory=dict)  # raw GGUF key/values; {} for HF folders
     path: str = ""

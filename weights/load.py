@@ -12,8 +12,9 @@ from weights.load_gguf import load_gguf
 from weights.load_hf import load_hf
 
 
-def load_checkpoint(path: str) -> Checkpoint:
-    """A .gguf file or a Hugging Face folder (config.json + *.safetensors) -> Checkpoint."""
+def load_checkpoint(path: str, keep_quantized: bool = False) -> Checkpoint:
+    """A .gguf file or a Hugging Face folder (config.json + *.safetensors) -> Checkpoint.
+    keep_quantized: a GGUF's block-quantized weights stay quantized (see load_gguf)."""
     if os.path.isdir(path):
         if not os.path.isfile(os.path.join(path, "config.json")):
             raise ModelLoadError(
@@ -21,7 +22,7 @@ def load_checkpoint(path: str) -> Checkpoint:
             )
         return load_hf(path)
     if path.lower().endswith(".gguf"):
-        return load_gguf(path)
+        return load_gguf(path, keep_quantized)
     if not os.path.exists(path):
         raise ModelLoadError(f"model path not found: {path} (expected a .gguf file or a Hugging Face model folder)")
     raise ModelLoadError(f"unrecognized model path {path}: expected a .gguf file or a folder with config.json")

@@ -1,9 +1,11 @@
-"""Load a llama.cpp GGUF file (llama / qwen2 / qwen3) into float32 tensors under HF Llama names."""
+"""Load a llama.cpp GGUF file (llama / qwen2 / qwen3) into tensors under HF Llama names: float32, or
+Q4_0/Q4_1/Q8_0 weights kept in their blocks (keep_quantized)."""
 from __future__ import annotations
 
 import math
 import os
 import re
+import warnings
 from typing import Any
 
 import numpy as np
@@ -13,6 +15,8 @@ from weights.checkpoint import Checkpoint, check_shapes, expected_shapes
 from weights.config import ModelConfig
 from weights.errors import ModelLoadError
 from weights.gguf_metadata import open_gguf, read_metadata
+from weights.gguf_quants import dequantize_gguf
+from weights.quantized import BLOCK_TYPES, BLOCK_VALUES, QuantizedTensor
 
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3")  # Mistral/Mixtral-free Llama variants convert as "llama"
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
@@ -72,44 +76,6 @@ def permute_qk(w: torch.Tensor, n_head: int) -> torch.Tensor:
 def unpermute_qk(w: torch.Tensor, n_head: int) -> torch.Tensor:
     """GGUF -> HF row order (inverse of permute_qk), so the model can use rotate-half RoPE."""
     return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-# --- dequantization ------------------------------------------------------------------------------
-# Torch versions of gguf.quants' numpy code for the common types: same arithmetic (bit-identical
-# results, checked by the tests) but several times faster on the 100M+ element tensors of a real model.
-
-def _f16_col(b: torch.Tensor, start: int) -> torch.Tensor:
-    return b[:, start:start + 2].contiguous().view(torch.float16).float()
-
-
-def _nibbles(qs: torch.Tensor) -> torch.Tensor:
-    # ggml packs element j in the low nibble of byte j and element j+16 in the high nibble.
-    # Written into one preallocated buffer (no cat) and then scaled in place: memory traffic dominates.
-    out = torch.empty(qs.shape[0], 32, dtype=torch.float32)
-    out[:, :16] = qs & 0x0F
-    out[:, 16:] = qs >> 4
-    return out
-
-
-def _dequantize(data: np.ndarray, type_name: str) -> torch.Tensor:
-    """Flat float32 values of one tensor's data (copied out of the memory map)."""
-    raw = torch.from_numpy(np.array(data, copy=True).reshape(-1).view(np.uint8))
-    if type_name == "F32":
-        return raw.view(torch.float32)
-    if type_name == "F16":
-        return raw.view(torch.float16).float()
-    if type_name == "BF16":
-        return raw.view(torch.bfloat16).float()
-    if type_name == "Q8_0":  # 2-byte f16 scale, 32 int8
-        b = raw.view(-1, 34)
-        return b[:, 2:].contiguous().view(torch.int8).float().mul_(_f16_col(b, 0)).reshape(-1)
-    if type_name == "Q4_0":  # 2-byte f16 scale, 16 bytes of nibbles; value = d * (q - 8)
-        b = raw.view(-1, 18)
-        return _nibbles(b[:, 2:]).sub_(8.0).mul_(_f16_col(b, 0)).reshape(-1)
-    if type_name == "Q4_1":  # f16 scale, f16 min, 16 bytes of nibbles; value = d * q + m
-        b = raw.view(-1, 20)
-        return _nibbles(b[:, 4:]).mul_(_f16_col(b, 0)).add_(_f16_col(b, 2)).reshape(-1)
-    raise AssertionError(type_name)  # callers check SUPPORTED_TYPES first
 
 
 # --- config ----------------------------------------------------------------------------------------
@@ -250,7 +216,29 @@ def config_from_metadata(meta: dict[str, Any], tensor_names: set[str], path: str
 
 # --- loader ----------------------------------------------------------------------------------------
 
-def load_gguf(path: str) -> Checkpoint:
+def _blocks(data: np.ndarray, rows: int) -> torch.Tensor:
+    """The tensor's bytes as uint8 [rows, row_bytes], a view of the memory map (read-only: the
+    weights are never written, so torch's warning about that does not apply)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(data.reshape(-1).view(np.uint8)).view(rows, -1)
+
+
+def _read_tensor(t, shape: list[int], keep_quantized: bool, path: str) -> torch.Tensor | QuantizedTensor:
+    kind = t.tensor_type.name
+    if keep_quantized and kind in BLOCK_TYPES and len(shape) == 2 and shape[1] % BLOCK_VALUES == 0:
+        if t.n_bytes != shape[0] * shape[1] // BLOCK_VALUES * BLOCK_TYPES[kind]:
+            raise ModelLoadError(f"tensor {t.name} holds {t.n_bytes} bytes, expected {shape} of {kind}: {path}")
+        return QuantizedTensor(kind, _blocks(t.data, shape[0]), shape[1])
+    flat = dequantize_gguf(t.data, kind)
+    if flat.numel() != math.prod(shape):
+        raise ModelLoadError(f"tensor {t.name} holds {flat.numel()} values, expected {shape}: {path}")
+    return flat.reshape(shape)
+
+
+def load_gguf(path: str, keep_quantized: bool = False) -> Checkpoint:
+    """keep_quantized: 2-D Q4_0/Q4_1/Q8_0 weights stay in their blocks (QuantizedTensor over the
+    memory map) instead of being dequantized to float32."""
     reader = open_gguf(path)
     meta = read_metadata(reader)
     by_name = {t.name: t for t in reader.tensors}
@@ -276,21 +264,20 @@ def load_gguf(path: str) -> Checkpoint:
             raise ModelLoadError(f"rope_freqs.weight must be F32 with head_dim/2 values in {path}")
         orig = _get(meta, f"{config.arch}.rope.scaling.original_context_length", int, path, default=8192)
         config.rope_scaling = _llama3_scaling(
-            _dequantize(rope_freqs.data, "F32"), config.rope_theta, config.head_dim, orig, path
+            dequantize_gguf(rope_freqs.data, "F32"), config.rope_theta, config.head_dim, orig, path
         )
 
-    tensors: dict[str, torch.Tensor] = {}
+    tensors: dict[str, torch.Tensor | QuantizedTensor] = {}
     for name, t in by_name.items():
         shape = [int(d) for d in reversed(t.shape.tolist())]  # GGUF lists dims innermost first
-        flat = _dequantize(t.data, t.tensor_type.name)
-        if flat.numel() != math.prod(shape):
-            raise ModelLoadError(f"tensor {name} holds {flat.numel()} values, expected {shape}: {path}")
-        tensors[hf_name(name)] = flat.reshape(shape)
+        tensors[hf_name(name)] = _read_tensor(t, shape, keep_quantized, path)
     check_shapes(tensors, config, path, describe=gguf_name)
 
     if config.arch == "llama":  # llama.cpp permuted these rows for its interleaved RoPE; qwen is stored as-is
         for n in range(config.num_layers):
             for proj, n_head in (("q_proj", config.num_heads), ("k_proj", config.num_kv_heads)):
                 key = f"model.layers.{n}.self_attn.{proj}.weight"
-                tensors[key] = unpermute_qk(tensors[key], n_head)
+                w = tensors[key]  # whole rows move, so quantized blocks permute like float rows
+                tensors[key] = (w.with_blocks(unpermute_qk(w.blocks, n_head)) if isinstance(w, QuantizedTensor)
+                                else unpermute_qk(w, n_head))
     return Checkpoint(config=config, tensors=tensors, source="gguf", metadata=meta, path=os.path.abspath(path))

@@ -38,33 +38,36 @@ def _cpu_signature() -> str:
     return platform.machine() + flags
 
 
-def _build(source: Path, compiler: str) -> Path:
+def _build(source: Path, compiler: str, extra_flags: tuple[str, ...] = ()) -> Path:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False).stdout
-    key = hashlib.sha256("\0".join([source.read_text(), compiler, version, *COMPILE_FLAGS, *LINK_FLAGS,
+    compile_flags = [*COMPILE_FLAGS, *extra_flags]
+    key = hashlib.sha256("\0".join([source.read_text(), compiler, version, *compile_flags, *LINK_FLAGS,
                                     _cpu_signature()]).encode())
     target = cache_dir() / f"{source.stem}-{key.hexdigest()[:16]}.so"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:  # build aside, then move: no torn file
             obj, built = Path(tmp) / "kernel.o", Path(tmp) / target.name
-            for cmd in ([compiler, *COMPILE_FLAGS, "-c", str(source), "-o", str(obj)],
+            for cmd in ([compiler, *compile_flags, "-c", str(source), "-o", str(obj)],
                         [compiler, str(obj), *LINK_FLAGS, "-o", str(built)]):
                 subprocess.run(cmd, check=True, capture_output=True, text=True)
             os.replace(built, target)
     return target
 
 
-def load_with_signatures(name: str, signatures: dict[str, tuple[list, object]]) -> tuple[ctypes.CDLL | None, str | None]:
-    """load(name), with each symbol's ctypes (argtypes, restype) set from `signatures`."""
-    lib, reason = load(name)
+def load_with_signatures(name: str, signatures: dict[str, tuple[list, object]],
+                         extra_flags: tuple[str, ...] = ()) -> tuple[ctypes.CDLL | None, str | None]:
+    """load(name, extra_flags), with each symbol's ctypes (argtypes, restype) set from `signatures`."""
+    lib, reason = load(name, extra_flags)
     for symbol, (argtypes, restype) in signatures.items() if lib is not None else ():
         getattr(lib, symbol).argtypes, getattr(lib, symbol).restype = argtypes, restype
     return lib, reason
 
 
 @functools.cache
-def load(name: str) -> tuple[ctypes.CDLL | None, str | None]:
-    """(library, None) for csrc/<name>.c, built if needed; (None, reason) where it cannot be."""
+def load(name: str, extra_flags: tuple[str, ...] = ()) -> tuple[ctypes.CDLL | None, str | None]:
+    """(library, None) for csrc/<name>.c, built if needed; (None, reason) where it cannot be.
+    extra_flags (e.g. a -D selecting a portable variant) are added to the compile step."""
     if os.environ.get("CUTE_SERVE_CPU_KERNELS", "1") == "0":
         return None, "disabled by CUTE_SERVE_CPU_KERNELS=0"
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
@@ -72,7 +75,7 @@ def load(name: str) -> tuple[ctypes.CDLL | None, str | None]:
         return None, "no C compiler found (set CC)"
     source = CSRC / f"{name}.c"
     try:
-        return ctypes.CDLL(str(_build(source, compiler))), None
+        return ctypes.CDLL(str(_build(source, compiler, tuple(extra_flags)))), None
     except subprocess.CalledProcessError as exc:
         return None, f"building {source.name} failed: {exc.stderr.strip()[-500:]}"
     except OSError as exc:

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from runtime.distributed.group import TPGroup
 from runtime.distributed.plan import RankShard
-from runtime.model.linear import Linear
+from runtime.model.linear import Linear, tensor_bytes
 from runtime.model.llama import LlamaModel
 from weights.config import ModelConfig
 
@@ -94,6 +94,9 @@ class VocabParallelEmbedding:
         x = F.embedding(local.masked_fill(outside, 0), self.table)
         return all_reduce(x.masked_fill_(outside.unsqueeze(-1), 0.0), self.group)
 
+    def weight_bytes(self) -> int:
+        return tensor_bytes(self.table)
+
 
 def parallelize(model: LlamaModel, full: ModelConfig, shard: RankShard, group: TPGroup) -> LlamaModel:
     """Wrap a rank's model (built from its shard) with the collectives that make it compute the full one."""
@@ -101,6 +104,6 @@ def parallelize(model: LlamaModel, full: ModelConfig, shard: RankShard, group: T
         layer.o_proj = RowParallelLinear(layer.o_proj, group)
         layer.down = RowParallelLinear(layer.down, group)
     model.head = GatheredHead(model.head, full.vocab_size, group)
-    model.embed_tokens = VocabParallelEmbedding(model.embed, shard.vocab[0], group)
+    model.embedding = VocabParallelEmbedding(model.embedding.table, shard.vocab[0], group)
     model.cfg = dataclasses.replace(model.cfg, vocab_size=full.vocab_size)  # logits come out full width
     return model

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 import torch.multiprocessing as mp
 
+from weights.quantized import as_float
 from runtime.distributed.group import GroupSpec, TPGroup, rank_device
 from runtime.distributed.layers import COMM
 from runtime.distributed.plan import rank_shard, threads_per_rank
@@ -182,6 +183,8 @@ def make_tp_runner(cfg: ModelConfig, tensors: dict[str, torch.Tensor], kv_budget
                    block_size: int, device: torch.device, dtype: torch.dtype, backend: str,
                    world_size: int) -> tuple[TensorParallelRunner, KVLedger]:
     """Rank 0's runner over world_size ranks; consumes `tensors`. The ledger is one rank's."""
+    for name, t in tensors.items():  # ranks cut float weights: a GGUF's blocks are dequantized first
+        tensors[name] = as_float(t)
     spec = GroupSpec.create(world_size, device)
     threads_before = torch.get_num_threads()
     threads = threads_per_rank(world_size)

@@ -6,15 +6,20 @@ import torch
 
 from runtime.errors import ModelLoadError
 from runtime.model.attention_backend import AttentionBackend
+from runtime.model.block_linear import BlockQuantEmbedding, BlockQuantLinear, block_linear_supports
 from runtime.model.cpu_linear import PackedCpuLinear, pack_linear_weight
+from runtime.model.embedding import DenseEmbedding, Embedding
 from runtime.model.linear import DenseLinear, Linear
-from runtime.model.quantization import quantize_linear
 from runtime.model.llama import DecoderLayer, LlamaModel
+from runtime.model.quantization import QUANTIZATION_MODES, head_mode, quantize_linear
 from runtime.model.rope import RotaryEmbedding
 from weights.config import ModelConfig
+from weights.quantized import QuantizedTensor, as_float, cat_rows
+
+Weight = torch.Tensor | QuantizedTensor
 
 
-def _take(tensors: dict[str, torch.Tensor], name: str, shape: tuple[int, ...]) -> torch.Tensor:
+def _take(tensors: dict[str, Weight], name: str, shape: tuple[int, ...]) -> Weight:
     if name not in tensors:
         raise ModelLoadError(f"checkpoint is missing tensor {name}")
     t = tensors.pop(name)  # pop: release checkpoint memory as the model fills
@@ -37,10 +42,10 @@ def make_linear(weight: torch.Tensor, bias: torch.Tensor | None = None, quantiza
     return DenseLinear(weight, bias) if packed is None else PackedCpuLinear(weight, bias, packed)
 
 
-def _checkpoint_params(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def _checkpoint_params(cfg: ModelConfig, tensors: dict[str, Weight]) -> dict[str, Weight]:
     """Our names -> checkpoint tensors (q/k/v and gate/up concatenated); pops what it takes."""
     h, q, kv, i = cfg.hidden_size, cfg.q_size, cfg.kv_size, cfg.intermediate_size
-    params: dict[str, torch.Tensor] = {"embed": _take(tensors, "model.embed_tokens.weight", (cfg.vocab_size, h)),
+    params: dict[str, Weight] = {"embed": _take(tensors, "model.embed_tokens.weight", (cfg.vocab_size, h)),
                                        "norm": _take(tensors, "model.norm.weight", (h,))}
     if not cfg.tie_word_embeddings:
         params["lm_head"] = _take(tensors, "lm_head.weight", (cfg.vocab_size, h))
@@ -49,9 +54,9 @@ def _checkpoint_params(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> di
         a = p + "self_attn."
         params[f"layers.{n}.input_norm"] = _take(tensors, p + "input_layernorm.weight", (h,))
         params[f"layers.{n}.post_norm"] = _take(tensors, p + "post_attention_layernorm.weight", (h,))
-        params[f"layers.{n}.qkv"] = torch.cat([_take(tensors, a + "q_proj.weight", (q, h)),
-                                               _take(tensors, a + "k_proj.weight", (kv, h)),
-                                               _take(tensors, a + "v_proj.weight", (kv, h))])
+        params[f"layers.{n}.qkv"] = cat_rows([_take(tensors, a + "q_proj.weight", (q, h)),
+                                              _take(tensors, a + "k_proj.weight", (kv, h)),
+                                              _take(tensors, a + "v_proj.weight", (kv, h))])
         if cfg.attention_bias:
             params[f"layers.{n}.qkv_bias"] = torch.cat([_take(tensors, a + "q_proj.bias", (q,)),
                                                         _take(tensors, a + "k_proj.bias", (kv,)),
@@ -61,8 +66,8 @@ def _checkpoint_params(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> di
             params[f"layers.{n}.k_norm"] = _take(tensors, a + "k_norm.weight", (cfg.head_dim,))
         params[f"layers.{n}.o_proj"] = _take(tensors, a + "o_proj.weight", (h, q))
         m = p + "mlp."
-        params[f"layers.{n}.gate_up"] = torch.cat([_take(tensors, m + "gate_proj.weight", (i, h)),
-                                                   _take(tensors, m + "up_proj.weight", (i, h))])
+        params[f"layers.{n}.gate_up"] = cat_rows([_take(tensors, m + "gate_proj.weight", (i, h)),
+                                                  _take(tensors, m + "up_proj.weight", (i, h))])
         params[f"layers.{n}.down"] = _take(tensors, m + "down_proj.weight", (h, i))
     return params
 
@@ -70,23 +75,65 @@ def _checkpoint_params(cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> di
 _LINEAR_NAMES = (*DecoderLayer.LINEARS, "qkv_bias", "lm_head")
 
 
-def build_model(cfg: ModelConfig, tensors: dict[str, torch.Tensor], backend: AttentionBackend,
+class _LinearFactory:
+    """Picks each weight's Linear: a GGUF's blocks kept where the quantized kernel runs them (no
+    --quantization), float weights quantized at load (a QUANTIZATION_MODES mode), else float."""
+
+    def __init__(self, quantization: str | None, device: torch.device, dtype: torch.dtype,
+                 fp8_block: bool = False) -> None:
+        self.quantization, self.device, self.dtype = quantization, device, dtype
+        self.fp8_block = fp8_block  # an FP8 checkpoint's 128x128 block scales
+
+    def keeps(self, w: Weight) -> bool:
+        return (isinstance(w, QuantizedTensor) and self.quantization is None
+                and block_linear_supports(w.type_name, *w.shape, self.device, self.dtype))
+
+    def float(self, w: Weight | None) -> torch.Tensor | None:
+        return None if w is None else as_float(w).to(device=self.device, dtype=self.dtype).contiguous()
+
+    def linear(self, weight: Weight, bias: torch.Tensor | None, head: bool = False) -> Linear:
+        bias = self.float(bias)
+        if self.keeps(weight):
+            return BlockQuantLinear(weight.type_name, weight.blocks, bias)
+        weight = self.float(weight)
+        if self.quantization == "fp8":  # the LM head stays in the compute dtype
+            return make_linear(weight, bias) if head else make_linear(weight, bias, "fp8", self.fp8_block)
+        if self.quantization in QUANTIZATION_MODES and block_linear_supports("Q8_0", *weight.shape, self.device,
+                                                                             self.dtype):
+            return quantize_linear(head_mode(self.quantization) if head else self.quantization, weight, bias)
+        return make_linear(weight, bias)
+
+    def embedding(self, table: Weight) -> Embedding:
+        if self.keeps(table):
+            return BlockQuantEmbedding(table.type_name, table.blocks, table.cols)
+        return DenseEmbedding(self.float(table))
+
+    def tied_head(self, embedding: Embedding) -> Linear:
+        if isinstance(embedding, BlockQuantEmbedding):
+            return embedding.as_linear()
+        return self.linear(embedding.table, None, head=True)
+
+
+def build_model(cfg: ModelConfig, tensors: dict[str, Weight], backend: AttentionBackend,
                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
                 quantization: str | None = None) -> LlamaModel:
-    """Consumes `tensors` (entries are popped) and returns the model on `device` in `dtype`; with
-    `quantization` every decoder linear is quantized (the LM head and embedding stay in `dtype`)."""
+    """Consumes `tensors` (entries are popped) and returns the model on `device` in `dtype`, its
+    linears held as `quantization` says (see runtime/model/quantization.py)."""
     # fp32 tables: bf16 angles lose precision at long positions.
     rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling,
                            device=device, dtype=torch.float32)
     with torch.device("meta"):
         model = LlamaModel(cfg, backend, rope)
-    state = {k: v.to(device=device, dtype=dtype).contiguous() for k, v in _checkpoint_params(cfg, tensors).items()}
-    linear = {k: state.pop(k) for k in list(state) if k.rsplit(".", 1)[-1] in _LINEAR_NAMES}
-    model.load_state_dict(state, strict=True, assign=True)  # the norms and the embedding table
+    make = _LinearFactory(quantization, torch.device(device), dtype, cfg.fp8_weight_block == 128)
+    params = _checkpoint_params(cfg, tensors)
+    linear = {k: params.pop(k) for k in list(params) if k.rsplit(".", 1)[-1] in _LINEAR_NAMES}
+    model.embedding = make.embedding(params.pop("embed"))
+    model.load_state_dict({k: make.float(v) for k, v in params.items()}, strict=True, assign=True)  # the norms
     model.eval().requires_grad_(False)
     for n, layer in enumerate(model.layers):
         for name in layer.LINEARS:
             weight, bias = linear.pop(f"layers.{n}.{name}"), linear.pop(f"layers.{n}.{name}_bias", None)
-            setattr(layer, name, make_linear(weight, bias, quantization, cfg.fp8_weight_block == 128))
-    model.head = make_linear(linear.pop("lm_head", model.embed))
+            setattr(layer, name, make.linear(weight, bias))
+    model.head = (make.linear(linear.pop("lm_head"), None, head=True) if "lm_head" in linear
+                  else make.tied_head(model.embedding))
     return model

@@ -20,11 +20,12 @@ def default_dtype(device: torch.device) -> torch.dtype:
 def make_runner(cfg: ModelConfig, tensors: dict[str, torch.Tensor], kv_budget_bytes: int | Callable[[], int],
                 block_size: int = 16, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
                 backend: str = "auto", quantization: str | None = None) -> tuple[ModelRunner, KVLedger]:
-    """A callable budget is asked only once the weights are in place, so free memory it reads excludes them."""
+    """A callable budget is asked only once the weights are in place, so free memory it reads excludes them.
+    quantization: see runtime/model/quantization.py (None: a GGUF's quantized weights as shipped)."""
     device = torch.device(device)
     dtype = dtype or default_dtype(device)
     model = build_model(cfg, tensors, select_backend(backend, device, dtype), device, dtype, quantization)
     budget = kv_budget_bytes() if callable(kv_budget_bytes) else kv_budget_bytes
-    ledger = plan_kv_cache(cfg, budget, block_size, dtype, model.weight_bytes())
+    ledger = plan_kv_cache(cfg, budget, block_size, dtype, model.weight_bytes(), model.quantization())
     caches = allocate_kv_cache(cfg, ledger, device, dtype)
     return ModelRunner(model, caches, block_size, device), ledger

@@ -6,6 +6,8 @@ cache; it never sees requests. Q/K/V and gate/up are fused into one linear each.
 """
 from __future__ import annotations
 
+from collections import Counter
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -13,9 +15,22 @@ from torch import nn
 import runtime.nvtx as nvtx
 from runtime.model.attention_backend import AttentionBackend
 from runtime.model.attention_batch import AttentionBatch
+from runtime.model.embedding import Embedding
 from runtime.model.linear import Linear, tensor_bytes
 from runtime.model.rope import RotaryEmbedding
 from weights.config import ModelConfig
+
+
+def _same_storage(head: Linear, embedding: Embedding) -> bool:
+    """Whether a tied head multiplies by the embedding's own table (not a quantized copy of it)."""
+    mine, theirs = (next((t for name in ("weight", "blocks", "table") if (t := getattr(o, name, None)) is not None),
+                         None) for o in (head, embedding))
+    return mine is not None and theirs is not None and mine.data_ptr() == theirs.data_ptr()
+
+
+def _float_kind(linear: Linear) -> str:
+    weight = getattr(linear, "weight", None)
+    return str(weight.dtype).removeprefix("torch.") if weight is not None else type(linear).__name__
 
 
 class DecoderLayer(nn.Module):
@@ -70,7 +85,7 @@ class LlamaModel(nn.Module):
         self.cfg = cfg
         self.backend = backend
         self.rope = rope
-        self.embed = nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size))
+        self.embedding: Embedding  # token ids -> rows; set by build.py
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = nn.Parameter(torch.ones(cfg.hidden_size))
         self.head: Linear  # the LM head, over the embedding table when tied; set by build.py
@@ -79,26 +94,29 @@ class LlamaModel(nn.Module):
         return [linear for layer in self.layers for linear in layer.linears()] + [self.head]
 
     def weight_bytes(self) -> int:
-        """Bytes of resident weights: parameters plus every linear's, packed copies included (a tied
-        head's weight is the embedding table, counted once)."""
-        shared = tensor_bytes(self.embed) if self.cfg.tie_word_embeddings else 0
-        return tensor_bytes(*self.parameters()) + sum(linear.weight_bytes() for linear in self.linears()) - shared
+        """Bytes of resident weights: parameters, the embedding and every linear's, packed copies
+        included (a tied head's weight is the embedding table, counted once)."""
+        table = self.embedding.weight_bytes()
+        shared = table if _same_storage(self.head, self.embedding) else 0
+        return (tensor_bytes(*self.parameters()) + table - shared
+                + sum(linear.weight_bytes() for linear in self.linears()))
+
+    def quantization(self) -> str:
+        """How the linear weights are held, e.g. "Q4_1 x 120, Q8_0 x 1" or "float32 x 121"."""
+        kinds = Counter(getattr(linear, "quantization", None) or _float_kind(linear) for linear in self.linears())
+        return ", ".join(f"{kind} x {count}" for kind, count in kinds.most_common())
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch,
                 kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         """Final hidden states [tokens, hidden] for the packed tokens of one step."""
         self.backend.plan(batch)  # once for every layer
-        x = self.embed_tokens(input_ids)
+        x = self.embedding(input_ids)
         residual = None
         cos_sin = self.rope.lookup(positions)
         for layer, kv in zip(self.layers, kv_caches):
             x, residual = layer(x, residual, cos_sin, kv, batch, self.backend)
         return self.backend.add_rms_norm(x, residual, self.norm, self.cfg.rms_norm_eps)[0]
-
-    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Rows of the embedding table (tensor parallelism swaps in a vocab-parallel lookup)."""
-        return F.embedding(input_ids, self.embed)
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -1,20 +1,57 @@
-"""Weight quantization modes (`--quantization`): each turns a float linear weight into a Linear that
-holds fewer bytes. One entry per mode; build.make_linear calls quantize_linear at load."""
+"""--quantization: how linear weights are held. Light at import (the CLI reads the mode names).
+
+Default (no flag): a GGUF's block-quantized weights (Q4_0, Q4_1, Q8_0) stay as shipped on the CPU,
+and float checkpoints stay float. QUANTIZATION_MODES quantize float weights at load (a GGUF's are
+dequantized first); FLOAT_MODE dequantizes a GGUF to float32, the path before quantized kernels.
+"""
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
-from runtime.model.linear import Linear
+if TYPE_CHECKING:
+    import torch
+
+    from runtime.model.linear import Linear
 
 QUANTIZATION_MODES: dict[str, str] = {
+    "int8": "int8 weights with a scale per 32 (Q8_0 layout); int8 activations in blocks of 32 (CPU)",
+    "q4": "4-bit weights in groups of 32 with a scale and a minimum each (Q4_1 layout), the LM head as int8; "
+          "int8 activations (CPU)",
     "fp8": "e4m3 weights with per-output-channel scales, activations quantized per token (W8A8); "
-           "the CuTe FP8 GEMM on sm_90, a dequantizing path elsewhere",
+           "the CuTe FP8 GEMM on sm_90, a dequantizing path elsewhere; the LM head stays in the compute dtype",
 }
+CPU_ONLY = ("int8", "q4")
+# Measured on SmolLM2-135M with profiling/quant_quality.py (perplexity vs the float path): one int8
+# scale per output channel +4.4%, one per 32 weights -0.8%: so int8 keeps a scale per 32 (Q8_0). A
+# 4-bit LM head alone costs ~+5%, so q4 holds the head in int8 (as llama.cpp's Q4 files keep it in 6-8 bits).
+_HEAD_MODE = {"q4": "int8"}
+FLOAT_MODE = "none"  # every weight in float (a GGUF dequantized at load)
+CHOICES = (*QUANTIZATION_MODES, FLOAT_MODE)
 
 
-def quantize_linear(mode: str, weight: torch.Tensor, bias: torch.Tensor | None) -> Linear:
+def unavailable_reason(mode: str | None, device: "torch.device") -> str | None:
+    """Why `mode` cannot run on `device`, or None when it can."""
+    if mode in CPU_ONLY and device.type != "cpu":
+        return f"--quantization {mode} runs on the CPU only (device {device})"
+    return None
+
+
+def head_mode(mode: str) -> str:
+    """The mode the LM head is quantized with under `mode`."""
+    return _HEAD_MODE.get(mode, mode)
+
+
+def quantize_linear(mode: str, weight: "torch.Tensor", bias: "torch.Tensor | None") -> "Linear":
+    """The Linear for a float weight [out, in] quantized as `mode` says (a key of QUANTIZATION_MODES)."""
     if mode == "fp8":
         from runtime.model.fp8_linear import Fp8Linear
 
         return Fp8Linear.quantize(weight, bias)
-    raise ValueError(f"unknown quantization mode {mode!r} (choose from {', '.join(QUANTIZATION_MODES)})")
+    from cute_kernels.cpu.quant_blocks import quantize_q4_1, quantize_q8_0
+    from runtime.model.block_linear import BlockQuantLinear
+
+    if mode == "int8":
+        return BlockQuantLinear("Q8_0", quantize_q8_0(weight), bias, label="int8")
+    if mode == "q4":
+        return BlockQuantLinear("Q4_1", quantize_q4_1(weight), bias, label="q4")
+    raise ValueError(f"unknown quantization mode {mode!r}")

@@ -24,7 +24,7 @@ class DraftModelProposer:
             raise UserError(f"the draft model's vocabulary ({draft_cfg.vocab_size}) differs from the target's "
                             f"({target_cfg.vocab_size}); they must share a tokenizer")
         self.runner, ledger = make_runner(draft_cfg, tensors, kv_budget_bytes, config.block_size, device, dtype,
-                                          config.backend)
+                                          config.backend, config.quantization)
         self.num_kv_blocks = max(ledger.num_blocks, 1)
 
     def propose(self, seqs: list[Sequence], k: int) -> dict[Sequence, Draft]:

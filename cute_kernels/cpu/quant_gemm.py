@@ -1,0 +1,109 @@
+"""Quantized linear layers on the CPU: csrc/cpu_quant_gemm.c (built by build.py) over weights in
+ggml block formats (quant_blocks.py); quant_reference.quant_linear_ref is its oracle.
+
+The activations are quantized once per call (int8 blocks of 32), so a fused weight (q/k/v,
+gate/up) shares them; where the library cannot be built, quant_linear runs the reference.
+
+From DEQUANT_MIN_ROWS rows on (prefill chunks) the weight is instead dequantized, a slice of at most
+DEQUANT_SLICE_ROWS output rows at a time into one reused buffer, and multiplied by torch's fp32 GEMM:
+on AVX2 the int8 dot products with a float scale per 32 values do no better than fp32 FMAs, and
+there the blocked float GEMM wins (measured on a busy 2-core AVX2 machine, one thread, 128 rows of
+Q4_1: 27 vs 31 ms for a 3072x576 weight, 3.2 vs 8.5 ms for 576x1536, dequantizing 0.9 and 0.5 ms of
+that). Decode rows stay on the int8 path, where reading 4.5-bit instead of 32-bit weights is the gain.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+import torch.nn.functional as F
+
+from cute_kernels.cpu import build
+from cute_kernels.cpu.quant_blocks import BLOCK_BYTES, QK, TYPE_IDS
+from cute_kernels.cpu.quant_reference import quant_linear_ref
+
+_P, _I, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+PORTABLE_FLAGS = ("-DQUANT_PORTABLE",)  # the plain C variant, as machines without AVX2 build it
+DEQUANT_MIN_ROWS = 128
+# Below this many multiply-adds a product stays on the calling thread: a small GEMV takes tens of
+# microseconds, and joining threads costs more than it saves whenever another process holds a core.
+PARALLEL_MIN_MACS = 1 << 20
+DEQUANT_SLICE_ROWS = 4096
+
+
+def _signatures() -> dict:
+    return {"quantize_rows_q8": ([_P, _I, _I, _P, _P, _P, _C], None),
+            "quant_gemm": ([_P, _C, _P, _P, _P, _P, _P, _I, _I, _I, _C], None),
+            "quant_gemm_isa": ([], ctypes.c_char_p),
+            "dequantize_blocks": ([_P, _C, _I, _I, _P, _C], None)}
+
+
+@functools.lru_cache(maxsize=2)
+def _library(extra_flags: tuple[str, ...] = ()) -> tuple[ctypes.CDLL | None, str | None]:
+    return build.load_with_signatures("cpu_quant_gemm", _signatures(), extra_flags)
+
+
+def unavailable_reason(extra_flags: tuple[str, ...] = ()) -> str | None:
+    """None when the C library is built and loaded; otherwise why not."""
+    return _library(extra_flags)[1]
+
+
+def isa(extra_flags: tuple[str, ...] = ()) -> str:
+    """Which dot-product path the built library runs: avx512-vnni, avx2 or portable-c."""
+    lib = _library(extra_flags)[0]
+    return "torch reference" if lib is None else lib.quant_gemm_isa().decode()
+
+
+def supports(type_name: str, rows: int, cols: int) -> bool:
+    return type_name in TYPE_IDS and cols % QK == 0 and rows > 0
+
+
+def quant_linear(x: torch.Tensor, blocks: torch.Tensor, type_name: str, bias: torch.Tensor | None = None,
+                 extra_flags: tuple[str, ...] = ()) -> torch.Tensor:
+    """x [rows, k] float32 @ W^T (+ bias) for W given as blocks [n, k/32 * block bytes] of type_name."""
+    lib = _library(extra_flags)[0]
+    n, k = blocks.shape[0], x.shape[-1]
+    if (lib is None or x.dtype != torch.float32 or x.device.type != "cpu" or x.dim() != 2
+            or blocks.shape[1] != k // QK * BLOCK_BYTES[type_name] or not blocks.is_contiguous()):
+        return quant_linear_ref(x, blocks, type_name, bias)
+    x = x.contiguous()
+    if x.shape[0] >= DEQUANT_MIN_ROWS:
+        return _dequantized_linear(x, blocks, type_name, bias)
+    m = x.shape[0]
+    threads = torch.get_num_threads() if m * n * k >= PARALLEL_MIN_MACS else 1
+    q = torch.empty(m, k, dtype=torch.int8)
+    d, s = torch.empty(m, k // QK), torch.empty(m, k // QK)
+    # one thread: under 128 rows this is ~0.1 ms, less than a thread join costs on a shared machine
+    lib.quantize_rows_q8(x.data_ptr(), m, k, q.data_ptr(), d.data_ptr(), s.data_ptr(), 1)
+    y = torch.empty(m, n)
+    bias = None if bias is None else bias.float().contiguous()  # held: the kernel reads it
+    bias_ptr = None if bias is None else bias.data_ptr()
+    lib.quant_gemm(blocks.data_ptr(), TYPE_IDS[type_name], q.data_ptr(), d.data_ptr(), s.data_ptr(), bias_ptr,
+                   y.data_ptr(), m, n, k, threads)
+    return y
+
+
+_scratch: list[torch.Tensor] = [torch.empty(0)]  # one buffer, grown as needed: steps run one at a time
+
+
+def _dequantized_linear(x: torch.Tensor, blocks: torch.Tensor, type_name: str,
+                        bias: torch.Tensor | None) -> torch.Tensor:
+    n, k = blocks.shape[0], x.shape[1]
+    slice_rows = min(n, DEQUANT_SLICE_ROWS)
+    if _scratch[0].numel() < slice_rows * k:
+        _scratch[0] = torch.empty(slice_rows * k)
+    y = torch.empty(x.shape[0], n)
+    for start in range(0, n, slice_rows):
+        rows = blocks[start:start + slice_rows]
+        w = dequantize_c(rows, type_name, k, _scratch[0][:rows.shape[0] * k].view(rows.shape[0], k))
+        y[:, start:start + rows.shape[0]] = F.linear(x, w, None if bias is None else bias[start:start + rows.shape[0]])
+    return y
+
+
+def dequantize_c(blocks: torch.Tensor, type_name: str, cols: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The float32 values [rows, cols] of blocks, by the C library (same values as quant_blocks.dequantize)."""
+    out = torch.empty(blocks.shape[0], cols) if out is None else out
+    _library()[0].dequantize_blocks(blocks.data_ptr(), TYPE_IDS[type_name], blocks.shape[0], cols, out.data_ptr(),
+                                    torch.get_num_threads())
+    return out

@@ -1,0 +1,164 @@
+"""What holding the weights quantized costs in quality, on a shipped public-domain text
+(profiling/data/declaration_1776.txt): every way to hold them that this device can run, against the
+float path on the same weights.
+
+    python profiling/quant_quality.py [--model PATH] [--positions 512] [--llama-cpp-python PY]
+        [--json profiling/out/quant_quality.json] [--smoke]
+
+Paths: float (--quantization none), the GGUF's blocks as shipped (the default, for a GGUF), and each
+mode of runtime.model.quantization.QUANTIZATION_MODES the device runs (a mode added there is picked up
+here). Per path, over the text's first --positions tokens, teacher-forced in steps of 64 tokens
+(so the quantized linears run their decode path, int8 activations, throughout): perplexity of the next
+tokens, its change against the float path (target: within 2%), and top-1 agreement with the float
+path (the next token greedy decoding would pick). With llama-cpp-python (importable here, or in the
+Python given by --llama-cpp-python), also the top-1 agreement of the as-shipped path with llama.cpp's
+own logits on the same token ids (target: >= 99%; both compute on the same quantized values).
+--smoke: a tiny random Q4_1 GGUF and the text's bytes as token ids, in seconds (CI).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from profiling.report_files import OUT, make_parents  # noqa: E402
+from runtime.model.factory import make_runner  # noqa: E402
+from runtime.model.quantization import FLOAT_MODE, QUANTIZATION_MODES, unavailable_reason  # noqa: E402
+from runtime.model_runner import SeqChunk  # noqa: E402
+from weights.quantized import QuantizedTensor  # noqa: E402
+
+TEXT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "declaration_1776.txt")
+PPL_TARGET, LLAMA_CPP_TARGET = 0.02, 0.99
+BLOCK = 16
+CHUNK = 64  # tokens per step; under cute_kernels.cpu.quant_gemm.DEQUANT_MIN_ROWS
+
+# Runs in llama-cpp-python's interpreter: argv model, ids json, out .npy -> all positions' logits.
+LLAMA_CPP_LOGITS = """
+import json, sys
+import numpy as np
+from llama_cpp import Llama
+ids = json.loads(open(sys.argv[2]).read())
+llm = Llama(model_path=sys.argv[1], n_ctx=max(512, len(ids) + 8), n_threads=2, logits_all=True, verbose=False)
+llm.eval(ids)
+np.save(sys.argv[3], np.array(llm.scores[:len(ids)], dtype=np.float32))
+"""
+
+
+def paths(tensors: dict, device: torch.device) -> list[tuple[str, str | None]]:
+    """(label, --quantization value) for every path to measure, the float one first."""
+    out = [("float", FLOAT_MODE)]
+    if any(isinstance(t, QuantizedTensor) for t in tensors.values()):
+        out.append(("as shipped", None))
+    return out + [(m, m) for m in QUANTIZATION_MODES if unavailable_reason(m, device) is None]
+
+
+def all_logits(cfg, tensors: dict, quantization: str | None, ids: list[int]) -> torch.Tensor:
+    """Every position's logits, fed CHUNK tokens per step: below the quantized linear's
+    DEQUANT_MIN_ROWS, so each product takes its decode path (int8 activations), the one that differs
+    most from float; a long prefill would take the dequantized-weight path instead."""
+    blocks = math.ceil(len(ids) / BLOCK)
+    budget = blocks * BLOCK * 2 * cfg.num_kv_heads * cfg.head_dim * 4 * cfg.num_layers
+    runner, _ = make_runner(cfg, dict(tensors), budget, BLOCK, quantization=quantization)
+    table = list(range(blocks))
+    return torch.cat([runner.run([SeqChunk(ids[at:at + CHUNK], at, table, num_logits=len(ids[at:at + CHUNK]))])
+                      for at in range(0, len(ids), CHUNK)])
+
+
+def perplexity(logits: torch.Tensor, ids: list[int]) -> float:
+    return math.exp(F.cross_entropy(logits[:-1].float(), torch.tensor(ids[1:])).item())
+
+
+def llama_cpp_logits(python: str, model_path: str, ids: list[int]) -> np.ndarray:
+    with tempfile.TemporaryDirectory() as tmp:
+        ids_file, out = os.path.join(tmp, "ids.json"), os.path.join(tmp, "logits.npy")
+        with open(ids_file, "w") as f:
+            json.dump(ids, f)
+        subprocess.run([python, "-c", LLAMA_CPP_LOGITS, model_path, ids_file, out], check=True)
+        return np.load(out)
+
+
+def load(args) -> tuple:
+    """(config, tensors, token ids of the text, model path or None)."""
+    with open(TEXT, encoding="utf-8") as f:
+        text = f.read()
+    if args.smoke:
+        from tests.model_files import write_tiny_gguf  # the unit tests' tiny random model
+
+        path = os.path.join(tempfile.mkdtemp(), "tiny-q4_1.gguf")
+        write_tiny_gguf(path, qtype="Q4_1")
+        from weights.load import load_checkpoint
+
+        ck = load_checkpoint(path, keep_quantized=True)
+        return ck.config, ck.tensors, list(text.encode()[:args.positions]), path
+    from runtime.load import load_model
+
+    cfg, tensors, tok, path = load_model(args.model)
+    ids = tok.encode(text)[:args.positions]
+    return cfg, tensors, ids, path
+
+
+def llama_cpp_python(args) -> str | None:
+    if args.llama_cpp_python:
+        return args.llama_cpp_python
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        return None
+    return sys.executable
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None, help="default: SmolLM2-135M-Instruct")
+    ap.add_argument("--positions", type=int, default=512, help="tokens of the text to score (default: 512)")
+    ap.add_argument("--llama-cpp-python", default=None, help="a Python with llama-cpp-python (default: this one, "
+                    "when it imports llama_cpp)")
+    ap.add_argument("--json", default=os.path.join(OUT, "quant_quality.json"))
+    ap.add_argument("--smoke", action="store_true", help="seconds: a tiny random Q4_1 GGUF")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    cfg, tensors, ids, path = load(args)
+    print(f"{os.path.basename(path)}; {len(ids)} positions of {os.path.basename(TEXT)} in {CHUNK}-token steps (the "
+          f"int8-activation path); torch threads: {torch.get_num_threads()}")
+    logits = {label: all_logits(cfg, tensors, q, ids) for label, q in paths(tensors, torch.device("cpu"))}
+    base = logits["float"]
+    base_ppl = perplexity(base, ids)
+    rows = []
+    print(f"{'path':<12}{'perplexity':>11}{'vs float':>10}{'top-1 = float':>15}   target (ppl within {PPL_TARGET:.0%})")
+    for label, lg in logits.items():
+        ppl = perplexity(lg, ids)
+        change, agree = ppl / base_ppl - 1, (lg.argmax(-1) == base.argmax(-1)).float().mean().item()
+        rows.append({"path": label, "perplexity": ppl, "ppl_change": change, "top1_agreement_vs_float": agree})
+        ok = "" if label == "float" else ("met" if abs(change) <= PPL_TARGET else "MISSED")
+        print(f"{label:<12}{ppl:>11.3f}{change:>+10.2%}{agree:>15.1%}   {ok}")
+    report = {"model": path, "positions": len(ids), "text": os.path.basename(TEXT), "paths": rows}
+    python = llama_cpp_python(args)
+    if "as shipped" not in logits or python is None:
+        print("llama.cpp: not compared (" + ("llama-cpp-python not importable; pass --llama-cpp-python"
+                                             if python is None else "no quantized GGUF weights") + ")")
+    else:
+        theirs = torch.from_numpy(llama_cpp_logits(python, path, ids))
+        agree = (logits["as shipped"].argmax(-1) == theirs.argmax(-1)).float().mean().item()
+        report["llama_cpp_top1_agreement"] = agree
+        report["llama_cpp_perplexity"] = perplexity(theirs, ids)
+        print(f"as shipped vs llama.cpp logits: top-1 agreement {agree:.1%} (target >= {LLAMA_CPP_TARGET:.0%}: "
+              f"{'met' if agree >= LLAMA_CPP_TARGET else 'MISSED'}); llama.cpp perplexity "
+              f"{report['llama_cpp_perplexity']:.3f}")
+    make_parents(args.json)
+    with open(args.json, "w") as f:
+        json.dump(report, f, indent=2)
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""Linear layers over weights in ggml block formats (Q4_0, Q4_1, Q8_0) on the CPU: the GGUF's own
+blocks as shipped, or float weights quantized at load (--quantization int8 / q4, see quantization.py).
+The product runs in cute_kernels/cpu/quant_gemm.py; nothing is dequantized to float."""
+from __future__ import annotations
+
+import torch
+
+from cute_kernels.cpu.quant_blocks import dequantize
+from cute_kernels.cpu.quant_gemm import quant_linear, supports
+from runtime.model.linear import tensor_bytes
+
+
+def block_linear_supports(type_name: str, rows: int, cols: int, device: torch.device, dtype: torch.dtype) -> bool:
+    """The quantized kernel runs fp32 activations on the CPU, for its block types and whole blocks."""
+    return device.type == "cpu" and dtype == torch.float32 and supports(type_name, rows, cols)
+
+
+class BlockQuantLinear:
+    """x @ W^T + bias with W [out, in] as blocks [out, in / 32 * block bytes] of type_name."""
+
+    def __init__(self, type_name: str, blocks: torch.Tensor, bias: torch.Tensor | None = None,
+                 label: str | None = None) -> None:
+        self.type_name, self.blocks, self.bias = type_name, blocks.contiguous(), bias
+        self.quantization = label or type_name  # what the ledger and the About panel show
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])
+        return quant_linear(rows, self.blocks, self.type_name, self.bias).reshape(*x.shape[:-1], -1)
+
+    def weight_bytes(self) -> int:
+        return tensor_bytes(self.blocks, self.bias)
+
+
+class BlockQuantEmbedding:
+    """Token embedding rows from a block-quantized table (the GGUF's token_embd, often Q8_0),
+    dequantized per looked-up row; a tied LM head reads the same blocks."""
+
+    def __init__(self, type_name: str, blocks: torch.Tensor, cols: int) -> None:
+        self.type_name, self.blocks, self.cols = type_name, blocks, cols
+
+    def __call__(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return dequantize(self.blocks[input_ids.reshape(-1)], self.type_name, self.cols).reshape(*input_ids.shape, -1)
+
+    def weight_bytes(self) -> int:
+        return tensor_bytes(self.blocks)
+
+    def as_linear(self) -> BlockQuantLinear:
+        return BlockQuantLinear(self.type_name, self.blocks)

@@ -1,0 +1,96 @@
+"""A GGUF's block-quantized weights kept quantized in the model (the default), the float path
+(--quantization none), and float weights quantized at load (int8, q4).
+
+Tolerances: the C kernel and its torch reference differ only in float32 summation order (see
+test_cpu_quant_gemm.py), but inside a model such a difference can flip the int8 rounding of an
+activation in a later layer (one step is 1/254 of its block's largest value), so whole-model logits
+are compared by relative error (0.5%; a wrong block or scale gives O(1)). Against the float path the
+int8 rounding of activations (<= 0.4% of each block's largest value) and, for int8/q4, of weights
+moves logits by ~1% (q4 on these random weights: ~9%); the bounds are 2-5x what these seeds show.
+"""
+import pytest
+import torch
+
+from cute_kernels.cpu import quant_gemm
+from runtime.engine_config import EngineConfig
+from runtime.errors import UserError
+from runtime.model.block_linear import BlockQuantEmbedding, BlockQuantLinear
+from runtime.model.factory import make_runner
+from runtime.model.quantization import unavailable_reason
+from runtime.model_runner import SeqChunk
+from tests.hf_tiny import our_config, state_dict, tiny_hf_model
+from tests.model_files import write_tiny_gguf
+from tests.tiny_engine import tiny_engine
+from weights.load import load_checkpoint
+from weights.quantized import QuantizedTensor
+
+IDS = torch.randint(0, 120, (40,), generator=torch.Generator().manual_seed(4)).tolist()
+
+
+def logits(cfg, tensors, quantization):
+    runner, ledger = make_runner(cfg, tensors, 4 << 20, backend="torch", quantization=quantization)
+    return runner.run([SeqChunk(IDS, 0, list(range(3)), num_logits=len(IDS))]), runner.model, ledger
+
+
+def gguf_tensors(tmp_path, qtype):
+    path = str(tmp_path / f"m-{qtype}.gguf")
+    write_tiny_gguf(path, qtype=qtype, tensor_types={"token_embd.weight": "Q8_0"})
+    return lambda: (lambda ck: (ck.config, ck.tensors))(load_checkpoint(path, keep_quantized=True))
+
+
+def relative_error(got, want):
+    return ((got - want).norm() / want.norm()).item()
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0"])
+def test_gguf_blocks_stay_quantized_and_match_the_float_path(tmp_path, qtype):
+    load = gguf_tensors(tmp_path, qtype)
+    cfg, tensors = load()
+    assert isinstance(tensors["model.layers.0.mlp.down_proj.weight"], QuantizedTensor)
+    quantized, model, ledger = logits(cfg, tensors, None)
+    assert all(isinstance(linear, BlockQuantLinear) for linear in model.linears())
+    assert isinstance(model.embedding, BlockQuantEmbedding)
+    assert model.quantization().startswith(f"{qtype} x ") and f"({model.quantization()})" in ledger.describe()
+    float_logits, float_model, float_ledger = logits(*load(), "none")
+    assert float_model.quantization() == f"float32 x {len(model.linears())}"
+    assert ledger.weight_bytes * 2.5 < float_ledger.weight_bytes
+    assert relative_error(quantized, float_logits) < (0.02 if qtype == "Q8_0" else 0.05)
+
+
+def test_kernel_and_reference_agree_inside_the_model(tmp_path, monkeypatch):
+    load = gguf_tensors(tmp_path, "Q4_1")
+    kernel = logits(*load(), None)[0]
+    monkeypatch.setattr(quant_gemm, "_library", lambda flags=(): (None, "off for this test"))
+    reference = logits(*load(), None)[0]
+    assert relative_error(kernel, reference) < 0.005
+
+
+def test_quantized_embedding_rows_are_the_dequantized_table(tmp_path):
+    cfg, tensors = gguf_tensors(tmp_path, "Q4_1")()
+    table = tensors["model.embed_tokens.weight"]
+    ids = torch.tensor([[0, 5], [255, 5]])
+    rows = BlockQuantEmbedding(table.type_name, table.blocks, table.cols)(ids)
+    assert torch.equal(rows, table.dequantize()[ids])
+
+
+@pytest.mark.parametrize("mode,bound", [("int8", 0.03), ("q4", 0.25)])
+def test_float_weights_quantized_at_load(mode, bound):
+    hf = tiny_hf_model("qwen2")  # with q/k/v biases
+    cfg = our_config(hf, "qwen2")
+    quantized, model, ledger = logits(cfg, state_dict(hf), mode)
+    float_logits, _, float_ledger = logits(cfg, state_dict(hf), None)
+    head = {"q4": "int8"}.get(mode, mode)  # q4 keeps the LM head in int8
+    assert model.quantization() == (f"{mode} x {len(model.linears())}" if head == mode
+                                    else f"{mode} x {len(model.linears()) - 1}, {head} x 1")
+    assert ledger.weight_bytes < float_ledger.weight_bytes
+    assert relative_error(quantized, float_logits) < bound
+
+
+def test_engine_runs_a_mode_and_rejects_what_it_cannot_run():
+    engine = tiny_engine(quantization="q4")
+    assert "(q4 x 8, int8 x 1)" in engine.ledger.describe()  # 2 layers x 4 linears; the LM head in int8
+    assert engine.describe()["weights"].startswith("q4 x 8, int8 x 1, ")  # the About panel's line
+    with pytest.raises(UserError, match="unknown quantization"):
+        EngineConfig(quantization="fp3")
+    assert "CPU only" in unavailable_reason("int8", torch.device("cuda"))
+    assert unavailable_reason(None, torch.device("cuda")) is None and unavailable_reason("none", torch.device("cuda")) is None
