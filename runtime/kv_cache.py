@@ -39,7 +39,8 @@ class KVLedger:
     def describe(self) -> str:
         tp = self.tensor_parallel_size
         held = f" ({self.quantization})" if self.quantization else ""
-        return (f"tensor parallel {tp}, per rank: " if tp > 1 else "") + (f"weights {self.weight_bytes / 2**20:.1f} MiB{held}; "
+        return (f"tensor parallel {tp}, per rank: " if tp > 1 else "") + (
+                f"weights {self.weight_bytes / 2**20:.1f} MiB{held}; "
                 f"KV cache: {self.bytes_per_token_per_layer} B/token/layer, {self.bytes_per_token / 1024:.1f} KiB/token "
                 f"over all layers; {self.num_blocks} blocks x {self.block_size} tokens = {self.max_tokens} tokens "
                 f"in {self.total_bytes / 2**20:.1f} MiB (budget {self.budget_bytes / 2**20:.1f} MiB)")
@@ -51,7 +52,7 @@ def plan_kv_cache(cfg: ModelConfig, budget_bytes: int, block_size: int, dtype: t
     per_token = per_layer * cfg.num_layers
     num_blocks = max(budget_bytes, 0) // (per_token * block_size)
     return KVLedger(per_layer, per_token, block_size, int(num_blocks), int(budget_bytes), int(weight_bytes),
-                    quantization)
+                    quantization=quantization)
 
 
 def allocate_kv_cache(cfg: ModelConfig, ledger: KVLedger, device: torch.device | str,
