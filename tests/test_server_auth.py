@@ -14,8 +14,8 @@ from tests.tiny_engine import tiny_engine
 KEY = "s3cret-key"
 BEARER = {"Authorization": f"Bearer {KEY}"}
 CALL = "/gradio_api/call/respond"
-# message, chat shown, conversation, system prompt, temperature, top_p, max tokens, seed, speculative
-TURN = ["Write a limerick", [], [], "", 0, 1, 8, -1, False]
+# message, chat shown, conversation, system prompt, temperature, top_p, max tokens, seed, speculative, JSON mode
+TURN = ["Write a limerick", [], [], "", 0, 1, 8, -1, False, False]
 GUARDED = [("GET", "/v1/models"), ("POST", "/v1/completions"), ("GET", "/metrics"), ("GET", "/docs"),
            ("GET", "/openapi.json"), ("GET", "/"), ("GET", "/config"), ("GET", "/gradio_api/info"),
            ("POST", CALL), ("POST", "/gradio_api/queue/join"), ("POST", "/gradio_api/upload"),
