@@ -84,7 +84,7 @@ class LLMEngine:
         from runtime.distributed.runner import make_tp_runner
 
         return make_tp_runner(model_config, tensors, budget, config.block_size, self.device, self.dtype,
-                              config.backend, config.tensor_parallel_size)
+                              config.backend, config.tensor_parallel_size, config.quantization)
 
     def close(self) -> None:
         """Release what outlives the object: tensor-parallel worker processes (idempotent)."""

@@ -84,8 +84,6 @@ class EngineConfig:
             raise UserError(f"kv_cache_memory must be >= 0 bytes, got {self.kv_cache_memory}")
         if not 0.0 < self.kv_cache_fraction <= 1.0:
             raise UserError(f"kv_cache_fraction must be in (0, 1], got {self.kv_cache_fraction}")
-        if self.quantization in QUANTIZATION_MODES and self.tensor_parallel_size > 1:
-            raise UserError("--quantization does not combine with --tensor-parallel-size > 1 yet")
         if self.scheduler not in SCHEDULERS:
             raise UserError(f"unknown scheduler {self.scheduler!r} ({' or '.join(SCHEDULERS)})")
         if self.generation_config not in GENERATION_CONFIGS:

@@ -21,8 +21,6 @@ def test_flag_choices_and_bad_mode():
     assert EngineConfig(quantization="fp8").quantization == "fp8"
     with pytest.raises(UserError, match="quantization"):
         EngineConfig(quantization="int3")
-    with pytest.raises(UserError, match="tensor-parallel"):
-        EngineConfig(quantization="fp8", tensor_parallel_size=2)
     with pytest.raises(ValueError, match="unknown quantization"):
         quantize_linear("int3", torch.zeros(4, 4), None)
 

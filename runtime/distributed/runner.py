@@ -181,7 +181,7 @@ def _await_ready(started: list[tuple[mp.Process, object]]) -> None:
 
 def make_tp_runner(cfg: ModelConfig, tensors: dict[str, torch.Tensor], kv_budget: Callable[[], int],
                    block_size: int, device: torch.device, dtype: torch.dtype, backend: str,
-                   world_size: int) -> tuple[TensorParallelRunner, KVLedger]:
+                   world_size: int, quantization: str | None = None) -> tuple[TensorParallelRunner, KVLedger]:
     """Rank 0's runner over world_size ranks; consumes `tensors`. The ledger is one rank's."""
     for name, t in tensors.items():  # ranks cut float weights: a GGUF's blocks are dequantized first
         tensors[name] = as_float(t)
@@ -189,7 +189,8 @@ def make_tp_runner(cfg: ModelConfig, tensors: dict[str, torch.Tensor], kv_budget
     threads_before = torch.get_num_threads()
     threads = threads_per_rank(world_size)
     torch.set_num_threads(threads)
-    common = dict(config=cfg, block_size=block_size, dtype=dtype, backend=backend, threads=threads, group=spec)
+    common = dict(config=cfg, block_size=block_size, dtype=dtype, backend=backend, threads=threads, group=spec,
+                  quantization=quantization)
     started: list[tuple[mp.Process, object]] = []
 
     def shard(r: int) -> dict[str, torch.Tensor]:  # one rank's copy at a time: never all N at once

@@ -38,13 +38,14 @@ class RankSpec:
     backend: str
     threads: int
     group: GroupSpec
+    quantization: str | None = None  # --quantization, applied to this rank's float shard
 
 
 def build_rank_runner(spec: RankSpec, kv_budget: int | Callable[[], int]) -> tuple[ModelRunner, KVLedger]:
     """This rank's model over its own KV heads; it joins the others in connect()."""
     shard = rank_shard(spec.config, spec.rank, spec.group.world_size)
     return make_runner(local_config(spec.config, shard), spec.tensors, kv_budget, spec.block_size,
-                       spec.device, spec.dtype, spec.backend)
+                       spec.device, spec.dtype, spec.backend, spec.quantization)
 
 
 def connect(spec: RankSpec, runner: ModelRunner) -> TPGroup:
