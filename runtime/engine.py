@@ -221,6 +221,8 @@ class LLMEngine:
                                    num_logits=len(spec) + 1 if reaches_end else 0))
             if reaches_end:
                 rows_of.append((seq, spec))
+                if (grammar := self.output.grammar_of(seq)) is not None:
+                    grammar.prefetch()  # its mask fills while the forward runs
         graph = self.graphs is not None and self.graphs.can_run(chunks)
         prepared = None if graph else self.runner.prepare(chunks)
         if nvtx.ON: nvtx.pop()

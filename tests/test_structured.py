@@ -56,6 +56,24 @@ def test_batched_masks_touch_only_their_rows_and_equal_one_row_at_a_time():
     assert torch.isfinite(batch[2]).nonzero().flatten().tolist() == list(range(ord("0"), ord("9") + 1))
 
 
+def test_a_mask_prefetched_during_the_forward_equals_one_filled_at_sampling():
+    spec = StructuredOutput("regex", "[a-c]+x", "guided_regex")
+    spec.compile(byte_tokenizer(), TINY_VOCAB)
+    eager, ahead = spec.processor([EOS]), spec.processor([EOS])
+    for token in (ord("a"), ord("b")):
+        want, got = torch.zeros(TINY_VOCAB), torch.zeros(TINY_VOCAB)
+        eager(want)
+        ahead.prefetch()
+        ahead.prefetch()  # once per state: a second call neither refills nor queues another
+        ahead(got)
+        assert torch.equal(got, want) and eager.accept(token) and ahead.accept(token)
+    ahead.prefetch()  # a mask filled for a state the next accept leaves is dropped, not applied later
+    assert ahead.accept(ord("x")) and ahead._next_mask is None
+    row = torch.zeros(TINY_VOCAB)
+    ahead(row)
+    assert torch.isfinite(row).nonzero().flatten().tolist() == [EOS]
+
+
 def test_length_limited_strings_take_no_control_characters():
     schema = {"type": "object", "properties": {"f": {"type": "string", "minLength": 1, "maxLength": 3}},
               "required": ["f"]}
