@@ -1,6 +1,6 @@
 """The cute backend's wiring, on the CPU: the paged decode kernel's plan made once per step (and, for a
-CUDA graph, over the static buffers with a fixed split count), the reference decode where the kernel's
-host module is missing, and the references for inputs no kernel takes."""
+CUDA graph, over the static buffers with a fixed split count), and the references for inputs no kernel
+takes."""
 from __future__ import annotations
 
 import torch
@@ -8,7 +8,6 @@ import torch
 from cute_kernels import reference
 from cute_kernels.hopper.decode_host import DecodePlan
 from cute_kernels.hopper.decode_spec import num_splits
-from runtime.model import cute_backend
 from runtime.model.attention_batch import AttentionBatch
 from runtime.model.cuda_graphs import StaticDecodeInputs
 from runtime.model.cute_backend import CuteBackend
@@ -37,17 +36,6 @@ def test_a_graph_plan_reads_the_static_buffers_with_a_fixed_split_count():
     assert plan.block_tables.data_ptr() == inputs.block_tables.data_ptr(), "replays see the refilled tables"
     assert plan.context_lens.data_ptr() == inputs.context_lens.data_ptr()
     assert plan.num_splits == num_splits(4, 2, 128)
-
-
-def test_decode_runs_the_reference_without_the_kernel_module(monkeypatch):
-    monkeypatch.setattr(cute_backend, "DECODE_HOST", "cute_kernels.hopper.no_such_module")
-    backend = CuteBackend()
-    assert "torch reference decode" in backend.describe()
-    batch = decode_batch()
-    backend.plan(batch)
-    assert isinstance(batch.decode_plan, list), "the reference's gather plan"
-    inputs = StaticDecodeInputs.allocate(rows=2, width=2, scratch_block=7, block_size=16, device=torch.device("cpu"))
-    assert type(backend.graph_decode_plan(inputs.batch(2, 8, 2), 32)).__name__ == "StaticDecodePlan"
 
 
 def test_inputs_no_kernel_takes_run_the_references():

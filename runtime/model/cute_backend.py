@@ -4,15 +4,13 @@ Prefill and paged decode attention, add+RMSNorm, RoPE, silu-and-mul and the page
 kernels, JIT-compiled when nvidia-cutlass-dsl is installed, else the ahead-of-time library built by
 `python -m cute_kernels.aot` (build/aot or $CUTE_AOT_DIR; $CUTE_KERNELS_PATH forces one). Decode is
 planned once per step (cute_kernels/hopper/decode_host.py: checked tables, split count), or, for a
-CUDA graph, once before capture; where that module is absent, decode runs the torch reference. The fused ops take their reference
+CUDA graph, once before capture. The fused ops take their reference
 for inputs no kernel variant takes (fp32, rows that are not whole 16-byte vectors). prefill raises
 CuteBackendUnavailable, saying why, anywhere else (CPU tensors, a non-Hopper GPU, neither the DSL nor
 usable AOT kernels); select_backend picks the torch backend in that case.
 """
 from __future__ import annotations
 
-import importlib
-import importlib.util
 from typing import Any, Callable
 
 import torch
@@ -22,7 +20,6 @@ from runtime.model.attention_batch import AttentionBatch
 from runtime.model.torch_backend import TorchBackend
 
 FUSED_DTYPES = (torch.bfloat16, torch.float16)
-DECODE_HOST = "cute_kernels.hopper.decode_host"  # the paged decode kernel's host entry, once it exists
 
 
 class CuteBackendUnavailable(RuntimeError):
@@ -44,59 +41,41 @@ def unavailable_reason(device: torch.device | None = None) -> str | None:
     return kernels_unavailable_reason()
 
 
-def decode_kernel() -> Callable[[DecodeArgs], torch.Tensor] | None:
-    """The paged decode kernel's entry point, or None while it is not in this tree."""
-    if importlib.util.find_spec(DECODE_HOST) is None:
-        return None
-    return getattr(importlib.import_module(DECODE_HOST), "decode_attention", None)
-
-
 class CuteBackend(TorchBackend):
     name = "cute"
 
     def __init__(self) -> None:
         # each device is checked once: the check is not free, and prefill runs once per layer
         self._ready_devices: set[torch.device] = set()
-        self._decode = decode_kernel()
-        from cute_kernels.hopper import fused_ops
+        from cute_kernels.hopper import decode_host, fused_ops
 
-        self._fused = fused_ops
+        self._decode_host, self._fused = decode_host, fused_ops
 
     def describe(self) -> str:
-        decode = "decode" if self._decode else "torch reference decode attention"
-        return f"CuTe kernels (sm_90a): prefill, fused norm/rope/silu/KV write; {decode}"
+        return "CuTe kernels (sm_90a): prefill, fused norm/rope/silu/KV write; decode"
 
-    @property
-    def graph_reads_full_tables(self) -> bool:
-        return self._decode is None
+    graph_reads_full_tables = False  # the decode kernel reads each context's blocks only
 
     def graph_decode_plan(self, batch: AttentionBatch, max_context: int) -> Any:
         """A plan over the static tables with a split count fixed for max_context (any count is correct
-        for any context), so a replay syncs nothing; the reference's without the kernel."""
-        if self._decode is None:
-            return super().graph_decode_plan(batch, max_context)
-        from cute_kernels.hopper.decode_host import plan_decode
+        for any context), so a replay syncs nothing."""
         from cute_kernels.hopper.decode_spec import num_splits
 
         rows, kv_heads = batch.num_decode_tokens, batch.num_kv_heads
-        return plan_decode(batch.decode_block_tables, batch.decode_context_lens, batch.num_blocks, kv_heads,
-                           splits=num_splits(rows, kv_heads, max_context))
+        return self._decode_host.plan_decode(batch.decode_block_tables, batch.decode_context_lens,
+                                             batch.num_blocks, kv_heads, splits=num_splits(rows, kv_heads, max_context))
 
     def plan(self, batch: AttentionBatch) -> None:
         """Once per step, the kernels' plans: prefill's int32 tables and decode's split count, their block
         ids checked against the cache (a bad table is a ValueError here, not an illegal address in every
-        layer's kernel). Without the decode kernel, the reference's decode plan."""
+        layer's kernel)."""
         if batch.cu_seqlens_q is not None and batch.prefill_plan is None:
             from cute_kernels.hopper.prefill_host import plan_prefill
 
             batch.prefill_plan = plan_prefill(batch.prefix_lens, batch.prefill_block_tables, batch.num_blocks)
-        if self._decode is None:
-            return super().plan(batch)
         if batch.num_decode_tokens and batch.decode_plan is None:
-            from cute_kernels.hopper.decode_host import plan_decode
-
-            batch.decode_plan = plan_decode(batch.decode_block_tables, batch.decode_context_lens, batch.num_blocks,
-                                            batch.num_kv_heads)
+            batch.decode_plan = self._decode_host.plan_decode(batch.decode_block_tables, batch.decode_context_lens,
+                                                              batch.num_blocks, batch.num_kv_heads)
 
     def prefill(self, args: PrefillArgs) -> torch.Tensor:
         """The sm_90a kernel; args.max_seqlen_q (from the runner) spares it a device sync per layer."""
@@ -111,7 +90,7 @@ class CuteBackend(TorchBackend):
         return prefill_attention(args)
 
     def decode(self, args: DecodeArgs) -> torch.Tensor:
-        return self._decode(args) if self._decode is not None else super().decode(args)
+        return self._decode_host.decode_attention(args)
 
     def _kernel_or_reference(self, kernel: Callable, reference: Callable, x: torch.Tensor, *args: Any) -> Any:
         """The kernel for 16-bit CUDA tensors it takes; the reference for the rest (e.g. fp32)."""
