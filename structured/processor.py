@@ -17,6 +17,7 @@ class GrammarProcessor:
         self.matcher = xgr.GrammarMatcher(compiled, override_stop_tokens=stop_ids)
         self.vocab_size = compiled.tokenizer_info.vocab_size  # the logits width: the mask covers every logit
         self._next_mask: Future | None = None  # a mask being filled for the matcher's current state
+        self._mask = xgr.allocate_token_bitmask(1, self.vocab_size)  # refilled each step, never reallocated
 
     def prefetch(self) -> None:
         """Start filling the mask of the next token now, on the filler thread (once per state)."""
@@ -24,9 +25,8 @@ class GrammarProcessor:
             self._next_mask = _FILLER.submit(self._fill)
 
     def _fill(self) -> torch.Tensor:
-        mask = xgr.allocate_token_bitmask(1, self.vocab_size)
-        self.matcher.fill_next_token_bitmask(mask)
-        return mask
+        self.matcher.fill_next_token_bitmask(self._mask)
+        return self._mask
 
     def _take_mask(self) -> torch.Tensor | None:
         """The prefetched mask (waiting for it), or None; the matcher is this thread's again after."""
