@@ -54,16 +54,21 @@ def toolkit():
     return kit
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory, toolkit):
+def build_aot(tmp_path_factory, variants: list, **build_kwargs) -> tuple[Path, dict]:
+    """An AOT folder holding `variants` ((family, spec) pairs), built once for a test module."""
     pytest.importorskip("cutlass", reason="needs nvidia-cutlass-dsl (the hopper extra)")
     from cute_kernels.toolchain.aot_build import build
 
     out = tmp_path_factory.mktemp("aot")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TMPDIR", str(out.parent))  # the DSL's cache
-        manifest = build(out, [(PREFILL, spec) for spec in VARIANTS], log=lambda line: None)
+        manifest = build(out, variants, log=lambda line: None, **build_kwargs)
     return out, manifest
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, toolkit):
+    return build_aot(tmp_path_factory, [(PREFILL, spec) for spec in VARIANTS])
 
 
 def _nm(*args: str) -> list[str]:

@@ -18,7 +18,7 @@ from cute_kernels.hopper.decode_aot import AotDecodeKernels, decode_c_args
 from cute_kernels.hopper.decode_family import DECODE, DECODE_MERGE
 from cute_kernels.hopper.decode_host import prepare_decode_args
 from cute_kernels.hopper.decode_spec import DecodeMergeSpec, DecodeSpec
-from tests.test_aot import toolkit  # noqa: F401  (the fixture: CUDA 13 headers + cudart, or skip)
+from tests.test_aot import build_aot, toolkit  # noqa: F401  (toolkit: a fixture, CUDA 13 or skip)
 from tests.test_decode_attention import decode_case
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,14 +27,7 @@ SPEC, MERGE = DecodeSpec("float16", 64), DecodeMergeSpec("float16", 64)
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory, toolkit):
-    pytest.importorskip("cutlass", reason="needs nvidia-cutlass-dsl (the hopper extra)")
-    from cute_kernels.toolchain.aot_build import build
-
-    out = tmp_path_factory.mktemp("aot")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TMPDIR", str(out.parent))  # the DSL's cache
-        manifest = build(out, [(DECODE, SPEC), (DECODE_MERGE, MERGE)], flavors=("shared",), log=lambda line: None)
-    return out, manifest
+    return build_aot(tmp_path_factory, [(DECODE, SPEC), (DECODE_MERGE, MERGE)], flavors=("shared",))
 
 
 def launch_args(splits: int):
