@@ -2,12 +2,11 @@
 import json
 
 import httpx
-import openai
 import pytest
 
 from runtime.llm import LLM
 from runtime.sampling_params import SamplingParams
-from tests.server_utils import TINY_MODEL, live_server, sse_payloads
+from tests.server_utils import TINY_MODEL, live_server, openai_client, sse_payloads
 from tests.tiny_engine import tiny_engine
 
 CHAT = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}]
@@ -21,7 +20,7 @@ def server():
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    return openai_client(server.url)
 
 
 @pytest.fixture(scope="module")
