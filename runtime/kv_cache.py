@@ -67,8 +67,8 @@ def allocate_kv_cache(cfg: ModelConfig, ledger: KVLedger, device: torch.device |
 
 def _zeros_on_touch(shape: tuple[int, ...], device: torch.device | str, dtype: torch.dtype) -> torch.Tensor:
     """Zeros from calloc: a large cache is fresh mapped pages the OS zeroes when first touched, so
-    start-up does not write gigabytes (torch.zeros writes every page: seconds for the default 2 GiB cache
-    on this 2-core machine) and resident memory grows
-    with use. Zeros still matter: a reference kernel multiplies masked-out rows by 0."""
+    start-up does not write gigabytes (torch.zeros writes every page: seconds for the default 2 GiB
+    cache on 2 cores) and resident memory grows with use. Zeros still matter: a reference kernel
+    multiplies masked-out rows by 0."""
     size = int(np.prod(shape)) * torch.empty((), dtype=dtype).element_size()
     return torch.from_numpy(np.zeros(size, dtype=np.uint8)).view(dtype).view(shape)
