@@ -154,17 +154,18 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def import_in_background(module: str) -> threading.Thread:
-    """Start importing `module` on a thread. gradio's import is seconds of Python; the model load
+def import_in_background(*modules: str) -> threading.Thread:
+    """Start importing `modules` on a thread. gradio's import is seconds of Python; the model load
     beside it is mostly torch and C work that releases the GIL, so on 2 cores they overlap.
     A failed import is left for the main thread's own import to report."""
     def run() -> None:
-        try:
-            importlib.import_module(module)
-        except Exception:  # noqa: BLE001 - re-raised by the main thread's import
-            pass
+        for module in modules:
+            try:
+                importlib.import_module(module)
+            except Exception:  # noqa: BLE001 - re-raised where the module is used
+                pass
 
-    thread = threading.Thread(target=run, name=f"import {module}", daemon=True)
+    thread = threading.Thread(target=run, name="imports", daemon=True)
     thread.start()
     return thread
 
@@ -181,9 +182,10 @@ def main(argv: list[str] | None = None) -> int:
 
     template = load_chat_template(args.chat_template) if args.chat_template else None
     sock = bind(args.host, args.port)
-    ui_import = import_in_background("gradio")  # after the web stack's imports: no two threads import one package
+    ui_import = import_in_background("gradio")  # after the web stack's: no two threads import one package
     async_engine, path, defaults = build_engine(args, template)
     ui_import.join()
+    import_in_background("xgrammar")  # structured output's, else paid by the first request with a grammar
     from app.ui import mount_chat_ui
 
     name = args.served_model_name or model_name(path)
