@@ -111,6 +111,7 @@ static inline __attribute__((always_inline)) void dot_rows(const uint8_t *wrow, 
         const uint8_t *blk = wrow + sb * BLOCK_BYTES[type];
         kscales ks;
         decode_scales(blk, type, &ks);
+#pragma GCC unroll 8 /* constant i: sub_block's shifts and offsets become immediates */
         for (int i = 0; i < SUBS; i++) {
             const int64_t b = sb * SUBS + i;
             const __m256i w = sub_block(blk, type, i);
