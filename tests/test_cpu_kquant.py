@@ -91,3 +91,10 @@ def test_test_quantizer_writes_what_gguf_reads_back(type_name, step):
     back = gguf.quants.dequantize(quantize_kquant(w, type_name), gguf.GGMLQuantizationType[type_name])
     amax = np.abs(w).max()
     assert back.shape == w.shape and np.abs(back - w).max() < 1.3 * amax * step
+
+
+def test_vnni_variant_builds():
+    """This machine may lack AVX-512 VNNI: the variant is only built (and asked which path it holds),
+    never run here, so at least its code compiles wherever the tests do."""
+    flags = ("-mavx512f", "-mavx512vl", "-mavx512vnni")
+    assert qg.unavailable_reason(flags) is None and qg.isa(flags) == "avx512-vnni"
