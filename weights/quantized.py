@@ -63,16 +63,15 @@ Quantized = QuantizedTensor | QuantizedParts
 def cat_rows(parts: list[torch.Tensor | QuantizedTensor]) -> torch.Tensor | Quantized:
     """Rows of all parts stacked: one QuantizedTensor when they share a block type, QuantizedParts when
     all are quantized in different types, else float32."""
-    kinds = [p.type_name if isinstance(p, QuantizedTensor) else None for p in parts]
-    if None in kinds:
+    if not all(isinstance(p, QuantizedTensor) for p in parts):
         return torch.cat([as_float(p) for p in parts])
-    if len(set(kinds)) == 1:
-        return parts[0].with_blocks(torch.cat([p.blocks for p in parts]))
-    merged: list[QuantizedTensor] = []  # neighbours of one type still share blocks
-    for p in parts:
-        same = merged and merged[-1].type_name == p.type_name
-        merged[-1:] = [merged[-1].with_blocks(torch.cat([merged[-1].blocks, p.blocks]))] if same else [*merged[-1:], p]
-    return QuantizedParts(tuple(merged))
+    merged = [parts[0]]  # neighbours of one type share blocks
+    for p in parts[1:]:
+        if p.type_name == merged[-1].type_name:
+            merged[-1] = merged[-1].with_blocks(torch.cat([merged[-1].blocks, p.blocks]))
+        else:
+            merged.append(p)
+    return merged[0] if len(merged) == 1 else QuantizedParts(tuple(merged))
 
 
 def as_float(t: torch.Tensor | Quantized) -> torch.Tensor:

@@ -2,6 +2,8 @@
 weight behind the Linear seam."""
 from __future__ import annotations
 
+from itertools import accumulate
+
 import torch
 
 from runtime.errors import ModelLoadError
@@ -96,7 +98,7 @@ class _LinearFactory:
     def linear(self, weight: Weight, bias: torch.Tensor | None, head: bool = False) -> Linear:
         bias = self.float(bias)
         if self.keeps(weight) and isinstance(weight, QuantizedParts):
-            bounds = torch.tensor([0, *(p.shape[0] for p in weight.parts)]).cumsum(0).tolist()
+            bounds = [0, *accumulate(p.shape[0] for p in weight.parts)]
             return BlockQuantParts([BlockQuantLinear(p.type_name, p.blocks, None if bias is None else bias[a:b])
                                     for p, a, b in zip(weight.parts, bounds, bounds[1:])])
         if self.keeps(weight):
