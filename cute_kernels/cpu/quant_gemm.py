@@ -82,7 +82,7 @@ def supports(type_name: str, rows: int, cols: int) -> bool:
 
 def quant_linear(x: torch.Tensor, blocks: torch.Tensor, type_name: str, bias: torch.Tensor | None = None,
                  extra_flags: tuple[str, ...] = ()) -> torch.Tensor:
-    """x [rows, k] float32 @ W^T (+ bias) for W given as blocks [n, k/32 * block bytes] of type_name."""
+    """x [rows, k] float32 @ W^T (+ bias) for W given as blocks [n, row_bytes(type_name, k)] of type_name."""
     lib, kernels = _library(extra_flags)[0], _gemm_and_dequantize(type_name, extra_flags)
     n, k = blocks.shape[0], x.shape[-1]
     if (lib is None or kernels is None or x.dtype != torch.float32 or x.device.type != "cpu" or x.dim() != 2
