@@ -99,37 +99,54 @@ static inline __m256i sub_block(const uint8_t *blk, int type, int i) {
     return q;
 }
 
+/* Q4_K/Q5_K's 8 scales (times d) and offsets (-dmin m) in registers: decode_scales' unpacking, done
+ * on the 12 bytes as three 32-bit words (each byte's top 2 bits land at bits 4-5 by a shift of 2). */
+static inline void q45k_scales(const uint8_t *blk, __m256 *dsub, __m256 *off) {
+    uint32_t a, b, c;
+    memcpy(&a, blk + 4, 4), memcpy(&b, blk + 8, 4), memcpy(&c, blk + 12, 4);
+    const uint32_t sc_hi = (c & 0x0f0f0f0fu) | ((a >> 2) & 0x30303030u);
+    const uint32_t m_hi = ((c >> 4) & 0x0f0f0f0fu) | ((b >> 2) & 0x30303030u);
+    const __m128i sc = _mm_set_epi32(0, 0, (int)sc_hi, (int)(a & 0x3f3f3f3fu));
+    const __m128i m = _mm_set_epi32(0, 0, (int)m_hi, (int)(b & 0x3f3f3f3fu));
+    *dsub = _mm256_mul_ps(_mm256_set1_ps(f16_to_f32(load_u16(blk))), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sc)));
+    *off = _mm256_mul_ps(_mm256_set1_ps(-f16_to_f32(load_u16(blk + 2))), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(m)));
+}
+
 /* out[r] = row of W . activation row r, for r < nr rows. Always inlined with constant type and nr
  * (see dot_tile), so each combination compiles to straight-line code. */
 static inline __attribute__((always_inline)) void dot_rows(const uint8_t *wrow, int type, int64_t nsb, const int8_t *q,
                                                            const float *d, const float *s, int64_t k, int nr, float *out) {
-    __m256 acc[ROW_TILE];
-    float off_acc[ROW_TILE] = {0.f, 0.f, 0.f, 0.f};
-    for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_ps();
+    __m256 acc[ROW_TILE], off_acc[ROW_TILE];
+    for (int r = 0; r < nr; r++) acc[r] = off_acc[r] = _mm256_setzero_ps();
     const int64_t nb = nsb * SUBS;
     for (int64_t sb = 0; sb < nsb; sb++) {
         const uint8_t *blk = wrow + sb * BLOCK_BYTES[type];
-        kscales ks;
-        decode_scales(blk, type, &ks);
+        __m256 dsub, off = _mm256_setzero_ps();
+        if (type == Q6_K) dsub = _mm256_set1_ps(f16_to_f32(load_u16(blk + 208)));
+        else q45k_scales(blk, &dsub, &off);
+        float scale[ROW_TILE][SUBS]; /* weight x activation scale of each sub-block: 8 at once per row */
+        for (int r = 0; r < nr; r++) {
+            _mm256_storeu_ps(scale[r], _mm256_mul_ps(dsub, _mm256_loadu_ps(d + r * nb + sb * SUBS)));
+            if (type != Q6_K) off_acc[r] = _mm256_fmadd_ps(off, _mm256_loadu_ps(s + r * nb + sb * SUBS), off_acc[r]);
+        }
 #pragma GCC unroll 8 /* constant i: sub_block's shifts and offsets become immediates */
         for (int i = 0; i < SUBS; i++) {
             const int64_t b = sb * SUBS + i;
             const __m256i w = sub_block(blk, type, i);
             const __m256i wu = type == Q6_K ? _mm256_abs_epi8(w) : w; /* |w| as u8; the sign moves to x */
-            const __m128i lo = _mm_set1_epi16((int16_t)ks.sc[2 * i]), hi = _mm_set1_epi16((int16_t)ks.sc[2 * i + 1]);
+            const int8_t *sc6 = (const int8_t *)blk + 192 + 2 * i; /* Q6_K's two scales of this sub-block */
+            const __m128i lo = _mm_set1_epi16(sc6[0]), hi = _mm_set1_epi16(sc6[1]);
             const __m256i sc16 = _mm256_set_m128i(hi, lo); /* int32 lanes 0-3 are values 0-15 */
-            const float dw = type == Q6_K ? ks.d : ks.d * (float)ks.sc[2 * i];
             for (int r = 0; r < nr; r++) {
                 const __m256i x = _mm256_loadu_si256((const __m256i *)(q + r * k + b * QK));
                 const __m256i dot = type == Q6_K
                     ? _mm256_madd_epi16(_mm256_maddubs_epi16(wu, _mm256_sign_epi8(x, w)), sc16)
                     : dot_u8_s8(wu, x);
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(dw * d[r * nb + b]), acc[r]);
-                if (type != Q6_K) off_acc[r] += ks.off[i] * s[r * nb + b];
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_broadcast_ss(&scale[r][i]), acc[r]);
             }
         }
     }
-    for (int r = 0; r < nr; r++) out[r] = hsum(acc[r]) + off_acc[r];
+    for (int r = 0; r < nr; r++) out[r] = hsum(_mm256_add_ps(acc[r], off_acc[r]));
 }
 #else
 static inline __attribute__((always_inline)) void dot_rows(const uint8_t *wrow, int type, int64_t nsb, const int8_t *q,
