@@ -134,9 +134,11 @@ static inline __attribute__((always_inline)) void dot_rows(const uint8_t *wrow, 
             const int64_t b = sb * SUBS + i;
             const __m256i w = sub_block(blk, type, i);
             const __m256i wu = type == Q6_K ? _mm256_abs_epi8(w) : w; /* |w| as u8; the sign moves to x */
-            const int8_t *sc6 = (const int8_t *)blk + 192 + 2 * i; /* Q6_K's two scales of this sub-block */
-            const __m128i lo = _mm_set1_epi16(sc6[0]), hi = _mm_set1_epi16(sc6[1]);
-            const __m256i sc16 = _mm256_set_m128i(hi, lo); /* int32 lanes 0-3 are values 0-15 */
+            __m256i sc16 = _mm256_setzero_si256(); /* Q6_K's two scales: int32 lanes 0-3 are values 0-15 */
+            if (type == Q6_K) {
+                const int8_t *sc6 = (const int8_t *)blk + 192 + 2 * i;
+                sc16 = _mm256_set_m128i(_mm_set1_epi16(sc6[1]), _mm_set1_epi16(sc6[0]));
+            }
             for (int r = 0; r < nr; r++) {
                 const __m256i x = _mm256_loadu_si256((const __m256i *)(q + r * k + b * QK));
                 const __m256i dot = type == Q6_K
