@@ -143,11 +143,17 @@ def main() -> None:
         print(f"{label:<12}{ppl:>11.3f}{change:>+10.2%}{agree:>15.1%}   {ok}")
     report = {"model": path, "positions": len(ids), "text": os.path.basename(TEXT), "paths": rows}
     python = llama_cpp_python(args)
-    if "as shipped" not in logits or python is None:
-        print("llama.cpp: not compared (" + ("llama-cpp-python not importable; pass --llama-cpp-python"
-                                             if python is None else "no quantized GGUF weights") + ")")
+    why_not = ("the smoke model is not a file llama.cpp loads (no tokenizer)" if args.smoke
+               else "no quantized GGUF weights" if "as shipped" not in logits
+               else "llama-cpp-python not importable; pass --llama-cpp-python" if python is None else None)
+    if why_not is None:
+        try:
+            theirs = torch.from_numpy(llama_cpp_logits(python, path, ids))
+        except subprocess.CalledProcessError as exc:
+            why_not = f"llama.cpp's run failed with exit status {exc.returncode}"
+    if why_not is not None:
+        print(f"llama.cpp: not compared ({why_not})")
     else:
-        theirs = torch.from_numpy(llama_cpp_logits(python, path, ids))
         agree = (logits["as shipped"].argmax(-1) == theirs.argmax(-1)).float().mean().item()
         # how far llama.cpp itself is from the float path: the noise floor of this comparison
         theirs_vs_float = (base.argmax(-1) == theirs.argmax(-1)).float().mean().item()
