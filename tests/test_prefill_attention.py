@@ -10,7 +10,8 @@ import torch
 from cute_kernels.attention_args import PrefillArgs
 from cute_kernels.hopper.prefill_host import prepare_prefill_args
 from cute_kernels.hopper.prefill_schedule import (
-    ceil_div, key_row_coords, kv_block_range, packed_row_token_head, query_key_position,
+    ceil_div, key_row_coords, kv_block_range, num_query_tiles, packed_row_token_head, query_key_position,
+    tile_tokens,
 )
 from cute_kernels.hopper.prefill_spec import KV_BLOCK_SIZE, TileConfig
 from cute_kernels.reference import prefill_attention_ref
@@ -43,7 +44,7 @@ def make_batch(q_lens, prefix_lens, heads, kv_heads, d, dtype=torch.float32, dev
 def emulate_kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, causal, k_cache, v_cache, block_tables,
                    prefix_lens, tile=TileConfig.for_head_dim(128)):
     """The kernel's algorithm in torch, CTA by CTA, with the kernel's own index functions: packed GQA
-    rows, clamped key-row gather (cache or new rows), key tiles from n_block_max-1 down, masking only
+    rows of whole tokens per tile, clamped key-row gather (cache or new rows), key tiles from n_block_max-1 down, masking only
     in tiles >= n_mask_start, online softmax. Asserts the schedule never skips or leaves unmasked a
     tile that needs it."""
     heads, d = q.shape[1], q.shape[2]
@@ -56,22 +57,23 @@ def emulate_kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, causal, k_cache, 
         prefix = int(prefix_lens[b])
         seqlen_k = prefix + int(cu_seqlens_k[b + 1]) - k_start
         for kv_head in range(kv_heads):
-            for m_block in range(ceil_div(q_len * group, tile.tile_m)):
-                rows = torch.arange(m_block * tile.tile_m, (m_block + 1) * tile.tile_m)
+            tile_rows = tile_tokens(tile.tile_m, group) * group
+            for m_block in range(ceil_div(q_len, tile_tokens(tile.tile_m, group))):
+                rows = torch.arange(m_block * tile_rows, (m_block + 1) * tile_rows)
                 tokens, qheads = packed_row_token_head(rows, kv_head, group)
                 tokens_c = tokens.clamp(max=q_len - 1)
-                qt = q[q_start + tokens_c, qheads].float()  # [tile_m, d]
-                n_max, n_mask_start = kv_block_range(m_block, q_len, seqlen_k, group, tile.tile_m, tile.tile_n, causal)
+                qt = q[q_start + tokens_c, qheads].float()  # [tile_rows, d]
+                n_max, n_mask_start = kv_block_range(m_block, q_len, seqlen_k, group, tile_rows, tile.tile_n, causal)
                 n_mask_start = max(n_mask_start, 0)
-                row_limit = torch.full((tile.tile_m,), seqlen_k)
+                row_limit = torch.full((tile_rows,), seqlen_k)
                 if causal:
                     row_limit = torch.minimum(query_key_position(tokens, q_len, seqlen_k) + 1, row_limit)
                 valid_rows = tokens < q_len
                 for n in range(n_max, ceil_div(seqlen_k, tile.tile_n)):  # skipped tiles: fully masked
                     assert (n * tile.tile_n >= row_limit[valid_rows]).all(), (b, m_block, n)
-                m = torch.full((tile.tile_m,), -math.inf)
-                s_sum = torch.zeros(tile.tile_m)
-                acc = torch.zeros(tile.tile_m, d)
+                m = torch.full((tile_rows,), -math.inf)
+                s_sum = torch.zeros(tile_rows)
+                acc = torch.zeros(tile_rows, d)
                 for n in reversed(range(n_max)):
                     pos = (n * tile.tile_n + torch.arange(tile.tile_n)).clamp(max=seqlen_k - 1)
                     block_col, slot, new_row = key_row_coords(pos, prefix, k_start, KV_BLOCK_SIZE)
@@ -160,6 +162,28 @@ def test_packed_rows_cover_each_query_head_once():
     assert seen == {(t, h) for t in range(q_len) for h in range(group * kv_heads)}
 
 
+@pytest.mark.parametrize("head_dim,causal", [(128, True), (64, True), (64, False)])
+@pytest.mark.parametrize("group", [1, 2, 3, 4, 8])
+def test_tiles_hold_whole_tokens_as_one_tma_box(group, head_dim, causal):
+    """Each tile is tile_tokens whole tokens (its Q load and O store one (d, group, tokens) box within
+    TMA's 256-per-dimension limit, less than one token of padding rows); the tiles of a sequence cover
+    every (token, head) once; only a sequence's last tile can be ragged (per-thread stores)."""
+    tile = TileConfig.for_head_dim(head_dim, causal)
+    tokens = tile_tokens(tile.tile_m, group)
+    assert 0 <= tile.tile_m - tokens * group < group and max(tokens, group, head_dim) <= 256
+    kv_heads, q_len = 2, 3 * tokens + 5
+    assert num_query_tiles(q_len, group, tile.tile_m) == 4
+    seen, ragged = [], []
+    for kv_head in range(kv_heads):
+        for m_block in range(num_query_tiles(q_len, group, tile.tile_m)):
+            rows = range(m_block * tokens * group, (m_block + 1) * tokens * group)
+            pairs = [packed_row_token_head(r, kv_head, group) for r in rows]
+            seen += [p for p in pairs if p[0] < q_len]
+            ragged.append((m_block + 1) * tokens > q_len)  # the epilogue's TMA-store test
+    assert sorted(seen) == [(t, h) for t in range(q_len) for h in range(group * kv_heads)]
+    assert ragged == [False, False, False, True] * kv_heads
+
+
 def test_causal_tiles_skip_the_future():
     # 256 queries over 256 keys, no prefix: the first query tile (rows 0..127) needs key tile 0 only.
     assert kv_block_range(0, 256, 256, 1, 128, 128, True) == (1, 0)
@@ -177,7 +201,7 @@ def test_prepare_args_without_prefix():
                                             batch["cu_seqlens_k"].long(), 0.1))
     assert args.spec.qheads_per_kvhead == 4 and args.spec.head_dim == 128 and args.spec.dtype == "bfloat16"
     assert args.max_seqlen_q == 7
-    assert args.grid == (1, 2, 2)  # ceil(7 * 4 / 128) query tiles, 2 KV heads, 2 sequences
+    assert args.grid == (1, 2, 2)  # ceil(7 / 32) query tiles of 32 tokens x 4 heads, 2 KV heads, 2 sequences
     assert args.prefix_lens.tolist() == [0, 0] and args.prefix_lens.dtype == torch.int32
     assert args.cu_seqlens_q.dtype == torch.int32 and args.block_tables.shape == (2, 1)
     assert args.k_cache.shape == (1, KV_BLOCK_SIZE, 2, 128)
@@ -357,6 +381,22 @@ def test_prefill_more_new_keys_than_queries_gpu(causal):
                    k_lens=[9, 64, 812, 130])
     out, lse = run_kernel(x, 128 ** -0.5, causal, True)
     assert_matches_reference(x, out, lse, 128 ** -0.5, causal, True)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("heads,kv_heads", HEAD_MIX)
+def test_prefill_tma_store_beside_ragged_tiles_gpu(heads, kv_heads, head_dim):
+    """Sequences of exactly 1 and 2 tiles (TMA-store epilogue only) packed between ragged ones (a last
+    tile stored per thread): a box landing on the wrong tokens or heads, or a ragged tile stored by
+    TMA over its neighbour's rows, shows as an error or an unwritten (NaN) row."""
+    tokens = tile_tokens(TileConfig.for_head_dim(head_dim).tile_m, heads // kv_heads)
+    lens = [2 * tokens, tokens + 1, tokens, 1, tokens - 1, 2 * tokens]
+    x = make_batch(lens, [0, 40, 0, 3, 17, 0], heads, kv_heads, head_dim, dtype=torch.bfloat16, device="cuda",
+                   seed=3)
+    out, lse = run_kernel(x, head_dim ** -0.5, True, True)
+    assert_matches_reference(x, out, lse, head_dim ** -0.5, True, True)
 
 
 @pytest.mark.gpu

@@ -8,19 +8,19 @@ Design (one CTA = tile_m packed query rows of one KV head of one sequence agains
 128 rows and 2 MMA warpgroups at d 128, 192 rows and 3 at d 64; plus one producer warpgroup):
 - Packed GQA: rows are (token, query head of this KV head), so each K/V tile is loaded once per group.
 - Warp specialization: warpgroup 0 is the producer (registers lowered by setmaxnreg), issuing every
-  load into a Q buffer and `stages`-deep K and V rings on mbarriers (prefill_loads.py): key tiles of
-  new keys by TMA, tiles touching the paged prefix by cp.async gathers; Q by TMA without GQA packing,
-  else (rows interleave the group's heads) by cp.async. The MMA warpgroups
+  load into a Q buffer and `stages`-deep K and V rings on mbarriers (prefill_loads.py): Q and key
+  tiles of new keys by TMA (Q as one (head_dim, group, tokens) box: prefill_tma.py), tiles touching
+  the paged prefix by cp.async gathers. The MMA warpgroups
   (registers raised) own 64 query rows each (prefill_mma.py). No CTA-wide barrier after the barrier
   setup: stages are handed over by full/empty mbarriers only.
 - S = Q K^T with SS wgmma, O += P V with RS wgmma (P stays in registers), fp32 accumulation; online
   softmax in fp32 with exp2; the mask is one select per element against a per-row limit.
+- Epilogue (prefill_epilogue.py): O through shared memory and one TMA store per full tile; the
+  ragged last tile of a sequence stores per thread (a box would overwrite the next sequence's rows).
 - Key tiles are visited from the last to the first so only the first few (diagonal / ragged) tiles
   pay for masking, and tiles beyond the causal frontier are never loaded.
 """
 from __future__ import annotations
-
-from typing import Optional
 
 import cuda.bindings.driver as cuda
 
@@ -32,12 +32,14 @@ from cutlass.cute.nvgpu import cpasync
 
 from .prefill_loads import KeySource, PrefillLoads
 from .prefill_mma import PrefillMma
-from .prefill_schedule import kv_block_range
+from .prefill_epilogue import PrefillEpilogue
+from .prefill_schedule import kv_block_range, tile_tokens
 from .prefill_spec import PrefillSpec
+from .prefill_tma import packed_rows_partition, packed_rows_smem_layout, packed_rows_tma
 from .warpgroup_ops import DTYPES, attention_tiled_mmas, make_row_copy, swizzled_rows_layout
 
 
-class PrefillAttentionSm90(PrefillLoads, PrefillMma):
+class PrefillAttentionSm90(PrefillLoads, PrefillMma, PrefillEpilogue):
     """Compile-time configuration + host launch (__call__) + kernel body (roles and barriers)."""
 
     def __init__(self, spec: PrefillSpec):
@@ -50,12 +52,14 @@ class PrefillAttentionSm90(PrefillLoads, PrefillMma):
         self.tile_m, self.tile_n, self.stages = tile.tile_m, tile.tile_n, tile.stages
         self.num_wg = tile.num_mma_warpgroups
         assert self.tile_m == 64 * self.num_wg
+        self.tile_tokens = tile_tokens(self.tile_m, self.group)
+        self.tile_rows = self.tile_tokens * self.group  # packed rows of whole tokens (the rest: padding)
         self.producer_threads = 128
         self.mma_threads = 128 * self.num_wg
         self.num_threads = self.producer_threads + self.mma_threads
         self.producer_regs, self.mma_regs = tile.producer_registers, tile.mma_registers
         self.kv_tile_bytes = self.tile_n * self.head_dim * self.dtype.width // 8
-        self.q_tile_bytes = self.tile_m * self.head_dim * self.dtype.width // 8
+        self.q_tile_bytes = self.tile_rows * self.head_dim * self.dtype.width // 8
 
     # ------------------------------------------------------------------ configuration
     def _smem_layout(self, rows: int, stages: int | None = None):
@@ -96,8 +100,11 @@ class PrefillAttentionSm90(PrefillLoads, PrefillMma):
         sKV_layout = self._smem_layout(self.tile_n, self.stages)
         tma_k, mK_tma = self._tma_atom(mK, sKV_layout, self.tile_n)
         tma_v, mV_tma = self._tma_atom(mV, sKV_layout, self.tile_n)
-        # Q by TMA when a tile's rows are consecutive tokens of one head (no packed GQA heads)
-        tma_q, mQ_tma = self._tma_atom(mQ, sQ_layout, self.tile_m) if self.group == 1 else (None, None)
+        num_kv_heads = mK.shape[1]
+        tma_q, mQ_tma = packed_rows_tma(cpasync.CopyBulkTensorTileG2SOp(), mQ, sQ_layout, self.group,
+                                        self.tile_tokens, num_kv_heads)
+        tma_o, mO_tma = packed_rows_tma(cpasync.CopyBulkTensorTileS2GOp(), mO, sQ_layout, self.group,
+                                        self.tile_tokens, num_kv_heads)
 
         @cute.struct
         class SharedStorage:
@@ -109,13 +116,13 @@ class PrefillAttentionSm90(PrefillLoads, PrefillMma):
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
+            sO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
 
-        num_m_blocks = (max_seqlen_q * self.group + self.tile_m - 1) // self.tile_m
+        num_m_blocks = (max_seqlen_q + self.tile_tokens - 1) // self.tile_tokens
         batch = mCuSeqlensQ.shape[0] - 1
-        num_kv_heads = mK.shape[1]
         self.kernel(
             mQ, mK, mV, mKCache, mVCache, mBlockTables, mPrefixLens, mCuSeqlensQ, mCuSeqlensK, mO, mLSE,
-            mK_tma, mV_tma, tma_k, tma_v, mQ_tma, tma_q, softmax_scale_log2, sQ_layout, sKV_layout, mma_qk, mma_pv,
+            mK_tma, mV_tma, tma_k, tma_v, mQ_tma, tma_q, mO_tma, tma_o, softmax_scale_log2, sQ_layout, sKV_layout, mma_qk, mma_pv,
             make_row_copy(self.dtype, self.head_dim, self.producer_threads), SharedStorage,
         ).launch(
             grid=[num_m_blocks, num_kv_heads, batch],
@@ -144,8 +151,10 @@ class PrefillAttentionSm90(PrefillLoads, PrefillMma):
         mV_tma: cute.Tensor,
         tma_k: cute.CopyAtom,
         tma_v: cute.CopyAtom,
-        mQ_tma: Optional[cute.Tensor],
-        tma_q: Optional[cute.CopyAtom],
+        mQ_tma: cute.Tensor,
+        tma_q: cute.CopyAtom,
+        mO_tma: cute.Tensor,
+        tma_o: cute.CopyAtom,
         softmax_scale_log2: Float32,
         sQ_layout: cute.ComposedLayout,
         sKV_layout: cute.ComposedLayout,
@@ -164,19 +173,21 @@ class PrefillAttentionSm90(PrefillLoads, PrefillMma):
         prefix_len = mPrefixLens[batch_idx]
         seqlen_k = prefix_len + mCuSeqlensK[batch_idx + 1] - k_start
 
-        # Tiles past this sequence's packed rows have no work (the grid covers the longest one).
-        if m_block * self.tile_m < q_len * self.group:
+        # Tiles past this sequence's tokens have no work (the grid covers the longest one).
+        if m_block * self.tile_tokens < q_len:
             smem = cutlass.memory.SmemAllocator()
             storage = smem.allocate(SharedStorage)
             sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
             sK = storage.sK.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)
             sV = storage.sV.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)
+            sO = storage.sO.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+            box = packed_rows_smem_layout(sQ_layout, self.group, self.tile_tokens)  # TMA's view of sQ and sO
             bars = _Barriers(storage)
             if warp_idx == 0:
                 cpasync.prefetch_descriptor(tma_k)
                 cpasync.prefetch_descriptor(tma_v)
-                if const_expr(tma_q is not None):
-                    cpasync.prefetch_descriptor(tma_q)
+                cpasync.prefetch_descriptor(tma_q)
+                cpasync.prefetch_descriptor(tma_o)
             if tidx == 0:
                 _init_barriers(bars.q_full, bars.k_full, bars.k_empty, bars.v_full, bars.v_empty, self.stages,
                                self.mma_threads)
@@ -193,17 +204,18 @@ class PrefillAttentionSm90(PrefillLoads, PrefillMma):
                 row_offset = k_start - prefix_len
                 k_src = KeySource(mK, mKCache, sK, tma_k, mK_tma, kv_head, row_offset, self.tile_n, self.head_dim)
                 v_src = KeySource(mV, mVCache, sV, tma_v, mV_tma, kv_head, row_offset, self.tile_n, self.head_dim)
-                q_tma = None
-                if const_expr(tma_q is not None):
-                    gQ = cute.local_tile(cute.domain_offset((q_start, 0), mQ_tma[None, None, kv_head]),
-                                         (self.tile_m, self.head_dim), (m_block, 0))
-                    q_tma = (tma_q,) + tuple(cpasync.tma_partition(
-                        tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2)))
-                self.produce(mQ, sQ, q_tma, k_src, v_src, mBlockTables, bars, row_copy, tidx, ctx, n_block_max)
+                sQ_box = storage.sQ.get_tensor(box.outer, swizzle=box.inner)
+                q_tma = (tma_q,) + tuple(packed_rows_partition(tma_q, mQ_tma, sQ_box, self.group, self.tile_tokens,
+                                                               kv_head, q_start, m_block))
+                self.produce(q_tma, k_src, v_src, mBlockTables, bars, row_copy, tidx, ctx, n_block_max)
             else:
                 cute.arch.setmaxregister_increase(self.mma_regs)
                 mma_wg = warp_idx // 4 - 1
-                self.consume(mO, mLSE, sQ, sK, sV, bars, mma_qk, mma_pv, tidx - self.producer_threads, mma_wg, ctx,
+                sO_box = storage.sO.get_tensor(box.outer, swizzle=box.inner)
+                o_tma = (tma_o,) + tuple(packed_rows_partition(tma_o, mO_tma, sO_box, self.group, self.tile_tokens,
+                                                               kv_head, q_start, m_block))
+                out = (mO, mLSE, sO, o_tma)
+                self.consume(out, sQ, sK, sV, bars, mma_qk, mma_pv, tidx - self.producer_threads, mma_wg, ctx,
                              n_block_max, cutlass.max(n_mask_start, 0), softmax_scale_log2)
 
 

@@ -39,6 +39,8 @@ def prefill_sass_problems(spec, stats) -> list[str]:
         problems.append(f"{stats.hmma} HMMA (warp-level MMA fallback)")
     if not stats.tma_load:
         problems.append("no UTMALDG (key/value tiles are not loaded by TMA)")
+    if not stats.tma_store:
+        problems.append("no UTMASTG (the output tile does not leave through shared memory by TMA)")
     if not stats.setmaxnreg:
         problems.append("no USETMAXREG (no producer/consumer register split)")
     if not stats.cp_async:
@@ -73,6 +75,7 @@ PREFILL = KernelFamily(
     name="prefill", specs=prefill_specs, compile=_compile, sass_problems=prefill_sass_problems,
     max_registers=LAUNCH_REGISTERS, fake_args=_fake_args, shim_abi=SHIM_ABI, shim="prefill_aot_shim.c",
     sources=("hopper/prefill_attention.py", "hopper/prefill_loads.py", "hopper/prefill_mma.py",
+             "hopper/prefill_epilogue.py", "hopper/prefill_tma.py",
              "hopper/prefill_schedule.py", "hopper/prefill_spec.py", "hopper/prefill_compile.py",
              "hopper/wgmma_layouts.py", "hopper/warpgroup_ops.py", "hopper/prefill_family.py",
              "toolchain/csrc/prefill_aot.h", "toolchain/csrc/prefill_aot_shim.c"),

@@ -1,5 +1,5 @@
 """The prefill kernel's MMA warpgroups: S = Q K^T, mask, online softmax, O += P V over the key tiles
-the producer streams into mbarrier-guarded stages, then O / rowsum and the LSE to global memory.
+the producer streams into mbarrier-guarded stages, then the epilogue (prefill_epilogue.py).
 
 The warpgroups split the tile's query rows (64 each: 2 at d 128, 3 at d 64) and share every K/V
 stage; each thread arrives on a stage's empty barrier once its wgmma reads of that stage completed.
@@ -11,8 +11,8 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import warpgroup
 
-from .prefill_schedule import packed_row_token_head, query_key_position
-from .warpgroup_ops import quad_allreduce_sum, rescale_rows, row_lse, softmax_update, wgmma_issue
+from .prefill_schedule import query_key_position
+from .warpgroup_ops import rescale_rows, softmax_update, wgmma_issue
 from .wgmma_layouts import acc_as_operand_a, acc_as_rows_cols
 
 SCHEDULER_BARRIER_ID = 2  # named barriers 2, 3(, 4): each MMA warpgroup's turn at the tensor cores
@@ -29,7 +29,7 @@ class PrefillMma:
     """
 
     @cute.jit
-    def consume(self, mO, mLSE, sQ, sK, sV, bars, mma_qk, mma_pv, ctid: Int32, wg: Int32, ctx,
+    def consume(self, out, sQ, sK, sV, bars, mma_qk, mma_pv, ctid: Int32, wg: Int32, ctx,
                 n_block_max: Int32, n_mask_start: Int32, softmax_scale_log2: Float32):
         thr_mma_qk = mma_qk.get_slice(ctid)
         thr_mma_pv = mma_pv.get_slice(ctid)
@@ -69,7 +69,7 @@ class PrefillMma:
         wgmma_issue(mma_pv, acc_O, tOrP, tOrVt[None, None, None, last % self.stages], zero_init=False)
         warpgroup.wait_group(0)
         cute.arch.mbarrier_arrive(bars.v_empty + last % self.stages)
-        self.epilogue(mO, mLSE, acc_O, row_max, row_sum, thr_mma_pv, ctx, softmax_scale_log2)
+        self.epilogue(out, acc_O, row_max, row_sum, mma_pv, ctid, ctx, softmax_scale_log2)
 
     @cute.jit
     def first_tile(self, n_block: Int32, bars, mma_qk, mma_pv, tSrQ, tSrK, tOrVt, tOrP, acc_O, row_max, row_sum,
@@ -120,30 +120,8 @@ class PrefillMma:
         for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
             col_limit = seqlen_limit
             if const_expr(self.causal):
-                token = (ctx.m_block * self.tile_m + tScS_rc[r, 0][0]) // self.group
+                token = ctx.m_block * self.tile_tokens + tScS_rc[r, 0][0] // self.group
                 col_limit = cutlass.min(query_key_position(token, ctx.q_len, ctx.seqlen_k) + 1 - col_offset,
                                         seqlen_limit)
             for c in cutlass.range_constexpr(cute.size(s, mode=[1])):
                 s[r, c] = -Float32.inf if t0ScS_rc[0, c][1] >= col_limit else s[r, c]
-
-    # ------------------------------------------------------------------ epilogue
-    @cute.jit
-    def epilogue(self, mO, mLSE, acc_O, row_max, row_sum, thr_mma_pv, ctx, softmax_scale_log2: Float32):
-        """O /= row sum, store valid rows to [q_start + token, head, :]; LSE in natural log."""
-        o = acc_as_rows_cols(acc_O)
-        tOcO = acc_as_rows_cols(thr_mma_pv.partition_C(cute.make_identity_tensor((self.tile_m, self.head_dim))))
-        lane = cute.arch.lane_idx()
-        for r in cutlass.range_constexpr(cute.size(o, mode=[0])):
-            total = quad_allreduce_sum(row_sum[r])
-            inv = 1.0 / total if total > 0.0 else Float32(0.0)
-            row = ctx.m_block * self.tile_m + tOcO[r, 0][0]
-            token, head = packed_row_token_head(row, ctx.kv_head, self.group)
-            if token < ctx.q_len:
-                q_row = ctx.q_start + token
-                vals = (o[r, None].load() * inv).to(self.dtype)
-                out = cute.make_rmem_tensor_like(o[r, None], self.dtype)
-                out.store(vals)
-                for c in cutlass.range_constexpr(cute.size(o, mode=[1])):
-                    mO[q_row, head, tOcO[0, c][1]] = out[c]
-                if lane % 4 == 0:
-                    mLSE[q_row, head] = row_lse(row_max[r], total, softmax_scale_log2)
