@@ -195,7 +195,7 @@ class PrefillAttentionSm90(PrefillLoads, PrefillMma, PrefillEpilogue):
             cute.arch.sync_threads()  # the barriers exist before anyone waits on them (not in a loop)
 
             n_block_max, n_mask_start = kv_block_range(
-                m_block, q_len, seqlen_k, self.group, self.tile_m, self.tile_n, self.causal,
+                m_block, q_len, seqlen_k, self.group, self.tile_rows, self.tile_n, self.causal,
                 imin=cutlass.min, imax=cutlass.max,
             )
             ctx = _TileContext(q_start, q_len, k_start, prefix_len, seqlen_k, kv_head, m_block, batch_idx)
