@@ -46,6 +46,7 @@ def test_prefill_sass_has_the_warp_specialized_design(compiled_bf16_d128_gqa4):
     assert stats.tma_load > 0 and stats.setmaxnreg >= 2  # producer lowers, MMA warpgroups raise
     # Q, K and V by TMA (two 64-column boxes each at d 128); O leaves by TMA store (two boxes)
     assert stats.tma_load == 6 and stats.tma_store == 2
+    assert "%nctaid.x" in compiled.artifacts["ptx"]  # persistent: CTAs stride over the tile list by the grid
     assert stats.spills == 0 and stats.stack_bytes == 0 and stats.loop_cta_barriers == 0
     assert stats.registers == PREFILL.max_registers == 168  # 384 threads share the register file at launch
     assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+232;", compiled.artifacts["ptx"])

@@ -201,7 +201,9 @@ def test_prepare_args_without_prefix():
                                             batch["cu_seqlens_k"].long(), 0.1))
     assert args.spec.qheads_per_kvhead == 4 and args.spec.head_dim == 128 and args.spec.dtype == "bfloat16"
     assert args.max_seqlen_q == 7
-    assert args.grid == (1, 2, 2)  # ceil(7 / 32) query tiles of 32 tokens x 4 heads, 2 KV heads, 2 sequences
+    # ceil(7 / 32) query tiles of 32 tokens x 4 heads, 2 KV heads, 2 sequences: 4 tiles, 4 persistent CTAs
+    assert args.tile_order.dtype == torch.int32 and sorted(args.tile_order.tolist()) == [0, 1, 2, 3]
+    assert args.num_ctas == 4 and args.kernel_tensors()[-1] is args.tile_order
     assert args.prefix_lens.tolist() == [0, 0] and args.prefix_lens.dtype == torch.int32
     assert args.cu_seqlens_q.dtype == torch.int32 and args.block_tables.shape == (2, 1)
     assert args.k_cache.shape == (1, KV_BLOCK_SIZE, 2, 128)
@@ -267,6 +269,8 @@ def test_step_plan_spares_every_layer_a_device_sync(monkeypatch):
         monkeypatch.setattr(torch.Tensor, name, sync)
     args = prepare_prefill_args(_prefix_args(x, max_seqlen_q=9, plan=plan))
     assert args.max_seqlen_q == 9 and args.block_tables is plan.block_tables
+    again = prepare_prefill_args(_prefix_args(x, max_seqlen_q=9, plan=plan))
+    assert again.tile_order is args.tile_order  # the tile list: built once per step, shared by every layer
     with pytest.raises(AssertionError, match="device sync"):  # without max_seqlen_q it must sync
         prepare_prefill_args(_prefix_args(x, plan=plan))
 
@@ -309,8 +313,9 @@ PREFIX_MIX = [0, 33, 16, 0, 700, 5, 129]
 HEAD_MIX = [(4, 4), (9, 3), (32, 8), (8, 1)]  # group 1, 3, 4, 8: the runtime's variants
 
 
-def run_kernel(x: dict, scale: float, causal: bool, with_prefix: bool):
-    """Launch through the path this process uses (JIT or AOT) on NaN-poisoned outputs."""
+def run_kernel(x: dict, scale: float, causal: bool, with_prefix: bool, num_ctas: int | None = None):
+    """Launch through the path this process uses (JIT or AOT) on NaN-poisoned outputs; num_ctas
+    shrinks the persistent grid (default: one CTA per SM)."""
     from cute_kernels.hopper.prefill_launch import launch_prefill
 
     cache_kw = dict(k_cache=x["k_cache"], v_cache=x["v_cache"], block_tables=x["block_tables"],
@@ -319,6 +324,8 @@ def run_kernel(x: dict, scale: float, causal: bool, with_prefix: bool):
                                             causal, **cache_kw))
     args.out.fill_(float("nan"))  # poisoned: unwritten elements fail
     args.lse.fill_(float("nan"))
+    if num_ctas is not None:
+        args.num_ctas = num_ctas
     launch_prefill(args)
     torch.cuda.synchronize()
     return args.out, args.lse
@@ -397,6 +404,19 @@ def test_prefill_tma_store_beside_ragged_tiles_gpu(heads, kv_heads, head_dim):
                    seed=3)
     out, lse = run_kernel(x, head_dim ** -0.5, True, True)
     assert_matches_reference(x, out, lse, head_dim ** -0.5, True, True)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("num_ctas", [1, 3, 7])
+@pytest.mark.parametrize("head_dim,causal", [(128, True), (64, True), (64, False)])
+def test_persistent_ctas_take_many_tiles_gpu(head_dim, causal, num_ctas):
+    """Far more tiles than CTAs: each CTA runs tens of tiles back to back, so the K/V ring positions,
+    the Q buffer's phase, the ping-pong turn and the reuse of the output staging buffer all carry
+    across tiles (and across the empty tiles past short sequences' ends, which CTAs skip)."""
+    x = make_batch(LENGTH_MIX, PREFIX_MIX, 32, 8, head_dim, dtype=torch.bfloat16, device="cuda", seed=4)
+    out, lse = run_kernel(x, head_dim ** -0.5, causal, True, num_ctas=num_ctas)
+    assert_matches_reference(x, out, lse, head_dim ** -0.5, causal, True)
 
 
 @pytest.mark.gpu

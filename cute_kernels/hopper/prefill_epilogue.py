@@ -1,9 +1,10 @@
 """The prefill kernel's epilogue: O / row sum and the LSE of each packed row, then O to global memory.
 
-A full tile (every token of it inside the sequence) leaves through shared memory: the MMA warpgroups
-write their rows with stmatrix, fence them to the async proxy, meet at a named barrier (the producer
-is not part of it) and one thread issues a single TMA store of the (head_dim, group, tokens) box
-(prefill_tma.py), then waits until the TMA unit has read shared memory before the CTA may exit.
+A full tile (every token of it inside the sequence) leaves through shared memory: once the previous
+tile's store has read sO, the MMA warpgroups write their rows with stmatrix, fence them to the async
+proxy, meet at a named barrier (the producer is not part of it) and one thread issues a single TMA
+store of the (head_dim, group, tokens) box (prefill_tma.py); it completes while the next tile runs,
+and the CTA waits for it before exiting (drain_stores).
 The ragged last tile of a sequence cannot use the box (its rows past the end belong to the next
 sequence), so its threads store their valid rows directly. The LSE is stored per row either way.
 """
@@ -53,6 +54,9 @@ class PrefillEpilogue:
         stmatrix = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), self.dtype)
         r2s = cute.make_tiled_copy_S(r2s_atom, cute.make_tiled_copy_C_atom(stmatrix, mma_pv))
         thr_r2s = r2s.get_slice(ctid)
+        if ctid == 0:
+            cute.arch.cp_async_bulk_wait_group(0, read=True)  # the previous tile's store has read sO
+        cute.arch.barrier(barrier_id=EPILOGUE_BARRIER_ID, number_of_threads=self.mma_threads)
         tRS_sO = thr_r2s.partition_D(sO)
         # retile(rO) keeps all of a thread's values in one mode; the copy wants (values, M, N) like its
         # shared side: the registers are already in that order (16 columns per stmatrix.x4)
@@ -63,7 +67,12 @@ class PrefillEpilogue:
         if ctid == 0:
             cute.copy(o_tma[0], o_tma[1], o_tma[2])
             cute.arch.cp_async_bulk_commit_group()
-            cute.arch.cp_async_bulk_wait_group(0, read=True)  # shared memory stays live until read
+
+    @cute.jit
+    def drain_stores(self, ctid: Int32):
+        """Shared memory must outlive the last TMA store's reads of it."""
+        if ctid == 0:
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
     def store_rows(self, mO, o, tOcO, ctx):

@@ -29,16 +29,19 @@ class PrefillLoads:
     """Producer-side methods of PrefillAttentionSm90 (a mixin: self carries the compile-time config)."""
 
     @cute.jit
-    def produce(self, q_tma, k_src, v_src, mBlockTables, bars, row_copy, ptid: Int32, ctx, n_block_max: Int32):
-        """Q once (q_tma: (atom, smem, gmem) of its TMA load), then K[n] and V[n] for n = n_block_max-1
-        down to 0, in the consumers' order."""
+    def produce(self, q_tma, k_src, v_src, mBlockTables, bars, row_copy, ptid: Int32, ctx, n_block_max: Int32,
+                kv_count: Int32, tiles_done: Int32):
+        """One tile: Q (q_tma: (atom, smem, gmem) of its TMA load) once the previous tile's consumers
+        are done with sQ, then K[n] and V[n] for n = n_block_max-1 down to 0, in the consumers' order,
+        into ring positions kv_count, kv_count + 1, ... (the key tiles of earlier tiles came before)."""
         thr_copy = row_copy.get_slice(ptid)
         if ptid == 0:
+            cute.arch.mbarrier_wait(bars.q_empty, (tiles_done % 2) ^ 1)
             cute.arch.mbarrier_arrive_and_expect_tx(bars.q_full, self.q_tile_bytes)
             cute.copy(q_tma[0], q_tma[2], q_tma[1], tma_bar_ptr=bars.q_full)
         for i in cutlass.range(n_block_max, unroll=1):
             n_block = n_block_max - 1 - i
-            stage, phase = i % self.stages, (i // self.stages) % 2
+            stage, phase = (kv_count + i) % self.stages, ((kv_count + i) // self.stages) % 2
             cute.arch.mbarrier_wait(bars.k_empty + stage, phase ^ 1)
             self.load_kv_tile(k_src, mBlockTables, bars.k_full + stage, thr_copy, row_copy, ptid, ctx, n_block, stage)
             cute.arch.mbarrier_wait(bars.v_empty + stage, phase ^ 1)

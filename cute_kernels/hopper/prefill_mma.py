@@ -29,8 +29,17 @@ class PrefillMma:
     """
 
     @cute.jit
+    def start_ping_pong(self, wg: Int32):
+        """The first warpgroup issues first (once per kernel: each tile hands the turn on as many times as
+        it takes it, so the turn is back at warpgroup 0 when the next tile starts)."""
+        if wg == 0:
+            cute.arch.barrier_arrive(barrier_id=SCHEDULER_BARRIER_ID, number_of_threads=PAIR)
+
+    @cute.jit
     def consume(self, out, sQ, sK, sV, bars, mma_qk, mma_pv, ctid: Int32, wg: Int32, ctx,
-                n_block_max: Int32, n_mask_start: Int32, softmax_scale_log2: Float32):
+                n_block_max: Int32, n_mask_start: Int32, softmax_scale_log2: Float32, kv_count: Int32,
+                tiles_done: Int32):
+        """One tile; its key tiles sit at ring positions kv_count, kv_count + 1, ..."""
         thr_mma_qk = mma_qk.get_slice(ctid)
         thr_mma_pv = mma_pv.get_slice(ctid)
         # V^T view [d, keys, stage] for the PV B operand (same bytes, MN-major).
@@ -52,10 +61,8 @@ class PrefillMma:
         tOrP = cute.make_rmem_tensor_like(acc_as_operand_a(cute.make_rmem_tensor(shape_S, Float32)), self.dtype)
 
         common = (bars, mma_qk, mma_pv, tSrQ, tSrK, tOrVt, tOrP, acc_O, row_max, row_sum, tScS_rc, t0ScS_rc,
-                  shape_S, ctx, softmax_scale_log2)
-        cute.arch.mbarrier_wait(bars.q_full, 0)
-        if wg == 0:  # the first warpgroup issues first
-            cute.arch.barrier_arrive(barrier_id=SCHEDULER_BARRIER_ID, number_of_threads=PAIR)
+                  shape_S, ctx, softmax_scale_log2, kv_count)
+        cute.arch.mbarrier_wait(bars.q_full, tiles_done % 2)
         # Key tiles n_block_max-1 down to 0: the first always masked (it may be the ragged end),
         # then the rest of the masked ones (diagonal), then the fully visible ones.
         n_masked = n_block_max - cutlass.min(n_mask_start, n_block_max)
@@ -64,22 +71,24 @@ class PrefillMma:
             self.overlapped_step(i, n_block_max - 1 - i, True, wg, *common)
         for i in cutlass.range(cutlass.max(n_masked, 1), n_block_max, unroll=1):
             self.overlapped_step(i, n_block_max - 1 - i, False, wg, *common)
-        last = n_block_max - 1
+        last = kv_count + n_block_max - 1
         cute.arch.mbarrier_wait(bars.v_full + last % self.stages, (last // self.stages) % 2)
         wgmma_issue(mma_pv, acc_O, tOrP, tOrVt[None, None, None, last % self.stages], zero_init=False)
         warpgroup.wait_group(0)
         cute.arch.mbarrier_arrive(bars.v_empty + last % self.stages)
+        cute.arch.mbarrier_arrive(bars.q_empty)  # every QK GEMM of this tile is done: sQ may be refilled
         self.epilogue(out, acc_O, row_max, row_sum, mma_pv, ctid, ctx, softmax_scale_log2)
 
     @cute.jit
     def first_tile(self, n_block: Int32, bars, mma_qk, mma_pv, tSrQ, tSrK, tOrVt, tOrP, acc_O, row_max, row_sum,
-                   tScS_rc, t0ScS_rc, shape_S, ctx, softmax_scale_log2: Float32):
+                   tScS_rc, t0ScS_rc, shape_S, ctx, softmax_scale_log2: Float32, kv_count: Int32):
         """S[0] and its softmax into P; its PV GEMM is issued by the next step (or the tail)."""
-        cute.arch.mbarrier_wait(bars.k_full, 0)
+        stage, phase = kv_count % self.stages, (kv_count // self.stages) % 2
+        cute.arch.mbarrier_wait(bars.k_full + stage, phase)
         acc_S = cute.make_rmem_tensor(shape_S, Float32)
-        wgmma_issue(mma_qk, acc_S, tSrQ, tSrK[None, None, None, 0], zero_init=True)
+        wgmma_issue(mma_qk, acc_S, tSrQ, tSrK[None, None, None, stage], zero_init=True)
         warpgroup.wait_group(0)
-        cute.arch.mbarrier_arrive(bars.k_empty)
+        cute.arch.mbarrier_arrive(bars.k_empty + stage)
         self.apply_mask(acc_S, tScS_rc, t0ScS_rc, n_block, ctx)
         softmax_update(acc_S, row_max, row_sum, softmax_scale_log2)
         tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
@@ -87,10 +96,11 @@ class PrefillMma:
     @cute.jit
     def overlapped_step(self, i: Int32, n_block: Int32, masked: cutlass.Constexpr, wg: Int32, bars, mma_qk, mma_pv,
                         tSrQ, tSrK, tOrVt, tOrP, acc_O, row_max, row_sum, tScS_rc, t0ScS_rc, shape_S, ctx,
-                        softmax_scale_log2: Float32):
+                        softmax_scale_log2: Float32, kv_count: Int32):
         """Issue S[i] = Q K[i]^T and O += P[i-1] V[i-1]; softmax S[i] while the PV GEMM runs."""
-        stage, phase = i % self.stages, (i // self.stages) % 2
-        prev = i - 1
+        pos = kv_count + i  # ring position
+        stage, phase = pos % self.stages, (pos // self.stages) % 2
+        prev = pos - 1
         prev_stage, prev_phase = prev % self.stages, (prev // self.stages) % 2
         cute.arch.mbarrier_wait(bars.k_full + stage, phase)
         cute.arch.barrier(barrier_id=SCHEDULER_BARRIER_ID + wg, number_of_threads=PAIR)
