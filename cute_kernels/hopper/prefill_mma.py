@@ -23,7 +23,10 @@ class PrefillMma:
     """Consumer-side methods of PrefillAttentionSm90 (a mixin: self carries the compile-time config).
 
     Within a warpgroup, S[n+1] = Q K[n+1]^T is issued before O += P[n] V[n] and only the QK GEMM is
-    waited for (wait_group(1)), so the softmax of tile n+1 overlaps the PV GEMM of tile n. Between the
+    waited for (wait_group(1)), meant to overlap the softmax of tile n+1 with the PV GEMM of tile n.
+    ptxas does not keep it: it places the PV wait (WARPGROUP.DEPBAR 0x0) before the softmax's exp2
+    (no MUFU.EX2 between a wgmma issue and its wait), and neither register fences on P or S, nor
+    releasing the V stage later, nor predicating that release on the softmax moved it. Between the
     warpgroups, named barriers pass the turn to issue GEMMs round-robin (ping-pong with two): one
     warpgroup issues while the others run their softmax.
     """

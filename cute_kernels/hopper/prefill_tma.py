@@ -24,8 +24,8 @@ def packed_rows_gmem(mX: cute.Tensor, group: int, kv_heads) -> cute.Tensor:
 
 
 def packed_rows_smem_layout(s_layout: cute.ComposedLayout, group: int, tokens: int) -> cute.ComposedLayout:
-    """The swizzled [tile_m, d] layout ((8, R), (W, C)) : ((w, 8w), (1, tile_m * w)) seen as
-    (group, tokens, (W, C)): row r = t * group + g sits at r * w within its column span."""
+    """The swizzled [tile_m, d] layout ((8, R), (W, C)) : ((W, 8W), (1, tile_m * W)) (W columns per
+    swizzle span) seen as (group, tokens, (W, C)): row r = t * group + g sits at r * W in its span."""
     outer = s_layout.outer
     row_stride = outer.stride[0][0]
     assert outer.stride[0][1] == 8 * row_stride, "rows of a swizzle span must be evenly spaced"
