@@ -10,8 +10,7 @@ import torch
 from cute_kernels.attention_args import PrefillArgs
 from cute_kernels.hopper.prefill_host import prepare_prefill_args
 from cute_kernels.hopper.prefill_schedule import (
-    ceil_div, key_row_coords, kv_block_range, num_query_tiles, packed_row_token_head, query_key_position,
-    tile_tokens,
+    ceil_div, key_row_coords, kv_block_range, packed_row_token_head, query_key_position, tile_tokens,
 )
 from cute_kernels.hopper.prefill_spec import KV_BLOCK_SIZE, TileConfig
 from cute_kernels.reference import prefill_attention_ref
@@ -160,28 +159,6 @@ def test_packed_rows_cover_each_query_head_once():
         for row in range(q_len * group):
             seen.add(packed_row_token_head(row, kv_head, group))
     assert seen == {(t, h) for t in range(q_len) for h in range(group * kv_heads)}
-
-
-@pytest.mark.parametrize("head_dim,causal", [(128, True), (64, True), (64, False)])
-@pytest.mark.parametrize("group", [1, 2, 3, 4, 8])
-def test_tiles_hold_whole_tokens_as_one_tma_box(group, head_dim, causal):
-    """Each tile is tile_tokens whole tokens (its Q load and O store one (d, group, tokens) box within
-    TMA's 256-per-dimension limit, less than one token of padding rows); the tiles of a sequence cover
-    every (token, head) once; only a sequence's last tile can be ragged (per-thread stores)."""
-    tile = TileConfig.for_head_dim(head_dim, causal)
-    tokens = tile_tokens(tile.tile_m, group)
-    assert 0 <= tile.tile_m - tokens * group < group and max(tokens, group, head_dim) <= 256
-    kv_heads, q_len = 2, 3 * tokens + 5
-    assert num_query_tiles(q_len, group, tile.tile_m) == 4
-    seen, ragged = [], []
-    for kv_head in range(kv_heads):
-        for m_block in range(num_query_tiles(q_len, group, tile.tile_m)):
-            rows = range(m_block * tokens * group, (m_block + 1) * tokens * group)
-            pairs = [packed_row_token_head(r, kv_head, group) for r in rows]
-            seen += [p for p in pairs if p[0] < q_len]
-            ragged.append((m_block + 1) * tokens > q_len)  # the epilogue's TMA-store test
-    assert sorted(seen) == [(t, h) for t in range(q_len) for h in range(group * kv_heads)]
-    assert ragged == [False, False, False, True] * kv_heads
 
 
 def test_causal_tiles_skip_the_future():
@@ -404,19 +381,6 @@ def test_prefill_tma_store_beside_ragged_tiles_gpu(heads, kv_heads, head_dim):
                    seed=3)
     out, lse = run_kernel(x, head_dim ** -0.5, True, True)
     assert_matches_reference(x, out, lse, head_dim ** -0.5, True, True)
-
-
-@pytest.mark.gpu
-@gpu
-@pytest.mark.parametrize("num_ctas", [1, 3, 7])
-@pytest.mark.parametrize("head_dim,causal", [(128, True), (64, True), (64, False)])
-def test_persistent_ctas_take_many_tiles_gpu(head_dim, causal, num_ctas):
-    """Far more tiles than CTAs: each CTA runs tens of tiles back to back, so the K/V ring positions,
-    the Q buffer's phase, the ping-pong turn and the reuse of the output staging buffer all carry
-    across tiles (and across the empty tiles past short sequences' ends, which CTAs skip)."""
-    x = make_batch(LENGTH_MIX, PREFIX_MIX, 32, 8, head_dim, dtype=torch.bfloat16, device="cuda", seed=4)
-    out, lse = run_kernel(x, head_dim ** -0.5, causal, True, num_ctas=num_ctas)
-    assert_matches_reference(x, out, lse, head_dim ** -0.5, causal, True)
 
 
 @pytest.mark.gpu

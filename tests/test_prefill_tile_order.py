@@ -1,13 +1,19 @@
-"""The persistent prefill kernel's work list (CPU): every tile exactly once, the most key tiles first,
-tiles without tokens last, and the kernel's decoding of a tile id."""
+"""Prefill tiles and the persistent kernel's work list: tiles of whole tokens (one TMA box each), every
+tile exactly once in the list, the most key tiles first, tiles without tokens last, the kernel's
+decoding of a tile id (CPU); persistent CTAs running many tiles each (GPU, skipped without sm_90)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from cute_kernels.hopper.prefill_schedule import kv_block_range, num_query_tiles, tile_coords, tile_tokens
+from cute_kernels.hopper.prefill_schedule import (
+    kv_block_range, num_query_tiles, packed_row_token_head, tile_coords, tile_tokens,
+)
 from cute_kernels.hopper.prefill_spec import TileConfig
 from cute_kernels.hopper.prefill_tile_order import longest_first_tiles, persistent_ctas
+from tests.test_prefill_attention import (
+    LENGTH_MIX, PREFIX_MIX, assert_matches_reference, gpu, make_batch, run_kernel,
+)
 
 
 def _offsets(lens):
@@ -53,3 +59,38 @@ def test_equal_costs_keep_sequence_head_tile_order():
 def test_grid_is_one_cta_per_sm_and_never_more_than_tiles():
     assert persistent_ctas(10_000, torch.device("cpu")) == 132
     assert persistent_ctas(7, torch.device("cpu")) == 7 and persistent_ctas(0, torch.device("cpu")) == 1
+
+
+@pytest.mark.parametrize("head_dim,causal", [(128, True), (64, True), (64, False)])
+@pytest.mark.parametrize("group", [1, 2, 3, 4, 8])
+def test_tiles_hold_whole_tokens_as_one_tma_box(group, head_dim, causal):
+    """Each tile is tile_tokens whole tokens (its Q load and O store one (d, group, tokens) box within
+    TMA's 256-per-dimension limit, less than one token of padding rows); the tiles of a sequence cover
+    every (token, head) once; only a sequence's last tile can be ragged (per-thread stores)."""
+    tile = TileConfig.for_head_dim(head_dim, causal)
+    tokens = tile_tokens(tile.tile_m, group)
+    assert 0 <= tile.tile_m - tokens * group < group and max(tokens, group, head_dim) <= 256
+    kv_heads, q_len = 2, 3 * tokens + 5
+    assert num_query_tiles(q_len, group, tile.tile_m) == 4
+    seen, ragged = [], []
+    for kv_head in range(kv_heads):
+        for m_block in range(num_query_tiles(q_len, group, tile.tile_m)):
+            rows = range(m_block * tokens * group, (m_block + 1) * tokens * group)
+            pairs = [packed_row_token_head(r, kv_head, group) for r in rows]
+            seen += [p for p in pairs if p[0] < q_len]
+            ragged.append((m_block + 1) * tokens > q_len)  # the epilogue's TMA-store test
+    assert sorted(seen) == [(t, h) for t in range(q_len) for h in range(group * kv_heads)]
+    assert ragged == [False, False, False, True] * kv_heads
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("num_ctas", [1, 3, 7])
+@pytest.mark.parametrize("head_dim,causal", [(128, True), (64, True), (64, False)])
+def test_persistent_ctas_take_many_tiles_gpu(head_dim, causal, num_ctas):
+    """Far more tiles than CTAs: each CTA runs tens of tiles back to back, so the K/V ring positions,
+    the Q buffer's phase, the ping-pong turn and the reuse of the output staging buffer all carry
+    across tiles (and across the empty tiles past short sequences' ends, which CTAs skip)."""
+    x = make_batch(LENGTH_MIX, PREFIX_MIX, 32, 8, head_dim, dtype=torch.bfloat16, device="cuda", seed=4)
+    out, lse = run_kernel(x, head_dim ** -0.5, causal, True, num_ctas=num_ctas)
+    assert_matches_reference(x, out, lse, head_dim ** -0.5, causal, True)

@@ -31,7 +31,7 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.memory
 import cutlass.cute as cute
-from cutlass import Float32, Int32, const_expr
+from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync
 
 from .prefill_loads import KeySource, PrefillLoads
