@@ -5,6 +5,8 @@ Cases: causal and not, head_dim 64 and 128, 512 to 16k tokens per sequence (the 
 tokens per launch), GQA 32:8, bf16; plus a paged-prefix case (new chunks over cached keys, which SDPA
 sees gathered into contiguous K/V, so it does less work than the kernel). TFLOP/s count only the
 visible (unmasked) score entries: 4 * d * heads * sum over queries of visible keys.
+Scheduler A/B (causal cases in ORDER_CASES): the same kernel and inputs with the persistent CTAs
+walking the longest-first tile list vs the tiles in plain (sequence, head, query tile) order.
 """
 from __future__ import annotations
 
@@ -45,6 +47,7 @@ PREFILL_CASES = [
     for causal in (True, False) for d in (128, 64) for seqlen in (512, 1024, 2048, 4096, 8192, 16384)
 ] + [PrefillCase(2048, 128, True, prefix=2048)]
 TARGET = PrefillCase(4096, 128, True)  # the issue's target: >= 550 TFLOP/s and >= 1.0x cuDNN
+ORDER_CASES = [TARGET, PrefillCase(16384, 128, True), PrefillCase(2048, 64, True)]
 
 
 def _inputs(case: PrefillCase):
@@ -124,12 +127,29 @@ def bench_prefill_case(case: PrefillCase) -> dict:
             "vs_flash": ratio(flash), "of_peak": round(cute / peak, 2) if peak else "n/a"}
 
 
+def bench_tile_order(case: PrefillCase) -> dict:
+    """Longest-first vs in-order tile lists for the persistent grid, same launch otherwise."""
+    import dataclasses
+
+    import torch
+
+    from cute_kernels.hopper.prefill_host import prepare_prefill_args
+    from cute_kernels.hopper.prefill_launch import launch_prefill
+
+    longest_first = prepare_prefill_args(_inputs(case))
+    in_order = dataclasses.replace(longest_first, tile_order=torch.sort(longest_first.tile_order).values)
+    first_ms, order_ms = (time_ms(lambda a=a: launch_prefill(a)) for a in (longest_first, in_order))
+    return {"case": f"tile order: {case.name}", "ctas": longest_first.num_ctas,
+            "tiles": longest_first.tile_order.numel(), "longest_first_ms": round(first_ms, 3),
+            "in_order_ms": round(order_ms, 3), "speedup": round(order_ms / first_ms, 3)}
+
+
 def run_prefill(dry_run: bool) -> list[dict]:
     if dry_run:
         from cute_kernels.toolchain.kernel_path import kernel_path
 
         return [{"case": c.name, "path": kernel_path(), "gflop": round(c.flops() / 1e9, 1), "dry_run": True}
-                for c in PREFILL_CASES]
+                for c in PREFILL_CASES] + [{"case": f"tile order: {c.name}", "dry_run": True} for c in ORDER_CASES]
     import torch
 
     rows = [{"device": torch.cuda.get_device_name(), "dense_bf16_peak_tflops": peak_tflops(torch.cuda.get_device_name())}]
@@ -138,4 +158,9 @@ def run_prefill(dry_run: bool) -> list[dict]:
             rows.append(bench_prefill_case(case) | ({"target": ">=550 TFLOP/s, >=1.0x cudnn"} if case == TARGET else {}))
         except Exception as exc:  # one failing case must not hide the others
             rows.append({"case": case.name, "error": f"{type(exc).__name__}: {exc}"[:200]})
+    for case in ORDER_CASES:
+        try:
+            rows.append(bench_tile_order(case))
+        except Exception as exc:  # noqa: BLE001 - reported in the table
+            rows.append({"case": f"tile order: {case.name}", "error": f"{type(exc).__name__}: {exc}"[:200]})
     return rows

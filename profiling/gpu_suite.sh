@@ -20,7 +20,7 @@ export TMPDIR="${TMPDIR:-$OUT}"   # the DSL's cache stays with this run
 export CUTE_KERNELS_PATH="${CUTE_KERNELS_PATH:-aot}"
 export CUTE_AOT_DIR="${CUTE_AOT_DIR:-$PWD/build/aot}"
 
-TESTS=(tests/test_prefill_attention.py tests/test_aot.py    # GPU numerics (pytest marker: gpu)
+TESTS=(tests/test_prefill_attention.py tests/test_prefill_tile_order.py tests/test_aot.py  # GPU numerics (marker: gpu)
        tests/test_decode_attention.py tests/test_fused_ops.py tests/test_cuda_graphs.py tests/test_engine_gpu.py
        tests/test_fp8_gemm.py)
 BENCHES=(prefill decode fused fp8 fp8_engine)               # profiling/bench_kernels.py <name>

@@ -176,19 +176,20 @@ _MOCK_DSL = r"""
 #include <string.h>
 #include <cuda_runtime.h>
 #define EXPORT __attribute__((visibility("default")))
-EXPORT unsigned char mock_desc[11][32];
-EXPORT int32_t mock_nargs, mock_max_seqlen, mock_init_calls, mock_load_calls;
+EXPORT unsigned char mock_desc[12][32];
+EXPORT int32_t mock_nargs, mock_max_seqlen, mock_num_ctas, mock_init_calls, mock_load_calls;
 EXPORT float mock_scale;
 EXPORT void *mock_stream;
-static const int sizes[11] = {24, 24, 24, 32, 32, 24, 16, 16, 16, 24, 24};
+static const int sizes[12] = {24, 24, 24, 32, 32, 24, 16, 16, 16, 24, 24, 16};
 void _mlir_PREFIX_cuda_init(void **a) { mock_init_calls++; *((struct { void *l; cudaError_t *ret; } *)a)->ret = cudaSuccess; }
 void _mlir_PREFIX_cuda_load_to_device(void **a) {
     mock_load_calls++; *((struct { void *l; int32_t *d; cudaError_t *ret; } *)a)->ret = cudaSuccess; }
 void CIFACE(void **args, int32_t n) {
     mock_nargs = n;
-    for (int i = 0; i < 11; i++) memcpy(mock_desc[i], args[i], sizes[i]);
-    mock_scale = *(float *)args[11]; mock_max_seqlen = *(int32_t *)args[12]; mock_stream = *(void **)args[13];
-    *(int32_t *)args[14] = 0;
+    for (int i = 0; i < 12; i++) memcpy(mock_desc[i], args[i], sizes[i]);
+    mock_scale = *(float *)args[12]; mock_max_seqlen = *(int32_t *)args[13]; mock_num_ctas = *(int32_t *)args[14];
+    mock_stream = *(void **)args[15];
+    *(int32_t *)args[16] = 0;
 }
 cudaError_t cudaGetDeviceCount(int *n) { *n = 1; return cudaSuccess; }
 const char *cudaGetErrorName(cudaError_t e) { return "mockError"; }
@@ -217,11 +218,12 @@ def test_shim_packs_the_dsl_descriptors(built, toolkit, tmp_path):
     lib = kernels.lib
     value = lambda ctype, sym: ctype.in_dll(lib, sym).value  # noqa: E731
     assert value(ctypes.c_int32, "mock_init_calls") == 1 and value(ctypes.c_int32, "mock_load_calls") == 1
-    assert value(ctypes.c_int32, "mock_nargs") == 15
+    assert value(ctypes.c_int32, "mock_nargs") == 17
     assert value(ctypes.c_void_p, "mock_stream") == 0x5EED
     assert value(ctypes.c_int32, "mock_max_seqlen") == 7
+    assert value(ctypes.c_int32, "mock_num_ctas") == 4  # 4 tiles (2 sequences x 2 KV heads), one CTA each
     assert value(ctypes.c_float, "mock_scale") == pytest.approx(args.softmax_scale_log2)
-    desc = [bytes(row) for row in (ctypes.c_ubyte * 32 * 11).in_dll(lib, "mock_desc")]
+    desc = [bytes(row) for row in (ctypes.c_ubyte * 32 * 12).in_dll(lib, "mock_desc")]
     rows = lambda i: struct.unpack_from("<Qiiq", desc[i])  # noqa: E731
     cache = lambda i: struct.unpack_from("<Qiiqq", desc[i])  # noqa: E731
     vec = lambda i: struct.unpack_from("<Qi", desc[i])  # noqa: E731
@@ -235,6 +237,7 @@ def test_shim_packs_the_dsl_descriptors(built, toolkit, tmp_path):
     assert vec(6) == (args.prefix_lens.data_ptr(), 2)
     assert vec(7) == (args.cu_seqlens_q.data_ptr(), 3) and vec(8) == (args.cu_seqlens_k.data_ptr(), 3)
     assert rows(9) == (args.out.data_ptr(), total, 8, 8 * 64) and rows(10) == (args.lse.data_ptr(), total, 8, 8)
+    assert vec(11) == (args.tile_order.data_ptr(), 4)
 
 
 # ----------------------------------------------------------------------------- loader (no DSL needed)
@@ -265,6 +268,7 @@ def test_c_args_carry_pointers_sizes_and_strides():
     assert tuple(c.k_cache_strides) == tuple(c.v_cache_strides) == (KV_BLOCK_SIZE * 2 * 64, 2 * 64)
     assert (c.block_tables_stride, c.lse_stride) == (max_blocks, 8)
     assert c.softmax_scale_log2 == pytest.approx(args.softmax_scale_log2)
+    assert (c.tile_order, c.num_tiles, c.num_ctas) == (args.tile_order.data_ptr(), 4, 4)  # 2 sequences x 2 KV heads
 
 
 def test_c_args_refuse_layouts_the_kernel_was_not_compiled_for():

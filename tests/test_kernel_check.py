@@ -44,18 +44,22 @@ def test_prefill_sass_has_the_warp_specialized_design(compiled_bf16_d128_gqa4):
     assert required_hgmma_shapes(spec) <= set(stats.hgmma_shapes)
     assert stats.hgmma >= 2 * (spec.head_dim // 16)  # at least one S and one PV k-loop
     assert stats.tma_load > 0 and stats.setmaxnreg >= 2  # producer lowers, MMA warpgroups raise
+    # Q, K and V by TMA (two 64-column boxes each at d 128); O leaves by TMA store (two boxes)
+    assert stats.tma_load == 6 and stats.tma_store == 2
+    assert "%nctaid.x" in compiled.artifacts["ptx"]  # persistent: CTAs stride over the tile list by the grid
     assert stats.spills == 0 and stats.stack_bytes == 0 and stats.loop_cta_barriers == 0
     assert stats.registers == PREFILL.max_registers == 168  # 384 threads share the register file at launch
     assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+232;", compiled.artifacts["ptx"])
     assert stats.fsel <= 4 * 64, "the mask is one select per S element (64 per thread per masked tile)"
 
 
-GOOD_STATS = dict(hgmma=48, qgmma=0, hmma=0, tma_load=4, cp_async=80, local_load=0, local_store=0, registers=168,
-                  hgmma_shapes=("64x128x16.F32",), fsel=152, setmaxnreg=2, loop_cta_barriers=0)
+GOOD_STATS = dict(hgmma=48, qgmma=0, hmma=0, tma_load=6, cp_async=64, local_load=0, local_store=0, registers=168,
+                  hgmma_shapes=("64x128x16.F32",), fsel=152, setmaxnreg=2, loop_cta_barriers=0, tma_store=2)
 
 
 @pytest.mark.parametrize("lacking,message", [
     (dict(tma_load=0), "no UTMALDG"),
+    (dict(tma_store=0), "no UTMASTG"),
     (dict(setmaxnreg=0), "no USETMAXREG"),
     (dict(local_load=3), "local memory: 3 LDL"),
     (dict(local_store=1), "local memory: 0 LDL / 1 STL"),
@@ -255,7 +259,7 @@ def test_check_fails_local_memory_a_stack_frame_and_registers_over_budget(monkey
                         lambda spec, keep_artifacts=False: CompiledKernel(None, 0.1, {"cubin": b"", "ptx": ""}))
     monkeypatch.setattr(aot_build, "link_one", lambda *args: (1024, 2048))
     fast_path = ("64x128x16.F32", "64x64x16.F32")
-    clean = sass.SassStats(24, 0, 0, 4, 8, 0, 0, 120, fast_path, setmaxnreg=2)  # d 64: 128 at launch
+    clean = sass.SassStats(24, 0, 0, 4, 8, 0, 0, 120, fast_path, setmaxnreg=2, tma_store=1)  # d 64: 128 at launch
     monkeypatch.setattr(sass, "sass_stats", lambda cubin: clean)
     spec, family = PrefillSpec("bfloat16", 64, 1), dataclasses.replace(PREFILL, max_registers=240)
     assert check.check_variant(family, spec).ok  # the same stats minus the faults below pass

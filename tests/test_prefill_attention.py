@@ -10,7 +10,7 @@ import torch
 from cute_kernels.attention_args import PrefillArgs
 from cute_kernels.hopper.prefill_host import prepare_prefill_args
 from cute_kernels.hopper.prefill_schedule import (
-    ceil_div, key_row_coords, kv_block_range, packed_row_token_head, query_key_position,
+    ceil_div, key_row_coords, kv_block_range, packed_row_token_head, query_key_position, tile_tokens,
 )
 from cute_kernels.hopper.prefill_spec import KV_BLOCK_SIZE, TileConfig
 from cute_kernels.reference import prefill_attention_ref
@@ -43,7 +43,7 @@ def make_batch(q_lens, prefix_lens, heads, kv_heads, d, dtype=torch.float32, dev
 def emulate_kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, causal, k_cache, v_cache, block_tables,
                    prefix_lens, tile=TileConfig.for_head_dim(128)):
     """The kernel's algorithm in torch, CTA by CTA, with the kernel's own index functions: packed GQA
-    rows, clamped key-row gather (cache or new rows), key tiles from n_block_max-1 down, masking only
+    rows of whole tokens per tile, clamped key-row gather (cache or new rows), key tiles from n_block_max-1 down, masking only
     in tiles >= n_mask_start, online softmax. Asserts the schedule never skips or leaves unmasked a
     tile that needs it."""
     heads, d = q.shape[1], q.shape[2]
@@ -56,22 +56,23 @@ def emulate_kernel(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, causal, k_cache, 
         prefix = int(prefix_lens[b])
         seqlen_k = prefix + int(cu_seqlens_k[b + 1]) - k_start
         for kv_head in range(kv_heads):
-            for m_block in range(ceil_div(q_len * group, tile.tile_m)):
-                rows = torch.arange(m_block * tile.tile_m, (m_block + 1) * tile.tile_m)
+            tile_rows = tile_tokens(tile.tile_m, group) * group
+            for m_block in range(ceil_div(q_len, tile_tokens(tile.tile_m, group))):
+                rows = torch.arange(m_block * tile_rows, (m_block + 1) * tile_rows)
                 tokens, qheads = packed_row_token_head(rows, kv_head, group)
                 tokens_c = tokens.clamp(max=q_len - 1)
-                qt = q[q_start + tokens_c, qheads].float()  # [tile_m, d]
-                n_max, n_mask_start = kv_block_range(m_block, q_len, seqlen_k, group, tile.tile_m, tile.tile_n, causal)
+                qt = q[q_start + tokens_c, qheads].float()  # [tile_rows, d]
+                n_max, n_mask_start = kv_block_range(m_block, q_len, seqlen_k, group, tile_rows, tile.tile_n, causal)
                 n_mask_start = max(n_mask_start, 0)
-                row_limit = torch.full((tile.tile_m,), seqlen_k)
+                row_limit = torch.full((tile_rows,), seqlen_k)
                 if causal:
                     row_limit = torch.minimum(query_key_position(tokens, q_len, seqlen_k) + 1, row_limit)
                 valid_rows = tokens < q_len
                 for n in range(n_max, ceil_div(seqlen_k, tile.tile_n)):  # skipped tiles: fully masked
                     assert (n * tile.tile_n >= row_limit[valid_rows]).all(), (b, m_block, n)
-                m = torch.full((tile.tile_m,), -math.inf)
-                s_sum = torch.zeros(tile.tile_m)
-                acc = torch.zeros(tile.tile_m, d)
+                m = torch.full((tile_rows,), -math.inf)
+                s_sum = torch.zeros(tile_rows)
+                acc = torch.zeros(tile_rows, d)
                 for n in reversed(range(n_max)):
                     pos = (n * tile.tile_n + torch.arange(tile.tile_n)).clamp(max=seqlen_k - 1)
                     block_col, slot, new_row = key_row_coords(pos, prefix, k_start, KV_BLOCK_SIZE)
@@ -177,7 +178,9 @@ def test_prepare_args_without_prefix():
                                             batch["cu_seqlens_k"].long(), 0.1))
     assert args.spec.qheads_per_kvhead == 4 and args.spec.head_dim == 128 and args.spec.dtype == "bfloat16"
     assert args.max_seqlen_q == 7
-    assert args.grid == (1, 2, 2)  # ceil(7 * 4 / 128) query tiles, 2 KV heads, 2 sequences
+    # ceil(7 / 32) query tiles of 32 tokens x 4 heads, 2 KV heads, 2 sequences: 4 tiles, 4 persistent CTAs
+    assert args.tile_order.dtype == torch.int32 and sorted(args.tile_order.tolist()) == [0, 1, 2, 3]
+    assert args.num_ctas == 4 and args.kernel_tensors()[-1] is args.tile_order
     assert args.prefix_lens.tolist() == [0, 0] and args.prefix_lens.dtype == torch.int32
     assert args.cu_seqlens_q.dtype == torch.int32 and args.block_tables.shape == (2, 1)
     assert args.k_cache.shape == (1, KV_BLOCK_SIZE, 2, 128)
@@ -243,6 +246,8 @@ def test_step_plan_spares_every_layer_a_device_sync(monkeypatch):
         monkeypatch.setattr(torch.Tensor, name, sync)
     args = prepare_prefill_args(_prefix_args(x, max_seqlen_q=9, plan=plan))
     assert args.max_seqlen_q == 9 and args.block_tables is plan.block_tables
+    again = prepare_prefill_args(_prefix_args(x, max_seqlen_q=9, plan=plan))
+    assert again.tile_order is args.tile_order  # the tile list: built once per step, shared by every layer
     with pytest.raises(AssertionError, match="device sync"):  # without max_seqlen_q it must sync
         prepare_prefill_args(_prefix_args(x, plan=plan))
 
@@ -285,8 +290,9 @@ PREFIX_MIX = [0, 33, 16, 0, 700, 5, 129]
 HEAD_MIX = [(4, 4), (9, 3), (32, 8), (8, 1)]  # group 1, 3, 4, 8: the runtime's variants
 
 
-def run_kernel(x: dict, scale: float, causal: bool, with_prefix: bool):
-    """Launch through the path this process uses (JIT or AOT) on NaN-poisoned outputs."""
+def run_kernel(x: dict, scale: float, causal: bool, with_prefix: bool, num_ctas: int | None = None):
+    """Launch through the path this process uses (JIT or AOT) on NaN-poisoned outputs; num_ctas
+    shrinks the persistent grid (default: one CTA per SM)."""
     from cute_kernels.hopper.prefill_launch import launch_prefill
 
     cache_kw = dict(k_cache=x["k_cache"], v_cache=x["v_cache"], block_tables=x["block_tables"],
@@ -295,6 +301,8 @@ def run_kernel(x: dict, scale: float, causal: bool, with_prefix: bool):
                                             causal, **cache_kw))
     args.out.fill_(float("nan"))  # poisoned: unwritten elements fail
     args.lse.fill_(float("nan"))
+    if num_ctas is not None:
+        args.num_ctas = num_ctas
     launch_prefill(args)
     torch.cuda.synchronize()
     return args.out, args.lse
@@ -357,6 +365,22 @@ def test_prefill_more_new_keys_than_queries_gpu(causal):
                    k_lens=[9, 64, 812, 130])
     out, lse = run_kernel(x, 128 ** -0.5, causal, True)
     assert_matches_reference(x, out, lse, 128 ** -0.5, causal, True)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("heads,kv_heads", HEAD_MIX)
+def test_prefill_tma_store_beside_ragged_tiles_gpu(heads, kv_heads, head_dim):
+    """Sequences of exactly 1 and 2 tiles (TMA-store epilogue only) packed between ragged ones (a last
+    tile stored per thread): a box landing on the wrong tokens or heads, or a ragged tile stored by
+    TMA over its neighbour's rows, shows as an error or an unwritten (NaN) row."""
+    tokens = tile_tokens(TileConfig.for_head_dim(head_dim).tile_m, heads // kv_heads)
+    lens = [2 * tokens, tokens + 1, tokens, 1, tokens - 1, 2 * tokens]
+    x = make_batch(lens, [0, 40, 0, 3, 17, 0], heads, kv_heads, head_dim, dtype=torch.bfloat16, device="cuda",
+                   seed=3)
+    out, lse = run_kernel(x, head_dim ** -0.5, True, True)
+    assert_matches_reference(x, out, lse, head_dim ** -0.5, True, True)
 
 
 @pytest.mark.gpu

@@ -12,6 +12,7 @@ from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
 from cute_kernels.toolchain.compile_cache import CompileCache, CompiledKernel, compile_sm90
 from .prefill_attention import DTYPES, PrefillAttentionSm90
 from .prefill_spec import KV_BLOCK_SIZE, PrefillSpec
+from .prefill_tile_order import CPU_COMPILE_SMS
 
 
 def fake_prefill_arguments(spec: PrefillSpec) -> tuple:
@@ -36,7 +37,8 @@ def fake_prefill_arguments(spec: PrefillSpec) -> tuple:
     lse = make_fake_compact_tensor(cutlass.Float32, (total_q, heads), stride_order=(1, 0), assumed_align=4)
     return (
         q, k, v, cache(), cache(), int32(batch, max_blocks), int32(batch), int32(batch_plus_1),
-        int32(batch_plus_1), o, lse, cutlass.Float32(1.0), cutlass.Int32(1), make_fake_stream(),
+        int32(batch_plus_1), o, lse, int32(cute.sym_int32()), cutlass.Float32(1.0), cutlass.Int32(1),
+        cutlass.Int32(CPU_COMPILE_SMS), make_fake_stream(),
     )
 
 

@@ -12,7 +12,7 @@ _ROWS = ((1, 1, 0), (1, 0, 0))  # q, k, v, out: [tokens, heads, d]
 _CACHE = ((1, 0, 1, 0), (1, 1, 0, 0))  # [num_blocks, 16, kv_heads, d]
 _TABLE = ((1, 1), (1, 0))  # block_tables [batch, max_blocks], lse [total_q, heads]
 _VECTOR = ((1,), (0,))  # prefix_lens, cu_seqlens_q, cu_seqlens_k
-SHIM_ABI = (_ROWS, _ROWS, _ROWS, _CACHE, _CACHE, _TABLE, _VECTOR, _VECTOR, _VECTOR, _ROWS, _TABLE)
+SHIM_ABI = (_ROWS, _ROWS, _ROWS, _CACHE, _CACHE, _TABLE, _VECTOR, _VECTOR, _VECTOR, _ROWS, _TABLE, _VECTOR)
 
 
 def prefill_specs(include_unused: bool) -> list:
@@ -39,6 +39,8 @@ def prefill_sass_problems(spec, stats) -> list[str]:
         problems.append(f"{stats.hmma} HMMA (warp-level MMA fallback)")
     if not stats.tma_load:
         problems.append("no UTMALDG (key/value tiles are not loaded by TMA)")
+    if not stats.tma_store:
+        problems.append("no UTMASTG (the output tile does not leave through shared memory by TMA)")
     if not stats.setmaxnreg:
         problems.append("no USETMAXREG (no producer/consumer register split)")
     if not stats.cp_async:
@@ -73,6 +75,7 @@ PREFILL = KernelFamily(
     name="prefill", specs=prefill_specs, compile=_compile, sass_problems=prefill_sass_problems,
     max_registers=LAUNCH_REGISTERS, fake_args=_fake_args, shim_abi=SHIM_ABI, shim="prefill_aot_shim.c",
     sources=("hopper/prefill_attention.py", "hopper/prefill_loads.py", "hopper/prefill_mma.py",
+             "hopper/prefill_epilogue.py", "hopper/prefill_tma.py", "hopper/prefill_tile_order.py",
              "hopper/prefill_schedule.py", "hopper/prefill_spec.py", "hopper/prefill_compile.py",
              "hopper/wgmma_layouts.py", "hopper/warpgroup_ops.py", "hopper/prefill_family.py",
              "toolchain/csrc/prefill_aot.h", "toolchain/csrc/prefill_aot_shim.c"),

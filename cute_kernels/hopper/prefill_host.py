@@ -2,7 +2,8 @@
 
 Turns a PrefillArgs record (the contract of reference.prefill_attention_ref) into exactly what the
 kernel reads: int32 metadata, a PrefillSpec (the compile key), max_seqlen_q for the grid, and
-placeholders when there is no paged prefix (prefix_lens = 0 means the cache is never read).
+placeholders when there is no paged prefix (prefix_lens = 0 means the cache is never read), and the
+persistent grid's longest-first tile list (prefill_tile_order.py; cached in the step's plan).
 The kernel reads cache blocks through raw addresses, so every block id it may follow is checked
 against the cache first (ValueError, never an illegal address): once per step by plan_prefill
 (the runtime's backend.plan), or here per call when no plan is given.
@@ -10,15 +11,15 @@ against the cache first (ValueError, never an illegal address): once per step by
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from cute_kernels.attention_args import PrefillArgs
 from cute_kernels.paged_tables import as_int32, check_block_ids
 
-from .prefill_schedule import num_query_tiles
 from .prefill_spec import KV_BLOCK_SIZE, PrefillSpec
+from .prefill_tile_order import longest_first_tiles, persistent_ctas
 
 _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
@@ -37,18 +38,15 @@ class PrefillLaunchArgs:
     cu_seqlens_k: torch.Tensor  # int32 [B + 1]
     out: torch.Tensor  # like q
     lse: torch.Tensor  # fp32 [total_q, H]
+    tile_order: torch.Tensor  # int32 [tiles]: linear tile ids, longest first
     softmax_scale_log2: float
     max_seqlen_q: int
-
-    @property
-    def grid(self) -> tuple[int, int, int]:
-        tiles = num_query_tiles(self.max_seqlen_q, self.spec.qheads_per_kvhead, self.spec.tile.tile_m)
-        return tiles, self.k.shape[1], self.cu_seqlens_q.numel() - 1
+    num_ctas: int  # persistent grid
 
     def kernel_tensors(self) -> tuple[torch.Tensor, ...]:
         """Tensors in the argument order of PrefillAttentionSm90.__call__."""
         return (self.q, self.k, self.v, self.k_cache, self.v_cache, self.block_tables, self.prefix_lens,
-                self.cu_seqlens_q, self.cu_seqlens_k, self.out, self.lse)
+                self.cu_seqlens_q, self.cu_seqlens_k, self.out, self.lse, self.tile_order)
 
 
 @dataclass(frozen=True)
@@ -59,6 +57,8 @@ class PrefillPlan:
     prefix_lens: torch.Tensor | None
     block_tables: torch.Tensor | None
     num_blocks: int
+    # longest-first tile lists of this step, per (tile shape, group, causal, kv_heads, max_seqlen_q)
+    tile_orders: dict = field(default_factory=dict, compare=False)
 
 
 def plan_prefill(prefix_lens: torch.Tensor | None, block_tables: torch.Tensor | None, num_blocks: int) -> PrefillPlan:
@@ -144,11 +144,25 @@ def prepare_prefill_args(args: PrefillArgs) -> PrefillLaunchArgs:
         max_seqlen_q = int((cu_q[1:] - cu_q[:-1]).max()) if batch > 0 else 0
 
     q = _rows_ready(args.q, "q")
+    cu_q, cu_k, prefix_lens = as_int32(cu_q), as_int32(cu_k), as_int32(prefix_lens)
+    tile_order = _tile_order(args.plan, spec, cu_q, cu_k, prefix_lens, args.k.shape[1], max_seqlen_q)
     return PrefillLaunchArgs(
         spec=spec, q=q, k=_rows_ready(args.k, "k"), v=_rows_ready(args.v, "v"),
         k_cache=_rows_ready(k_cache, "k_cache"), v_cache=_rows_ready(v_cache, "v_cache"),
-        block_tables=as_int32(block_tables), prefix_lens=as_int32(prefix_lens),
-        cu_seqlens_q=as_int32(cu_q), cu_seqlens_k=as_int32(cu_k),
+        block_tables=as_int32(block_tables), prefix_lens=prefix_lens, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
         out=torch.empty_like(q), lse=torch.empty(q.shape[0], q.shape[1], dtype=torch.float32, device=q.device),
-        softmax_scale_log2=args.scale * math.log2(math.e), max_seqlen_q=max_seqlen_q,
+        tile_order=tile_order, softmax_scale_log2=args.scale * math.log2(math.e), max_seqlen_q=max_seqlen_q,
+        num_ctas=persistent_ctas(tile_order.numel(), q.device),
     )
+
+
+def _tile_order(plan, spec: PrefillSpec, cu_q: torch.Tensor, cu_k: torch.Tensor, prefix_lens: torch.Tensor,
+                kv_heads: int, max_seqlen_q: int) -> torch.Tensor:
+    """The longest-first tile list: built once per step and shape when the step's plan is given (every
+    layer reuses it), else per call."""
+    key = (spec.tile, spec.qheads_per_kvhead, spec.causal, kv_heads, max_seqlen_q)
+    cache = plan.tile_orders if isinstance(plan, PrefillPlan) else {}
+    if key not in cache:
+        cache[key] = longest_first_tiles(cu_q, cu_k, prefix_lens, kv_heads, spec.qheads_per_kvhead, spec.tile,
+                                         spec.causal, max_seqlen_q)
+    return cache[key]

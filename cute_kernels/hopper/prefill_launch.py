@@ -26,7 +26,7 @@ def _as_cute(t: torch.Tensor, dynamic_modes: tuple[int, ...]):
 
 
 # Which modes of each kernel tensor are runtime sizes (head_dim and the 16-token block are static).
-_DYNAMIC_MODES = ((0, 1), (0, 1), (0, 1), (0, 2), (0, 2), (0, 1), (0,), (0,), (0,), (0, 1), (0, 1))
+_DYNAMIC_MODES = ((0, 1), (0, 1), (0, 1), (0, 2), (0, 2), (0, 1), (0,), (0,), (0,), (0, 1), (0, 1), (0,))
 
 
 def launch_prefill(args: PrefillLaunchArgs) -> None:
@@ -46,7 +46,8 @@ def _launch_prefill_jit(args: PrefillLaunchArgs) -> None:
     compiled = PREFILL_CACHE.get(args.spec)
     tensors = [_as_cute(t, modes) for t, modes in zip(args.kernel_tensors(), _DYNAMIC_MODES)]
     stream = cuda.CUstream(torch.cuda.current_stream(args.q.device).cuda_stream)
-    compiled.fn(*tensors, cutlass.Float32(args.softmax_scale_log2), cutlass.Int32(args.max_seqlen_q), stream)
+    compiled.fn(*tensors, cutlass.Float32(args.softmax_scale_log2), cutlass.Int32(args.max_seqlen_q),
+                cutlass.Int32(args.num_ctas), stream)
 
 
 def prefill_attention(args: PrefillArgs, *,

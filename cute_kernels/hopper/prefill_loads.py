@@ -4,9 +4,10 @@ warpgroups into mbarrier-guarded stages (prefill_attention.py owns the roles and
 - Key/value tiles made only of new keys go by TMA: one elected thread arms the stage's full barrier
   with the tile's byte count and issues one bulk tensor copy (rows past the tensor's end are zeros,
   rows of the next sequence are finite; both are masked to -inf in S, so P is exactly 0 there).
-- Q comes by TMA too when its rows are consecutive tokens of one head (group 1).
-- Tiles that touch the paged prefix (16-token blocks, too small for 128-row TMA boxes) and the
-  packed-GQA Q tile are gathered with cp.async by all 128 producer threads, which then wait for
+- Q comes by TMA too: one (head_dim, group, tokens) box of packed rows (prefill_tma.py); rows past
+  the sequence's end are the next sequence's (or zeros past the tensor): finite, never stored.
+- Tiles that touch the paged prefix (16-token blocks, too small for 128-row TMA boxes) are
+  gathered with cp.async by all 128 producer threads, which then wait for
   their own copies, fence them to the async proxy (wgmma reads shared memory through it), meet at a
   producer-only named barrier and let one thread arrive on the full barrier.
 Empty barriers: every MMA thread arrives once it is done reading a stage.
@@ -15,9 +16,9 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Int32, Int64, const_expr
+from cutlass import Int32, Int64
 
-from .prefill_schedule import key_row_coords, packed_row_token_head
+from .prefill_schedule import key_row_coords
 from .prefill_spec import KV_BLOCK_SIZE
 from .warpgroup_ops import copy_row_chunk
 
@@ -28,21 +29,19 @@ class PrefillLoads:
     """Producer-side methods of PrefillAttentionSm90 (a mixin: self carries the compile-time config)."""
 
     @cute.jit
-    def produce(self, mQ, sQ, q_tma, k_src, v_src, mBlockTables, bars, row_copy, ptid: Int32, ctx,
-                n_block_max: Int32):
-        """Q once (q_tma: (atom, smem, gmem) of a TMA load, or None for the cp.async gather), then K[n]
-        and V[n] for n = n_block_max-1 down to 0, in the consumers' order."""
+    def produce(self, q_tma, k_src, v_src, mBlockTables, bars, row_copy, ptid: Int32, ctx, n_block_max: Int32,
+                kv_count: Int32, tiles_done: Int32):
+        """One tile: Q (q_tma: (atom, smem, gmem) of its TMA load) once the previous tile's consumers
+        are done with sQ, then K[n] and V[n] for n = n_block_max-1 down to 0, in the consumers' order,
+        into ring positions kv_count, kv_count + 1, ... (the key tiles of earlier tiles came before)."""
         thr_copy = row_copy.get_slice(ptid)
-        if const_expr(q_tma is not None):
-            if ptid == 0:  # rows past q_len are the next sequence's (or zeros): never stored
-                cute.arch.mbarrier_arrive_and_expect_tx(bars.q_full, self.q_tile_bytes)
-                cute.copy(q_tma[0], q_tma[2], q_tma[1], tma_bar_ptr=bars.q_full)
-        else:
-            self.load_q(mQ, sQ, thr_copy, row_copy, ctx)
-            self._commit_cp_async(bars.q_full, ptid)
+        if ptid == 0:
+            cute.arch.mbarrier_wait(bars.q_empty, (tiles_done % 2) ^ 1)
+            cute.arch.mbarrier_arrive_and_expect_tx(bars.q_full, self.q_tile_bytes)
+            cute.copy(q_tma[0], q_tma[2], q_tma[1], tma_bar_ptr=bars.q_full)
         for i in cutlass.range(n_block_max, unroll=1):
             n_block = n_block_max - 1 - i
-            stage, phase = i % self.stages, (i // self.stages) % 2
+            stage, phase = (kv_count + i) % self.stages, ((kv_count + i) // self.stages) % 2
             cute.arch.mbarrier_wait(bars.k_empty + stage, phase ^ 1)
             self.load_kv_tile(k_src, mBlockTables, bars.k_full + stage, thr_copy, row_copy, ptid, ctx, n_block, stage)
             cute.arch.mbarrier_wait(bars.v_empty + stage, phase ^ 1)
@@ -70,20 +69,6 @@ class PrefillLoads:
         cute.arch.barrier(barrier_id=PRODUCER_BARRIER_ID, number_of_threads=self.producer_threads)
         if ptid == 0:
             cute.arch.mbarrier_arrive(full_bar)
-
-    @cute.jit
-    def load_q(self, mQ, sQ, thr_copy, row_copy, ctx):
-        """cp.async the tile's packed Q rows; rows past q_len repeat the last token (never stored)."""
-        tQsQ = thr_copy.partition_D(sQ)
-        tQcQ = thr_copy.partition_S(cute.make_identity_tensor((self.tile_m, self.head_dim)))
-        for i in cutlass.range_constexpr(cute.size(tQsQ, mode=[1])):
-            coord = tQcQ[0, i, 0]
-            row = ctx.m_block * self.tile_m + coord[0]
-            token, head = packed_row_token_head(row, ctx.kv_head, self.group)
-            token = cutlass.min(token, ctx.q_len - 1)
-            offset = (Int64(ctx.q_start + token) * Int64(mQ.stride[0]) + Int64(head) * Int64(mQ.stride[1])
-                      + Int64(coord[1]))
-            copy_row_chunk(row_copy, self.dtype, mQ, offset, tQsQ[None, i, 0])
 
     @cute.jit
     def gather_kv(self, mX, mXCache, mBlockTables, sX, thr_copy, row_copy, ctx, n_block: Int32):

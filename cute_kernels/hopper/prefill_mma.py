@@ -1,5 +1,5 @@
 """The prefill kernel's MMA warpgroups: S = Q K^T, mask, online softmax, O += P V over the key tiles
-the producer streams into mbarrier-guarded stages, then O / rowsum and the LSE to global memory.
+the producer streams into mbarrier-guarded stages, then the epilogue (prefill_epilogue.py).
 
 The warpgroups split the tile's query rows (64 each: 2 at d 128, 3 at d 64) and share every K/V
 stage; each thread arrives on a stage's empty barrier once its wgmma reads of that stage completed.
@@ -11,8 +11,8 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import warpgroup
 
-from .prefill_schedule import packed_row_token_head, query_key_position
-from .warpgroup_ops import quad_allreduce_sum, rescale_rows, row_lse, softmax_update, wgmma_issue
+from .prefill_schedule import query_key_position
+from .warpgroup_ops import rescale_rows, softmax_update, wgmma_issue
 from .wgmma_layouts import acc_as_operand_a, acc_as_rows_cols
 
 SCHEDULER_BARRIER_ID = 2  # named barriers 2, 3(, 4): each MMA warpgroup's turn at the tensor cores
@@ -23,14 +23,26 @@ class PrefillMma:
     """Consumer-side methods of PrefillAttentionSm90 (a mixin: self carries the compile-time config).
 
     Within a warpgroup, S[n+1] = Q K[n+1]^T is issued before O += P[n] V[n] and only the QK GEMM is
-    waited for (wait_group(1)), so the softmax of tile n+1 overlaps the PV GEMM of tile n. Between the
+    waited for (wait_group(1)), meant to overlap the softmax of tile n+1 with the PV GEMM of tile n.
+    ptxas does not keep it: it places the PV wait (WARPGROUP.DEPBAR 0x0) before the softmax's exp2
+    (no MUFU.EX2 between a wgmma issue and its wait), and neither register fences on P or S, nor
+    releasing the V stage later, nor predicating that release on the softmax moved it. Between the
     warpgroups, named barriers pass the turn to issue GEMMs round-robin (ping-pong with two): one
     warpgroup issues while the others run their softmax.
     """
 
     @cute.jit
-    def consume(self, mO, mLSE, sQ, sK, sV, bars, mma_qk, mma_pv, ctid: Int32, wg: Int32, ctx,
-                n_block_max: Int32, n_mask_start: Int32, softmax_scale_log2: Float32):
+    def start_ping_pong(self, wg: Int32):
+        """The first warpgroup issues first (once per kernel: each tile hands the turn on as many times as
+        it takes it, so the turn is back at warpgroup 0 when the next tile starts)."""
+        if wg == 0:
+            cute.arch.barrier_arrive(barrier_id=SCHEDULER_BARRIER_ID, number_of_threads=PAIR)
+
+    @cute.jit
+    def consume(self, out, sQ, sK, sV, bars, mma_qk, mma_pv, ctid: Int32, wg: Int32, ctx,
+                n_block_max: Int32, n_mask_start: Int32, softmax_scale_log2: Float32, kv_count: Int32,
+                tiles_done: Int32):
+        """One tile; its key tiles sit at ring positions kv_count, kv_count + 1, ..."""
         thr_mma_qk = mma_qk.get_slice(ctid)
         thr_mma_pv = mma_pv.get_slice(ctid)
         # V^T view [d, keys, stage] for the PV B operand (same bytes, MN-major).
@@ -52,10 +64,8 @@ class PrefillMma:
         tOrP = cute.make_rmem_tensor_like(acc_as_operand_a(cute.make_rmem_tensor(shape_S, Float32)), self.dtype)
 
         common = (bars, mma_qk, mma_pv, tSrQ, tSrK, tOrVt, tOrP, acc_O, row_max, row_sum, tScS_rc, t0ScS_rc,
-                  shape_S, ctx, softmax_scale_log2)
-        cute.arch.mbarrier_wait(bars.q_full, 0)
-        if wg == 0:  # the first warpgroup issues first
-            cute.arch.barrier_arrive(barrier_id=SCHEDULER_BARRIER_ID, number_of_threads=PAIR)
+                  shape_S, ctx, softmax_scale_log2, kv_count)
+        cute.arch.mbarrier_wait(bars.q_full, tiles_done % 2)
         # Key tiles n_block_max-1 down to 0: the first always masked (it may be the ragged end),
         # then the rest of the masked ones (diagonal), then the fully visible ones.
         n_masked = n_block_max - cutlass.min(n_mask_start, n_block_max)
@@ -64,22 +74,24 @@ class PrefillMma:
             self.overlapped_step(i, n_block_max - 1 - i, True, wg, *common)
         for i in cutlass.range(cutlass.max(n_masked, 1), n_block_max, unroll=1):
             self.overlapped_step(i, n_block_max - 1 - i, False, wg, *common)
-        last = n_block_max - 1
+        last = kv_count + n_block_max - 1
         cute.arch.mbarrier_wait(bars.v_full + last % self.stages, (last // self.stages) % 2)
         wgmma_issue(mma_pv, acc_O, tOrP, tOrVt[None, None, None, last % self.stages], zero_init=False)
         warpgroup.wait_group(0)
         cute.arch.mbarrier_arrive(bars.v_empty + last % self.stages)
-        self.epilogue(mO, mLSE, acc_O, row_max, row_sum, thr_mma_pv, ctx, softmax_scale_log2)
+        cute.arch.mbarrier_arrive(bars.q_empty)  # every QK GEMM of this tile is done: sQ may be refilled
+        self.epilogue(out, acc_O, row_max, row_sum, mma_pv, ctid, ctx, softmax_scale_log2)
 
     @cute.jit
     def first_tile(self, n_block: Int32, bars, mma_qk, mma_pv, tSrQ, tSrK, tOrVt, tOrP, acc_O, row_max, row_sum,
-                   tScS_rc, t0ScS_rc, shape_S, ctx, softmax_scale_log2: Float32):
+                   tScS_rc, t0ScS_rc, shape_S, ctx, softmax_scale_log2: Float32, kv_count: Int32):
         """S[0] and its softmax into P; its PV GEMM is issued by the next step (or the tail)."""
-        cute.arch.mbarrier_wait(bars.k_full, 0)
+        stage, phase = kv_count % self.stages, (kv_count // self.stages) % 2
+        cute.arch.mbarrier_wait(bars.k_full + stage, phase)
         acc_S = cute.make_rmem_tensor(shape_S, Float32)
-        wgmma_issue(mma_qk, acc_S, tSrQ, tSrK[None, None, None, 0], zero_init=True)
+        wgmma_issue(mma_qk, acc_S, tSrQ, tSrK[None, None, None, stage], zero_init=True)
         warpgroup.wait_group(0)
-        cute.arch.mbarrier_arrive(bars.k_empty)
+        cute.arch.mbarrier_arrive(bars.k_empty + stage)
         self.apply_mask(acc_S, tScS_rc, t0ScS_rc, n_block, ctx)
         softmax_update(acc_S, row_max, row_sum, softmax_scale_log2)
         tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
@@ -87,10 +99,11 @@ class PrefillMma:
     @cute.jit
     def overlapped_step(self, i: Int32, n_block: Int32, masked: cutlass.Constexpr, wg: Int32, bars, mma_qk, mma_pv,
                         tSrQ, tSrK, tOrVt, tOrP, acc_O, row_max, row_sum, tScS_rc, t0ScS_rc, shape_S, ctx,
-                        softmax_scale_log2: Float32):
+                        softmax_scale_log2: Float32, kv_count: Int32):
         """Issue S[i] = Q K[i]^T and O += P[i-1] V[i-1]; softmax S[i] while the PV GEMM runs."""
-        stage, phase = i % self.stages, (i // self.stages) % 2
-        prev = i - 1
+        pos = kv_count + i  # ring position
+        stage, phase = pos % self.stages, (pos // self.stages) % 2
+        prev = pos - 1
         prev_stage, prev_phase = prev % self.stages, (prev // self.stages) % 2
         cute.arch.mbarrier_wait(bars.k_full + stage, phase)
         cute.arch.barrier(barrier_id=SCHEDULER_BARRIER_ID + wg, number_of_threads=PAIR)
@@ -120,30 +133,8 @@ class PrefillMma:
         for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
             col_limit = seqlen_limit
             if const_expr(self.causal):
-                token = (ctx.m_block * self.tile_m + tScS_rc[r, 0][0]) // self.group
+                token = ctx.m_block * self.tile_tokens + tScS_rc[r, 0][0] // self.group
                 col_limit = cutlass.min(query_key_position(token, ctx.q_len, ctx.seqlen_k) + 1 - col_offset,
                                         seqlen_limit)
             for c in cutlass.range_constexpr(cute.size(s, mode=[1])):
                 s[r, c] = -Float32.inf if t0ScS_rc[0, c][1] >= col_limit else s[r, c]
-
-    # ------------------------------------------------------------------ epilogue
-    @cute.jit
-    def epilogue(self, mO, mLSE, acc_O, row_max, row_sum, thr_mma_pv, ctx, softmax_scale_log2: Float32):
-        """O /= row sum, store valid rows to [q_start + token, head, :]; LSE in natural log."""
-        o = acc_as_rows_cols(acc_O)
-        tOcO = acc_as_rows_cols(thr_mma_pv.partition_C(cute.make_identity_tensor((self.tile_m, self.head_dim))))
-        lane = cute.arch.lane_idx()
-        for r in cutlass.range_constexpr(cute.size(o, mode=[0])):
-            total = quad_allreduce_sum(row_sum[r])
-            inv = 1.0 / total if total > 0.0 else Float32(0.0)
-            row = ctx.m_block * self.tile_m + tOcO[r, 0][0]
-            token, head = packed_row_token_head(row, ctx.kv_head, self.group)
-            if token < ctx.q_len:
-                q_row = ctx.q_start + token
-                vals = (o[r, None].load() * inv).to(self.dtype)
-                out = cute.make_rmem_tensor_like(o[r, None], self.dtype)
-                out.store(vals)
-                for c in cutlass.range_constexpr(cute.size(o, mode=[1])):
-                    mO[q_row, head, tOcO[0, c][1]] = out[c]
-                if lane % 4 == 0:
-                    mLSE[q_row, head] = row_lse(row_max[r], total, softmax_scale_log2)

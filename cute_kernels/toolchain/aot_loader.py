@@ -26,7 +26,8 @@ class PrefillArgsC(ctypes.Structure):
         ("q_stride", ctypes.c_int64), ("k_stride", ctypes.c_int64), ("v_stride", ctypes.c_int64),
         ("out_stride", ctypes.c_int64), ("k_cache_strides", _c_int64_2), ("v_cache_strides", _c_int64_2),
         ("block_tables_stride", ctypes.c_int64), ("lse_stride", ctypes.c_int64),
-        ("softmax_scale_log2", ctypes.c_float),
+        ("softmax_scale_log2", ctypes.c_float), ("tile_order", ctypes.c_void_p), ("num_tiles", ctypes.c_int32),
+        ("num_ctas", ctypes.c_int32),
     ]
 
 
@@ -55,7 +56,7 @@ def prefill_c_args(args: Any) -> PrefillArgsC:
         _check_layout(getattr(args, name), name, {3: 1, 2: d}, {1: d, 0: KV_BLOCK_SIZE * d}, 16)
     _check_layout(args.block_tables, "block_tables", {1: 1}, {}, 4)
     _check_layout(args.lse, "lse", {1: 1}, {}, 4)
-    for name in ("prefix_lens", "cu_seqlens_q", "cu_seqlens_k"):
+    for name in ("prefix_lens", "cu_seqlens_q", "cu_seqlens_k", "tile_order"):
         _check_layout(getattr(args, name), name, {0: 1}, {}, 4)
     q, k, kc, vc = args.q, args.k, args.k_cache, args.v_cache
     sizes = dict(total_q=q.shape[0], heads=q.shape[1], total_k=k.shape[0], kv_heads=k.shape[1],
@@ -69,7 +70,8 @@ def prefill_c_args(args: Any) -> PrefillArgsC:
         q_stride=q.stride(0), k_stride=k.stride(0), v_stride=args.v.stride(0), out_stride=args.out.stride(0),
         k_cache_strides=_c_int64_2(kc.stride(0), kc.stride(1)), v_cache_strides=_c_int64_2(vc.stride(0), vc.stride(1)),
         block_tables_stride=args.block_tables.stride(0), lse_stride=args.lse.stride(0),
-        softmax_scale_log2=args.softmax_scale_log2,
+        softmax_scale_log2=args.softmax_scale_log2, tile_order=args.tile_order.data_ptr(),
+        num_tiles=_int32(args.tile_order.numel(), "num_tiles"), num_ctas=_int32(args.num_ctas, "num_ctas"),
     )
 
 

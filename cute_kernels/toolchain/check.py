@@ -27,6 +27,7 @@ class VariantReport:
     hgmma: int = 0  # warpgroup MMAs, 16-bit (HGMMA) and fp8 (QGMMA)
     hgmma_shapes: str = ""
     tma_loads: int = 0
+    tma_stores: int = 0
     cp_async: int = 0
     hmma: int = 0
     setmaxnreg: int = 0
@@ -66,8 +67,8 @@ def check_variant(family: KernelFamily, spec) -> VariantReport:
     aot = check_aot_export(family, spec, compiled, problems) if family.shim else "-"
     return VariantReport(
         spec.name, compiled.compile_seconds, stats.hgmma + stats.qgmma, ",".join(stats.hgmma_shapes),
-        stats.tma_load, stats.cp_async, stats.hmma, stats.setmaxnreg, stats.fsel, stats.loop_cta_barriers,
-        stats.registers, stats.spills, aot,
+        stats.tma_load, stats.tma_store, stats.cp_async, stats.hmma, stats.setmaxnreg, stats.fsel,
+        stats.loop_cta_barriers, stats.registers, stats.spills, aot,
         "; ".join(problems),
     )
 
@@ -86,7 +87,7 @@ def check_aot_export(family: KernelFamily, spec, compiled, problems: list[str]) 
 
 
 def format_table(reports: list[VariantReport]) -> str:
-    header = (f"{'variant':<40} {'compile_s':>9} {'GMMA':>5} {'shapes':<40} {'TMA':>4} {'cp.async':>8} {'maxnreg':>7} "
+    header = (f"{'variant':<40} {'compile_s':>9} {'GMMA':>5} {'shapes':<40} {'TMA':>4} {'TMAst':>5} {'cp.async':>8} {'maxnreg':>7} "
               f"{'FSEL':>5} {'loopBAR':>7} {'regs':>4} "
               f"{'spills':>6} {'aot':>8}  status")
     lines = [header, "-" * len(header)]
@@ -94,7 +95,7 @@ def format_table(reports: list[VariantReport]) -> str:
         secs = f"{r.compile_s:.1f}" if r.compile_s is not None else "-"
         regs = str(r.registers) if r.registers is not None else "?"
         status = "ok" if r.ok else f"FAIL: {r.problems}"
-        lines.append(f"{r.name:<40} {secs:>9} {r.hgmma:>5} {r.hgmma_shapes:<40} {r.tma_loads:>4} "
+        lines.append(f"{r.name:<40} {secs:>9} {r.hgmma:>5} {r.hgmma_shapes:<40} {r.tma_loads:>4} {r.tma_stores:>5} "
                      f"{r.cp_async:>8} {r.setmaxnreg:>7} {r.fsel:>5} {r.loop_bar:>7} {regs:>4} {r.spills:>6} {r.aot:>8}  {status}")
     return "\n".join(lines)
 

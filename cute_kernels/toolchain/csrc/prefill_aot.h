@@ -24,4 +24,6 @@ typedef struct {
     int64_t k_cache_strides[2], v_cache_strides[2];   /* elements between blocks, between slots */
     int64_t block_tables_stride, lse_stride;          /* elements between rows */
     float softmax_scale_log2;
+    void *tile_order;             /* int32 [num_tiles]: linear tile ids, longest first */
+    int32_t num_tiles, num_ctas;  /* the persistent grid: num_ctas CTAs walk the list */
 } cute_aot_prefill_args_t;
