@@ -2,7 +2,8 @@
 128x128 block scales) beside torch._scaled_mm (cuBLASLt, row-wise scales) and bf16 torch.matmul, in
 the same run on the same shapes. Prefill-sized M: TFLOP/s and the ratio to _scaled_mm. Decode-sized M
 (<= 64): the weight-bytes bandwidth floor (N x K bytes at the chip's published HBM bandwidth) over the
-measured time, i.e. the fraction of the floor reached.
+measured time, i.e. the fraction of the floor reached; and where the host splits K (fewer output tiles
+than SMs), the same GEMM unsplit, so the row shows what split-K buys.
 """
 from __future__ import annotations
 
@@ -29,10 +30,11 @@ class GemmCase:
         return 2.0 * self.m * self.n * self.k
 
 
-# Llama-3-8B's projections (qkv 6144x4096, gate_up 28672x4096, down 4096x14336) and 8192^3.
+# Llama-3-8B's projections (qkv 6144x4096, gate_up 28672x4096, down 4096x14336) and 8192^3; at decode
+# sizes also o_proj (4096x4096) and one KV head group's k/v (1024x4096), whose few tiles split K.
 FP8_CASES = [GemmCase(8192, 8192, 8192)] + [
     GemmCase(m, n, k) for m in (4096, 64, 16, 1) for n, k in ((6144, 4096), (28672, 4096), (4096, 14336))
-]
+] + [GemmCase(m, n, k) for m in (16, 1) for n, k in ((4096, 4096), (1024, 4096))]
 
 
 def bench_case(case: GemmCase, time_ms) -> dict:
@@ -41,6 +43,7 @@ def bench_case(case: GemmCase, time_ms) -> dict:
     from cute_kernels.fp8_quant import quantize_activation_blocks, quantize_rowwise, quantize_weight_blocks
     from cute_kernels.hopper.fp8_gemm_host import prepare_fp8_gemm
     from cute_kernels.hopper.fp8_gemm_launch import launch_fp8_gemm
+    from cute_kernels.hopper.fp8_gemm_spec import num_splits
     from cute_kernels.toolchain.kernel_path import kernel_path
 
     x = torch.randn(case.m, case.k, device="cuda", dtype=torch.bfloat16)
@@ -55,7 +58,12 @@ def bench_case(case: GemmCase, time_ms) -> dict:
         "scaled_mm": time_ms(lambda: torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sb.t(), out_dtype=torch.bfloat16)),
         "bf16_matmul": time_ms(lambda: x @ w.t()),
     }
-    row = {"case": case.name, "path": kernel_path(), **{f"{k}_us": round(v * 1e3, 1) for k, v in ms.items()}}
+    splits = num_splits(case.m, case.n, case.k)
+    if splits > 1:
+        unsplit = prepare_fp8_gemm(a, b, sa, sb, splits=1)
+        ms["cute_rowwise_unsplit"] = time_ms(lambda: launch_fp8_gemm(unsplit))
+    row = {"case": case.name, "path": kernel_path(), "splits": splits,
+           **{f"{k}_us": round(v * 1e3, 1) for k, v in ms.items()}}
     if case.decode:
         name = torch.cuda.get_device_name()
         bw = next((v for key, v in HBM_BYTES_PER_S.items() if key in name), None)
@@ -73,8 +81,10 @@ def run_fp8_bench(dry_run: bool, time_ms) -> list[dict]:
     if dry_run:
         from cute_kernels.toolchain.kernel_path import kernel_path
 
+        from cute_kernels.hopper.fp8_gemm_spec import num_splits
+
         return [{"case": c.name, "path": kernel_path(), "decode": c.decode, "gflop": round(c.flops() / 1e9, 1),
-                 "dry_run": True} for c in FP8_CASES]
+                 "splits": num_splits(c.m, c.n, c.k), "dry_run": True} for c in FP8_CASES]
     rows = []
     for case in FP8_CASES:
         try:

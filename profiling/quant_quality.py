@@ -62,13 +62,16 @@ def paths(tensors: dict, device: torch.device) -> list[tuple[str, str | None]]:
     return out + [(m, m) for m in QUANTIZATION_MODES if unavailable_reason(m, device) is None]
 
 
-def all_logits(cfg, tensors: dict, quantization: str | None, ids: list[int]) -> torch.Tensor:
+def all_logits(cfg, tensors: dict, quantization: str | None, ids: list[int], edit=None) -> torch.Tensor:
     """Every position's logits, fed CHUNK tokens per step: below the quantized linear's
     DEQUANT_MIN_ROWS, so each product takes its decode path (int8 activations), the one that differs
-    most from float; a long prefill would take the dequantized-weight path instead."""
+    most from float; a long prefill would take the dequantized-weight path instead. edit(model), when
+    given, changes the built model before it runs (profiling/fp8_quality_sweep.py swaps linears)."""
     blocks = math.ceil(len(ids) / BLOCK)
     budget = blocks * BLOCK * 2 * cfg.num_kv_heads * cfg.head_dim * 4 * cfg.num_layers
     runner, _ = make_runner(cfg, dict(tensors), budget, BLOCK, quantization=quantization)
+    if edit is not None:
+        edit(runner.model)
     table = list(range(blocks))
     return torch.cat([runner.run([SeqChunk(ids[at:at + CHUNK], at, table, num_logits=len(ids[at:at + CHUNK]))])
                       for at in range(0, len(ids), CHUNK)])

@@ -11,8 +11,8 @@ from cute_kernels.fp8_quant import (
     BLOCK, E4M3, E4M3_MAX, dequantize, expand_block_scales, quantize_activation_blocks, quantize_rowwise,
     quantize_weight_blocks,
 )
-from cute_kernels.hopper.fp8_gemm_host import prepare_fp8_gemm
-from cute_kernels.hopper.fp8_gemm_spec import TILE_K, Fp8GemmSpec, spec_for
+from cute_kernels.hopper.fp8_gemm_host import check_splits, prepare_fp8_gemm
+from cute_kernels.hopper.fp8_gemm_spec import NUM_SMS, TILE_K, Fp8GemmSpec, num_splits, spec_for
 from cute_kernels.reference import fp8_gemm_ref
 
 # e4m3 keeps 3 mantissa bits: round-to-nearest is within 2^-4 relative of the value, and values far
@@ -74,10 +74,20 @@ def test_reference_is_the_scaled_product(mode):
     assert 0 < rel < 0.1  # quantization error of the inputs, not a wrong product
 
 
-def emulate_kernel(a, b, sa, sb, spec: Fp8GemmSpec) -> torch.Tensor:
+def emulate_kernel(a, b, sa, sb, spec: Fp8GemmSpec, splits: int = 1) -> torch.Tensor:
     """The kernel's algorithm tile by tile: fp32 partials over each 128 of K promoted into the
     accumulator (block scales applied there, the tile's weight block n0 // 128), rowwise scales in
-    the epilogue, scale reads clamped to the last row/column, results past M and N dropped."""
+    the epilogue, scale reads clamped to the last row/column, results past M and N dropped. With
+    split-K, split s sums k-tiles [s * per, (s + 1) * per) into its own fp32 partial (scales applied),
+    and the partials are added in split order."""
+    k_tiles = math.ceil(a.shape[1] / TILE_K)
+    per = math.ceil(k_tiles / splits)
+    partials = [_emulate_k_range(a, b, sa, sb, spec, range(s * per, min((s + 1) * per, k_tiles)))
+                for s in range(splits)]
+    return torch.stack(partials).sum(0)
+
+
+def _emulate_k_range(a, b, sa, sb, spec: Fp8GemmSpec, k_tiles: range) -> torch.Tensor:
     m, k = a.shape
     n = b.shape[0]
     out = torch.full((m, n), float("nan"))
@@ -86,7 +96,7 @@ def emulate_kernel(a, b, sa, sb, spec: Fp8GemmSpec) -> torch.Tensor:
             rows = torch.arange(m0, m0 + spec.tile_m).clamp(max=m - 1)
             cols = torch.arange(n0, n0 + spec.tile_n).clamp(max=n - 1)
             acc = torch.zeros(spec.tile_m, spec.tile_n)
-            for kt in range(math.ceil(k / TILE_K)):
+            for kt in k_tiles:
                 ks = slice(kt * TILE_K, (kt + 1) * TILE_K)
                 partial = a[rows, ks].float() @ b[cols, ks].float().T
                 if spec.scale_mode == "block128":
@@ -106,6 +116,57 @@ def test_kernel_algorithm_matches_reference(mode, m):
     a, b, sa, sb = _operands(m, n, k, mode, seed=m)
     got = emulate_kernel(a, b, sa, sb, spec_for(mode, m))
     assert torch.allclose(got, fp8_gemm_ref(a, b, sa, sb, out_dtype=torch.float32), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["rowwise", "block128"])
+def test_split_k_algorithm_matches_reference(mode):
+    m, n, k = 3, 80, 1300  # 11 k-tiles, the last one partial: splits of 3, 3, 3, 2
+    a, b, sa, sb = _operands(m, n, k, mode, seed=5)
+    want = fp8_gemm_ref(a, b, sa, sb, out_dtype=torch.float32)
+    for splits in (2, 4, 11):
+        got = emulate_kernel(a, b, sa, sb, Fp8GemmSpec(mode, 64, 64, split_k=True), splits)
+        assert torch.allclose(got, want, rtol=1e-5, atol=1e-5), splits
+
+
+@pytest.mark.parametrize("m, n, k, splits", [
+    (1, 576, 576, 1),  # 5 k-tiles: too few to split
+    (1, 4096, 4096, 2),  # 64 tiles: two CTAs per tile fill the 132 SMs
+    (1, 576, 1536, 3),  # 9 tiles, 12 k-tiles: >= 4 k-tiles per split caps it at 3
+    (64, 1024, 8192, 8),  # 16 tiles
+    (1, 64, 65536, 16),  # one tile: MAX_SPLITS
+    (1, 14336, 4096, 1),  # 224 tiles already cover the SMs
+    (65, 1024, 8192, 1),  # prefill-sized M takes the 128x128 tiles, never split
+])
+def test_host_split_choice(m, n, k, splits):
+    assert num_splits(m, n, k) == splits
+
+
+def test_split_choice_never_leaves_a_split_empty_or_sms_oversubscribed():
+    for m in (1, 16, 64):
+        for n in range(64, 8193, 448):
+            for k in range(128, 20000, 1664):
+                splits, tiles = num_splits(m, n, k), math.ceil(m / 64) * math.ceil(n / 64)
+                check_splits(splits, k)  # raises on an empty split
+                assert splits == 1 or splits * tiles <= NUM_SMS
+
+
+def test_check_splits_refuses_empty_splits():
+    check_splits(4, 10 * TILE_K)  # 3 + 3 + 3 + 1
+    for bad in (0, 6, 11):  # 6 x 2 k-tiles would cover 12 of 10: the sixth split gets none
+        with pytest.raises(ValueError, match="empty"):
+            check_splits(bad, 10 * TILE_K)
+
+
+def test_host_picks_the_split_variant_and_workspace():
+    a, b, sa, sb = _operands(2, 1024, 4096, "block128")
+    launch = prepare_fp8_gemm(a, b, sa, sb)
+    assert launch.spec == Fp8GemmSpec("block128", 64, 64, split_k=True)
+    assert launch.workspace.shape == (8, 2, 1024) and launch.workspace.dtype == torch.float32
+    assert launch.kernel_tensors()[2] is launch.workspace
+    forced = prepare_fp8_gemm(a, b, sa, sb, splits=1)
+    assert not forced.spec.split_k and forced.workspace is None and forced.kernel_tensors()[2] is forced.out
+    with pytest.raises(ValueError, match="empty"):
+        prepare_fp8_gemm(a, b, sa, sb, splits=33)
 
 
 def test_host_picks_the_variant_from_shapes():
@@ -163,6 +224,29 @@ def test_fp8_gemm_numerics_gpu(m, n, k, mode):
     a, b, sa, sb = _operands(m, n, k, mode, seed=m + n + k, device="cuda")
     out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")  # poisoned
     fp8_gemm(a, b, sa, sb, out=out)
+    torch.cuda.synchronize()
+    ref = fp8_gemm_ref(a, b, sa, sb, out_dtype=torch.float32)
+    assert not out.isnan().any(), "rows or columns left unwritten"
+    rel = (out.float() - ref.bfloat16().float()).norm(dim=1) / ref.norm(dim=1).clamp_min(1e-30)
+    assert rel.max().item() <= 1e-3, f"worst row {rel.argmax().item()}: {rel.max().item():.2e}"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU")
+@pytest.mark.parametrize("mode", ["rowwise", "block128"])
+@pytest.mark.parametrize("m, n, k, splits", [
+    (1, 4096, 4096, None), (16, 1024, 8192, None), (64, 576, 1536, None),  # the host's choice
+    (1, 576, 14336, 16), (7, 1536, 1300, 4), (33, 64, 4096, 32),  # forced: ragged last split, one k-tile each
+])
+def test_fp8_gemm_split_k_numerics_gpu(m, n, k, splits, mode):
+    """Split-K: fp32 partials per split reduced into bf16 match the fp32 product as the unsplit
+    kernel does (1e-3 per row), every output written (poisoned), and the host took the split path."""
+    from cute_kernels.hopper.fp8_gemm_launch import fp8_gemm
+
+    a, b, sa, sb = _operands(m, n, k, mode, seed=m + n + k, device="cuda")
+    assert prepare_fp8_gemm(a, b, sa, sb, splits=splits).spec.split_k
+    out = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    fp8_gemm(a, b, sa, sb, out=out, splits=splits)
     torch.cuda.synchronize()
     ref = fp8_gemm_ref(a, b, sa, sb, out_dtype=torch.float32)
     assert not out.isnan().any(), "rows or columns left unwritten"

@@ -40,7 +40,9 @@ def test_variant_choice_by_rows():
     assert spec_for("rowwise", 1) == Fp8GemmSpec("rowwise", 64, 64)
     assert spec_for("block128", 64) == Fp8GemmSpec("block128", 64, 64)
     assert spec_for("block128", 65) == Fp8GemmSpec("block128", 128, 128)
-    assert len({s.name for s in runtime_variants()}) == 4
+    assert len({s.name for s in runtime_variants()}) == 6  # 4 plain + 2 split-K (64x64, each scale mode)
+    assert not any(s.split_k for s in selected_specs(True))  # split-K variants are their own family
+    assert Fp8GemmSpec("rowwise", 64, 64, split_k=True).name == "fp8_gemm_splitk_rowwise_64x64"
     assert all(s.name.startswith("fp8_gemm") for s in selected_specs(True))
     assert Fp8QuantRowsSpec().name.startswith("fp8_quant")
     with pytest.raises(ValueError):
@@ -48,8 +50,8 @@ def test_variant_choice_by_rows():
 
 
 # One variant per tile config, each scale mode once; `python -m cute_kernels.check` compiles them all.
-@pytest.mark.parametrize("spec", [Fp8GemmSpec("rowwise", 64, 64), Fp8GemmSpec("block128", 128, 128)],
-                         ids=lambda s: s.name)
+@pytest.mark.parametrize("spec", [Fp8GemmSpec("rowwise", 64, 64), Fp8GemmSpec("block128", 128, 128),
+                                  Fp8GemmSpec("block128", 64, 64, split_k=True)], ids=lambda s: s.name)
 def test_runtime_variants_compile_to_qgmma(spec, tmp_path, monkeypatch):
     pytest.importorskip("cutlass", reason="needs nvidia-cutlass-dsl (the hopper extra)")
     monkeypatch.setenv("TMPDIR", str(tmp_path))  # the DSL's cache stays in the test's temp dir

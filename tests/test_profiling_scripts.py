@@ -123,6 +123,16 @@ def test_quant_quality_smoke_measures_every_mode_and_the_shipped_blocks(tmp_path
     assert all(r["perplexity"] > 1 for r in report["paths"]) and "llama.cpp" in proc.stdout
 
 
+def test_fp8_quality_sweep_smoke_swaps_only_the_layers_a_configuration_names():
+    proc = run_script("profiling/fp8_quality_sweep.py", "--smoke", "--positions", "64",
+                      "--only", "kernel rowwise", "first and last")
+    assert proc.returncode == 0, proc.stderr
+    rows = {line[:52].strip(): line.split()[-1] for line in proc.stdout.splitlines()[2:]}
+    assert set(rows) == {"kernel rowwise: w per channel x a per token", "rowwise, first and last layer float"}
+    assert rows["rowwise, first and last layer float"] == "100.0%"  # the tiny model has 2 layers: none swapped
+    assert float(rows["kernel rowwise: w per channel x a per token"].rstrip("%")) < 100.0
+
+
 def test_bench_tp_smoke_splits_steps_into_compute_and_communication(tmp_path):
     out = tmp_path / "tp.json"
     proc = run_script("profiling/bench_tp.py", "--smoke", "--json", str(out))

@@ -5,11 +5,11 @@ from __future__ import annotations
 from cute_kernels.toolchain.family import KernelFamily
 
 from .decode_family import DECODE, DECODE_MERGE
-from .fp8_gemm_family import FP8_GEMM, FP8_QUANT
+from .fp8_gemm_family import FP8_GEMM, FP8_GEMM_SPLITK, FP8_QUANT
 from .fused_family import FUSED_OPS
 from .prefill_family import PREFILL
 
-FAMILIES: tuple[KernelFamily, ...] = (PREFILL, DECODE, DECODE_MERGE, FUSED_OPS, FP8_GEMM, FP8_QUANT)
+FAMILIES: tuple[KernelFamily, ...] = (PREFILL, DECODE, DECODE_MERGE, FUSED_OPS, FP8_GEMM, FP8_GEMM_SPLITK, FP8_QUANT)
 
 
 def selected_variants(include_unused: bool = False, only: list[str] | None = None) -> list[tuple[KernelFamily, object]]:

@@ -11,6 +11,10 @@ two consumer warpgroups interleave). In block128 mode the promotion also applies
 scales, loaded before the wait so their latency hides; in rowwise mode the scales are applied once in the epilogue, which converts to bf16 and
 leaves through shared memory and a TMA store. Rows past M and columns past N read clamped scales
 and are dropped by the TMA store; the k tail past K is zero-filled by the TMA load.
+Split-K (spec.split_k, for decode-sized M whose output tiles leave SMs idle): the scheduler's batch
+mode is the split; the CTA on tile (m, n, s) runs only split s's k-tiles, applies the scales as above
+and stores its fp32 partial into workspace[s] by the same TMA-store epilogue (fp32 strips); the host
+sums the splits into bf16 (fp8_gemm_launch).
 """
 from __future__ import annotations
 
@@ -39,16 +43,18 @@ class Fp8GemmSm90:
         self.num_consumer_threads = 128 * spec.num_consumer_warpgroups
         self.stages = layouts.num_ab_stages(spec)
         self.epi_tile = (spec.tile_m, layouts.EPI_TILE_N)
+        self.out_dtype = layouts.out_dtype(spec)
         # Named barrier 0 is __syncthreads; 1 orders the consumers' epilogue sub-tiles.
         self.epilogue_barrier = pipeline.NamedBarrier(barrier_id=1, num_threads=self.num_consumer_threads)
 
     @cute.jit
     def __call__(self, a: cute.Tensor, b: cute.Tensor, c: cute.Tensor, scale_a: cute.Tensor,
                  scale_b: cute.Tensor, stream: cuda.CUstream):
-        """a [M, K] and b [N, K] e4m3, c [M, N] bf16, all K-/N-contiguous; scale_a [M, 1] and
-        scale_b [N, 1] fp32 (rowwise), or scale_a [M, ceil(K/128)] and scale_b
+        """a [M, K] and b [N, K] e4m3, c [M, N] bf16 (split_k: fp32 [splits, M, N]), all K-/N-contiguous;
+        scale_a [M, 1] and scale_b [N, 1] fp32 (rowwise), or scale_a [M, ceil(K/128)] and scale_b
         [ceil(N/128), ceil(K/128)] (block128)."""
-        a3, b3, c3 = layouts.with_batch_mode(a), layouts.with_batch_mode(b), layouts.with_batch_mode(c)
+        a3, b3 = layouts.with_batch_mode(a), layouts.with_batch_mode(b)
+        c3 = layouts.splits_last(c) if cutlass.const_expr(self.spec.split_k) else layouts.with_batch_mode(c)
         tiled_mma = layouts.make_tiled_mma(self.spec)
         a_staged, b_staged, c_staged = layouts.smem_layouts(self.spec, self.stages)
         tma_a, g_a = layouts.tma_load(a3, a_staged, (self.spec.tile_m, TILE_K))
@@ -61,7 +67,7 @@ class Fp8GemmSm90:
             pipeline_barriers: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
             sA: cute.struct.Align[cute.struct.MemRange[cutlass.Float8E4M3FN, cute.cosize(a_staged)], 1024]
             sB: cute.struct.Align[cute.struct.MemRange[cutlass.Float8E4M3FN, cute.cosize(b_staged)], 1024]
-            sC: cute.struct.Align[cute.struct.MemRange[cutlass.BFloat16, cute.cosize(c_staged)], 1024]
+            sC: cute.struct.Align[cute.struct.MemRange[self.out_dtype, cute.cosize(c_staged)], 1024]
 
         self.shared_storage = SharedStorage
         self.kernel(tma_a, g_a, tma_b, g_b, tma_c, g_c, scale_a, scale_b, tiled_mma,
@@ -101,29 +107,33 @@ class Fp8GemmSm90:
         tAsA, tAgA = cpasync.tma_partition(tma_a, 0, one_cta, cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2))
         tBsB, tBgB = cpasync.tma_partition(tma_b, 0, one_cta, cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2))
         k_tiles = cute.size(gA, mode=[3])
+        # Split-K: the tile's batch index is its split; each split takes k_per_split k-tiles (the host
+        # picks a split count that leaves none empty). One split: every k-tile.
+        k_per_split = cute.ceil_div(k_tiles, cute.size(mC, mode=[2]))
 
         warpgroup_idx = cute.arch.make_warp_uniform(tidx // 128)
         pipeline_init_wait(cluster_shape_mn=(1, 1))
         if warpgroup_idx == 0:
             cute.arch.setmaxregister_decrease(PRODUCER_REGISTERS)
             if warp_idx == 0:
-                self.produce(mainloop, tma_a, tma_b, tAsA, tAgA, tBsB, tBgB, k_tiles, sched_params)
+                self.produce(mainloop, tma_a, tma_b, tAsA, tAgA, tBsB, tBgB, k_tiles, k_per_split, sched_params)
         else:
             cute.arch.setmaxregister_increase(CONSUMER_REGISTERS)
-            self.consume(mainloop, tiled_mma, sA, sB, sC, tma_c, gC, scale_a, scale_b, k_tiles, sched_params,
-                         tidx - 128, warp_idx)
+            self.consume(mainloop, tiled_mma, sA, sB, sC, tma_c, gC, scale_a, scale_b, k_tiles, k_per_split,
+                         sched_params, tidx - 128, warp_idx)
 
     @cute.jit
-    def produce(self, mainloop, tma_a, tma_b, tAsA, tAgA, tBsB, tBgB, k_tiles, sched_params):
+    def produce(self, mainloop, tma_a, tma_b, tAsA, tAgA, tBsB, tBgB, k_tiles, k_per_split, sched_params):
         """One thread's loop: every k-tile of every tile this CTA owns, as fast as stages free up."""
         sched = utils.StaticPersistentTileScheduler.create(sched_params, cute.arch.block_idx(), cute.arch.grid_dim())
         work = sched.initial_work_tile_info()
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         while work.is_valid_tile:
             m_idx, n_idx, l_idx = work.tile_idx
-            tile_a = tAgA[(None, m_idx, None, l_idx)]
-            tile_b = tBgB[(None, n_idx, None, l_idx)]
-            for k_tile in range(k_tiles):
+            tile_a = tAgA[(None, m_idx, None, 0)]  # A and B have one batch; l_idx is the split
+            tile_b = tBgB[(None, n_idx, None, 0)]
+            k_begin = l_idx * k_per_split
+            for k_tile in range(k_begin, cutlass.min(k_begin + k_per_split, k_tiles)):
                 mainloop.producer_acquire(state)
                 full = mainloop.producer_get_barrier(state)
                 cute.copy(tma_a, tile_a[(None, k_tile)], tAsA[(None, state.index)], tma_bar_ptr=full)
@@ -135,8 +145,8 @@ class Fp8GemmSm90:
         mainloop.producer_tail(state)
 
     @cute.jit
-    def consume(self, mainloop, tiled_mma, sA, sB, sC, tma_c, gC, scale_a, scale_b, k_tiles, sched_params,
-                consumer_tidx, warp_idx):
+    def consume(self, mainloop, tiled_mma, sA, sB, sC, tma_c, gC, scale_a, scale_b, k_tiles, k_per_split,
+                sched_params, consumer_tidx, warp_idx):
         thr_mma = tiled_mma.get_slice(consumer_tidx)
         tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
         tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
@@ -159,7 +169,8 @@ class Fp8GemmSm90:
             m_idx, n_idx, l_idx = work.tile_idx
             m0, n0 = m_idx * self.spec.tile_m, n_idx * self.spec.tile_n
             acc.fill(0.0)
-            for k_tile in range(k_tiles):
+            k_begin = l_idx * k_per_split
+            for k_tile in range(k_begin, cutlass.min(k_begin + k_per_split, k_tiles)):
                 # Block scales load before the wait and the wgmma: their latency hides behind both.
                 self.load_block_scales(block_scales, coords, scale_a, scale_b, m0, n0, k_tile, rows)
                 mainloop.consumer_wait(state)
@@ -210,16 +221,17 @@ class Fp8GemmSm90:
     @cute.jit
     def epilogue(self, acc, tiled_mma, sC, tma_c, gC_tile, store_pipeline, tiles_done, consumer_tidx, warp_idx):
         """bf16 sub-tiles of tile_m x 32: registers -> swizzled shared memory (stmatrix) -> TMA store,
-        rotating through EPI_STAGES buffers so a store drains while the next sub-tile is written."""
-        r2s_atom = sm90_utils.sm90_get_smem_store_op(utils.LayoutEnum.ROW_MAJOR, elem_ty_d=cutlass.BFloat16,
+        rotating through EPI_STAGES buffers so a store drains while the next sub-tile is written.
+        Split-K partials leave the same way in fp32 (plain shared stores: stmatrix moves 16-bit only)."""
+        r2s_atom = sm90_utils.sm90_get_smem_store_op(utils.LayoutEnum.ROW_MAJOR, elem_ty_d=self.out_dtype,
                                                       elem_ty_acc=cutlass.Float32)
-        stmatrix = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), cutlass.BFloat16)
+        stmatrix = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), self.out_dtype)
         r2s = cute.make_tiled_copy_S(r2s_atom, cute.make_tiled_copy_C_atom(stmatrix, tiled_mma))
         thr_r2s = r2s.get_slice(consumer_tidx)
         tRS_sC = thr_r2s.partition_D(sC)
         tRS_acc = r2s.retile(acc)
         sub_layout = cute.make_layout(cute.shape(thr_r2s.partition_S(sC))[:3])
-        sub_out = cute.make_rmem_tensor(sub_layout.shape, cutlass.BFloat16)
+        sub_out = cute.make_rmem_tensor(sub_layout.shape, self.out_dtype)
         sub_size = cute.size(sub_layout.shape)
 
         gC_subtiles = cute.zipped_divide(gC_tile, self.epi_tile)
@@ -230,7 +242,7 @@ class Fp8GemmSm90:
         subtile_order = cute.make_layout(subtile_shape, stride=(subtile_shape[1], 1))
         for sub in cutlass.range_constexpr(num_subtiles):
             sub_acc = cute.make_tensor(tRS_acc.iterator + sub * sub_size, sub_layout)
-            sub_out.store(sub_acc.load().to(cutlass.BFloat16))
+            sub_out.store(sub_acc.load().to(self.out_dtype))
             buffer = (tiles_done * num_subtiles + sub) % layouts.EPI_STAGES
             cute.copy(r2s, sub_out, tRS_sC[(None, None, None, buffer)])
             cute.arch.fence_proxy("async.shared", space="cta")  # make the writes visible to the TMA unit

@@ -14,9 +14,9 @@ class Fp8GemmArgsC(ctypes.Structure):
     """Mirror of cute_aot_fp8_gemm_args_t."""
 
     _fields_ = ([(n, ctypes.c_void_p) for n in ("a", "b", "c", "scale_a", "scale_b")]
-                + [(n, ctypes.c_int32) for n in ("m", "n", "k", "scale_cols", "scale_b_rows")]
-                + [(n, ctypes.c_int64)
-                   for n in ("a_stride", "b_stride", "c_stride", "scale_a_stride", "scale_b_stride")])
+                + [(n, ctypes.c_int32) for n in ("m", "n", "k", "scale_cols", "scale_b_rows", "splits")]
+                + [(n, ctypes.c_int64) for n in ("a_stride", "b_stride", "c_stride", "scale_a_stride",
+                                                 "scale_b_stride", "c_split_stride")])
 
 
 class Fp8QuantArgsC(ctypes.Structure):
@@ -33,12 +33,17 @@ def _rows(t: Any, name: str) -> None:
 
 
 def gemm_c_args(a: Any, b: Any, c: Any, sa: Any, sb: Any) -> Fp8GemmArgsC:
-    """Fp8GemmLaunch.kernel_tensors() -> the C struct."""
-    for name, t in zip(("a", "b", "c"), (a, b, c)):
+    """Fp8GemmLaunch.kernel_tensors() -> the C struct; c is [M, N], or the split-K workspace
+    [splits, M, N] (contiguous)."""
+    splits, split_stride = (c.shape[0], c.stride(0)) if c.dim() == 3 else (1, 0)
+    c_rows = c[0] if c.dim() == 3 else c
+    if c.dim() == 3 and not c.is_contiguous():
+        raise ValueError(f"fp8 AOT: workspace {tuple(c.shape)} must be contiguous")
+    for name, t in zip(("a", "b", "c"), (a, b, c_rows)):
         _rows(t, name)
     return Fp8GemmArgsC(a.data_ptr(), b.data_ptr(), c.data_ptr(), sa.data_ptr(), sb.data_ptr(),
-                        a.shape[0], b.shape[0], a.shape[1], sa.shape[1], sb.shape[0],
-                        a.stride(0), b.stride(0), c.stride(0), sa.stride(0), sb.stride(0))
+                        a.shape[0], b.shape[0], a.shape[1], sa.shape[1], sb.shape[0], splits,
+                        a.stride(0), b.stride(0), c_rows.stride(0), sa.stride(0), sb.stride(0), split_stride)
 
 
 def quant_c_args(x: Any, q: Any, scale: Any) -> Fp8QuantArgsC:

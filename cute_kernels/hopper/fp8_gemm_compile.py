@@ -24,7 +24,11 @@ def fake_fp8_gemm_arguments(spec: Fp8GemmSpec) -> tuple:
         return make_fake_compact_tensor(dtype, (n_rows, n_cols), stride_order=(1, 0), assumed_align=align)
 
     a, b = rows(cutlass.Float8E4M3FN, m, k, 16), rows(cutlass.Float8E4M3FN, n, k, 16)
-    c = rows(cutlass.BFloat16, m, n, 16)
+    if spec.split_k:  # the fp32 workspace [splits, M, N]
+        c = make_fake_compact_tensor(cutlass.Float32, (cute.sym_int32(), m, n), stride_order=(2, 1, 0),
+                                     assumed_align=16)
+    else:
+        c = rows(cutlass.BFloat16, m, n, 16)
     scale_a = rows(cutlass.Float32, m, scale_cols, 4)
     scale_b = rows(cutlass.Float32, scale_rows_b, scale_cols, 4)
     return a, b, c, scale_a, scale_b, make_fake_stream()

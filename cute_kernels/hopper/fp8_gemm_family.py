@@ -7,12 +7,13 @@ from typing import Any
 from cute_kernels.toolchain.family import KernelFamily
 
 from .fp8_gemm_check import fp8_gemm_sass_problems, quant_rows_sass_problems
-from .fp8_gemm_spec import quant_specs, selected_specs
+from .fp8_gemm_spec import quant_specs, selected_specs, split_variants
 
 # What the shims pack per tensor argument: (dynamic shape modes, dynamic stride modes).
 _MATRIX = ((1, 1), (1, 0))  # [rows, cols], row stride at runtime, column stride 1
 _COLUMN = ((1, 0), (0, 0))  # [rows, 1]
 GEMM_SHIM_ABI = (_MATRIX,) * 5 + (None,)  # a, b, c, scale_a, scale_b, stream
+SPLIT_SHIM_ABI = (_MATRIX, _MATRIX, ((1, 1, 1), (1, 1, 0)), _MATRIX, _MATRIX, None)  # c: [splits, M, N]
 QUANT_SHIM_ABI = (_MATRIX, _MATRIX, _COLUMN, None)  # x, q, scale, stream
 _COMMON = ("hopper/fp8_gemm_spec.py", "hopper/fp8_gemm_compile.py", "hopper/fp8_gemm_family.py",
            "toolchain/csrc/fp8_gemm_aot.h")
@@ -34,6 +35,14 @@ FP8_GEMM = KernelFamily(
     name="fp8_gemm", specs=selected_specs, compile=_compile, sass_problems=fp8_gemm_sass_problems,
     fake_args=_fake_args, shim_abi=GEMM_SHIM_ABI, shim="fp8_gemm_aot_shim.c",
     sources=_COMMON + ("hopper/fp8_gemm.py", "hopper/fp8_gemm_layouts.py", "toolchain/csrc/fp8_gemm_aot_shim.c"),
+)
+
+FP8_GEMM_SPLITK = KernelFamily(
+    name="fp8_gemm_splitk", specs=lambda include_unused: split_variants(), compile=_compile,
+    sass_problems=fp8_gemm_sass_problems, fake_args=_fake_args, shim_abi=SPLIT_SHIM_ABI,
+    shim="fp8_gemm_splitk_aot_shim.c",
+    sources=_COMMON + ("hopper/fp8_gemm.py", "hopper/fp8_gemm_layouts.py", "toolchain/csrc/fp8_gemm_aot_shim.c",
+                       "toolchain/csrc/fp8_gemm_splitk_aot_shim.c"),
 )
 
 FP8_QUANT = KernelFamily(

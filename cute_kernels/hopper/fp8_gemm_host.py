@@ -12,7 +12,7 @@ import torch
 
 from cute_kernels.fp8_quant import BLOCK, E4M3
 
-from .fp8_gemm_spec import Fp8GemmSpec, spec_for
+from .fp8_gemm_spec import TILE_K, Fp8GemmSpec, num_splits, spec_for
 
 ALIGN_ELEMENTS = 16  # TMA moves 16-byte rows: K (e4m3) and N (bf16 C, e4m3 B) multiples of 16
 
@@ -25,10 +25,12 @@ class Fp8GemmLaunch:
     out: torch.Tensor  # bf16 [M, N]
     scale_a: torch.Tensor  # fp32, 2-D
     scale_b: torch.Tensor  # fp32, 2-D
+    workspace: torch.Tensor | None = None  # fp32 [splits, M, N] when spec.split_k; summed into out
 
     def kernel_tensors(self) -> tuple[torch.Tensor, ...]:
         """In the argument order of Fp8GemmSm90.__call__ (before the stream)."""
-        return self.a, self.b, self.out, self.scale_a, self.scale_b
+        c = self.workspace if self.spec.split_k else self.out
+        return self.a, self.b, c, self.scale_a, self.scale_b
 
 
 def scale_mode_of(m: int, n: int, k: int, scale_a: torch.Tensor, scale_b: torch.Tensor) -> str:
@@ -49,9 +51,17 @@ def _check_operand(x: torch.Tensor, name: str, dtype: torch.dtype) -> None:
         raise ValueError(f"fp8 gemm: {name} must be contiguous (row-major) and 16-byte aligned")
 
 
+def check_splits(splits: int, k: int) -> None:
+    """Every split must own at least one k-tile: splits x ceil(k_tiles / splits) covers k_tiles once."""
+    k_tiles = -(-k // TILE_K)
+    if splits < 1 or splits > k_tiles or -(-k_tiles // -(-k_tiles // splits)) != splits:
+        raise ValueError(f"fp8 gemm: {splits} K splits of {k_tiles} k-tiles would leave a split empty")
+
+
 def prepare_fp8_gemm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
-                     out: torch.Tensor | None = None) -> Fp8GemmLaunch:
-    """What the kernel reads for these operands; ValueError for anything no variant takes."""
+                     out: torch.Tensor | None = None, splits: int | None = None) -> Fp8GemmLaunch:
+    """What the kernel reads for these operands; ValueError for anything no variant takes.
+    splits: K split across that many CTAs per output tile (default: num_splits' choice)."""
     _check_operand(a, "a", E4M3)
     _check_operand(b, "b", E4M3)
     (m, k), (n, k_b) = a.shape, b.shape
@@ -71,7 +81,12 @@ def prepare_fp8_gemm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, sc
         _check_operand(out, "out", torch.bfloat16)
         if tuple(out.shape) != (m, n):
             raise ValueError(f"fp8 gemm: out is {tuple(out.shape)}, expected [{m}, {n}]")
-    return Fp8GemmLaunch(spec_for(mode, m), a, b, out, scale_a, scale_b)
+    splits = num_splits(m, n, k) if splits is None else splits
+    check_splits(splits, k)
+    if splits == 1:
+        return Fp8GemmLaunch(spec_for(mode, m), a, b, out, scale_a, scale_b)
+    workspace = torch.empty(splits, m, n, dtype=torch.float32, device=a.device)
+    return Fp8GemmLaunch(Fp8GemmSpec(mode, 64, 64, split_k=True), a, b, out, scale_a, scale_b, workspace)
 
 
 def check_quant_rows_input(x: torch.Tensor) -> None:

@@ -15,10 +15,11 @@ from .fp8_gemm_spec import Fp8QuantRowsSpec
 # Divisibility of each tensor's (rows, cols) as compiled (N and K are multiples of 16); None: a
 # static mode (the quantizer's scale is [M, 1] with the 1 compiled in).
 _DIVISIBILITY = ((1, 16), (16, 16), (1, 16), (1, 1), (1, 1))
+_SPLIT_DIVISIBILITY = ((1, 16), (16, 16), (1, 1, 16), (1, 1), (1, 1))  # C: the workspace [splits, M, N]
 _QUANT_DIVISIBILITY = ((1, 16), (1, 16), (1, None))
 
 
-def _as_cute(t: torch.Tensor, divisibility: tuple[int | None, int | None]):
+def _as_cute(t: torch.Tensor, divisibility: tuple[int | None, ...]):
     """DLPack view with every size dynamic, as compiled; DLPack has no fp8, so e4m3 travels as
     uint8 and gets its element type back here."""
     import cutlass
@@ -30,11 +31,12 @@ def _as_cute(t: torch.Tensor, divisibility: tuple[int | None, int | None]):
         x.element_type = cutlass.Float8E4M3FN
     for mode, divisible_by in enumerate(divisibility):
         if divisible_by is not None:
-            x = x.mark_compact_shape_dynamic(mode=mode, stride_order=(0, 1), divisibility=divisible_by)
+            x = x.mark_compact_shape_dynamic(mode=mode, stride_order=tuple(range(t.dim())),
+                                             divisibility=divisible_by)
     return x
 
 
-def _run(spec, tensors: tuple[torch.Tensor, ...], divisibility: tuple[tuple[int | None, int | None], ...]) -> None:
+def _run(spec, tensors: tuple[torch.Tensor, ...], divisibility: tuple[tuple[int | None, ...], ...]) -> None:
     if kernel_path() == "aot":
         from .fp8_gemm_aot import launch_aot
 
@@ -49,7 +51,11 @@ def _run(spec, tensors: tuple[torch.Tensor, ...], divisibility: tuple[tuple[int 
 
 
 def launch_fp8_gemm(launch: Fp8GemmLaunch) -> None:
-    _run(launch.spec, launch.kernel_tensors(), _DIVISIBILITY)
+    """The GEMM; with split-K, then the reduction of its fp32 partials into bf16 (a sum over the
+    splits in fixed order, so results do not depend on which split finishes first)."""
+    _run(launch.spec, launch.kernel_tensors(), _SPLIT_DIVISIBILITY if launch.spec.split_k else _DIVISIBILITY)
+    if launch.workspace is not None:
+        torch.sum(launch.workspace, dim=0, out=launch.out)
 
 
 def launch_quant_rows(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> None:
@@ -77,9 +83,10 @@ def fp8_kernels_unavailable_reason() -> str | None:
 
 
 def fp8_gemm(a: torch.Tensor, b: torch.Tensor, scale_a: torch.Tensor, scale_b: torch.Tensor,
-             out: torch.Tensor | None = None) -> torch.Tensor:
-    """bf16 [M, N] = (a x b^T) scaled, on an sm_90 GPU (reference.fp8_gemm_ref's contract)."""
-    launch = prepare_fp8_gemm(a, b, scale_a, scale_b, out)
+             out: torch.Tensor | None = None, splits: int | None = None) -> torch.Tensor:
+    """bf16 [M, N] = (a x b^T) scaled, on an sm_90 GPU (reference.fp8_gemm_ref's contract); splits:
+    see prepare_fp8_gemm."""
+    launch = prepare_fp8_gemm(a, b, scale_a, scale_b, out, splits)
     if not a.is_cuda:
         raise ValueError("fp8 gemm (cute): tensors must be on a CUDA device")
     if a.shape[0] > 0:

@@ -25,9 +25,14 @@ def make_tiled_mma(spec: Fp8GemmSpec) -> cute.TiledMma:
     )
 
 
+def out_dtype(spec: Fp8GemmSpec):
+    """bf16 C, or the fp32 split-K workspace."""
+    return cutlass.Float32 if spec.split_k else cutlass.BFloat16
+
+
 def num_ab_stages(spec: Fp8GemmSpec) -> int:
     ab_bytes = (spec.tile_m + spec.tile_n) * TILE_K  # one byte per e4m3 element
-    epi_bytes = spec.tile_m * EPI_TILE_N * 2 * EPI_STAGES
+    epi_bytes = spec.tile_m * EPI_TILE_N * out_dtype(spec).width // 8 * EPI_STAGES
     stages = (SMEM_BYTES - 1024 - epi_bytes) // ab_bytes
     if stages < 4:
         raise ValueError(f"{spec.name}: only {stages} pipeline stages fit in shared memory")
@@ -46,7 +51,7 @@ def smem_layouts(spec: Fp8GemmSpec, stages: int):
     row_major = utils.LayoutEnum.ROW_MAJOR
     a = _staged(lambda d, s: pick(row_major, d, s), cutlass.Float8E4M3FN, (spec.tile_m, TILE_K), TILE_K, stages)
     b = _staged(lambda d, s: pick(row_major, d, s), cutlass.Float8E4M3FN, (spec.tile_n, TILE_K), TILE_K, stages)
-    c = _staged(lambda d, s: pick(row_major, d, s), cutlass.BFloat16, (spec.tile_m, EPI_TILE_N), EPI_TILE_N,
+    c = _staged(lambda d, s: pick(row_major, d, s), out_dtype(spec), (spec.tile_m, EPI_TILE_N), EPI_TILE_N,
                 EPI_STAGES)
     return a, b, c
 
@@ -64,6 +69,12 @@ def tma_store(tensor: cute.Tensor, staged, tile: tuple[int, int]):
 def with_batch_mode(t: cute.Tensor) -> cute.Tensor:
     """(rows, cols) -> (rows, cols, 1): the tile scheduler and TMA partitions speak (M, N, L)."""
     layout = cute.make_layout((t.shape[0], t.shape[1], 1), stride=(t.stride[0], t.stride[1], 0))
+    return cute.make_tensor(t.iterator, layout)
+
+
+def splits_last(t: cute.Tensor) -> cute.Tensor:
+    """The split-K workspace [splits, rows, cols] -> (rows, cols, splits): the split is the batch mode."""
+    layout = cute.make_layout((t.shape[1], t.shape[2], t.shape[0]), stride=(t.stride[1], t.stride[2], t.stride[0]))
     return cute.make_tensor(t.iterator, layout)
 
 

@@ -16,6 +16,8 @@ SCALE_BLOCK = 128
 TILE_K = 128  # 4 wgmma k-blocks of k32 for fp8: one promotion (and one scale block) per k-tile
 NUM_SMS = 132  # H100 SXM / H200: the persistent grid's size
 SMALL_M = 64  # rows at or below this take the decode tile
+MAX_SPLITS = 16  # split-K: more partials cost more workspace traffic than the extra CTAs win
+MIN_K_TILES_PER_SPLIT = 4  # each split streams >= 512 of K, so its prologue and epilogue stay a small share
 
 
 @dataclass(frozen=True)
@@ -23,6 +25,9 @@ class Fp8GemmSpec:
     scale_mode: str
     tile_m: int  # 64: one consumer warpgroup; 128: two, 64 rows each
     tile_n: int  # divides 128, so a tile never straddles a weight scale block
+    # split_k: C is an fp32 workspace [splits, M, N]; the CTA on tile (m, n, split) sums only that
+    # split's k-tiles (scales applied), and a reduction adds the splits into bf16 (host: fp8_gemm_launch).
+    split_k: bool = False
 
     def __post_init__(self) -> None:
         if self.scale_mode not in SCALE_MODES:
@@ -32,7 +37,7 @@ class Fp8GemmSpec:
 
     @property
     def name(self) -> str:
-        return f"fp8_gemm_{self.scale_mode}_{self.tile_m}x{self.tile_n}"
+        return f"fp8_gemm{'_splitk' if self.split_k else ''}_{self.scale_mode}_{self.tile_m}x{self.tile_n}"
 
     @property
     def num_consumer_warpgroups(self) -> int:
@@ -58,8 +63,28 @@ def spec_for(scale_mode: str, m: int) -> Fp8GemmSpec:
     return Fp8GemmSpec(scale_mode, 128, 128)
 
 
+def num_splits(m: int, n: int, k: int) -> int:
+    """How many CTAs share each output tile's K: decode-sized M whose tiles leave SMs idle splits K
+    until about every SM has a CTA, each split keeping >= MIN_K_TILES_PER_SPLIT k-tiles; the count is
+    then evened out so no split is empty (splits x ceil(k_tiles / splits) covers k_tiles once)."""
+    spec = spec_for("rowwise", m)
+    tiles = -(-m // spec.tile_m) * -(-n // spec.tile_n)
+    k_tiles = -(-k // TILE_K)
+    if m > SMALL_M or tiles >= NUM_SMS:
+        return 1
+    splits = min(NUM_SMS // tiles, k_tiles // MIN_K_TILES_PER_SPLIT, MAX_SPLITS)
+    if splits <= 1:
+        return 1
+    return -(-k_tiles // -(-k_tiles // splits))
+
+
 def runtime_variants() -> list[Fp8GemmSpec]:
-    return [spec_for(mode, m) for mode in SCALE_MODES for m in (1, SMALL_M + 1)]
+    plain = [spec_for(mode, m) for mode in SCALE_MODES for m in (1, SMALL_M + 1)]
+    return plain + split_variants()
+
+
+def split_variants() -> list[Fp8GemmSpec]:
+    return [Fp8GemmSpec(mode, 64, 64, split_k=True) for mode in SCALE_MODES]
 
 
 def quant_specs(include_unused: bool = False) -> list[Fp8QuantRowsSpec]:
@@ -67,7 +92,8 @@ def quant_specs(include_unused: bool = False) -> list[Fp8QuantRowsSpec]:
 
 
 def selected_specs(include_unused: bool = False) -> list[Fp8GemmSpec]:
-    specs = runtime_variants()
+    """The plain-output variants (the fp8_gemm family; split_variants() are fp8_gemm_splitk's)."""
+    specs = [s for s in runtime_variants() if not s.split_k]
     if include_unused:
         specs += [Fp8GemmSpec(mode, 128, 64) for mode in SCALE_MODES]
     return specs

@@ -1,4 +1,4 @@
-/* Public C ABI of the ahead-of-time exported FP8 kernels: the GEMM (cute_aot_fp8_gemm_<tiles>_launch)
+/* Public C ABI of the ahead-of-time exported FP8 kernels: the GEMM (cute_aot_fp8_gemm[_splitk]_<tiles>_launch)
  * and the per-token activation quantizer (cute_aot_fp8_quant_<...>_launch).
  *
  * Raw device pointers, runtime sizes, and row strides in elements (the column stride is 1, compiled
@@ -11,10 +11,10 @@
 
 typedef struct {
     void *a, *b;                  /* e4m3 [m, k], [n, k] */
-    void *c;                      /* bf16 [m, n] */
+    void *c;                      /* bf16 [m, n]; split-K variants: the fp32 workspace [splits, m, n] */
     void *scale_a, *scale_b;      /* fp32 [m, scale_cols], [scale_b_rows, scale_cols] */
-    int32_t m, n, k, scale_cols, scale_b_rows;
-    int64_t a_stride, b_stride, c_stride, scale_a_stride, scale_b_stride;
+    int32_t m, n, k, scale_cols, scale_b_rows, splits;
+    int64_t a_stride, b_stride, c_stride, scale_a_stride, scale_b_stride, c_split_stride;
 } cute_aot_fp8_gemm_args_t;
 
 typedef struct {
