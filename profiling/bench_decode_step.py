@@ -48,7 +48,7 @@ def main() -> None:
     args = ap.parse_args()
     import torch
 
-    from cute_kernels.cpu import quant_gemm
+    from cute_kernels.cpu.quant_blocks import BLOCK_BYTES, QK
     from runtime.load import load_model
     from runtime.model.factory import make_runner
     from runtime.model_runner import SeqChunk
@@ -81,7 +81,7 @@ def main() -> None:
         x = torch.randn(1, cfg.hidden_size)
         for name in layer.LINEARS:
             lin = getattr(layer, name)
-            k = lin.blocks.shape[1] // quant_gemm.BLOCK_BYTES[lin.type_name] * quant_gemm.QK
+            k = lin.blocks.shape[1] // BLOCK_BYTES[lin.type_name] * QK
             xin = torch.randn(1, k) if k != cfg.hidden_size else x
             ms = per_call_ms(lambda: lin(xin), args.steps)
             print(f"  quant_linear {name:<8}{tuple(lin.blocks.shape)!s:>14} {lin.weight_bytes() / ms / 1e6:6.1f} GB/s "
