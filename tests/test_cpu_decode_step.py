@@ -5,8 +5,9 @@ Tolerance: both paths run the same code per op (quant_dot.h, attention_rows.h, f
 same int8 activations, so every integer dot product is identical and only the order of float sums
 may differ (the compiler vectorizes each copy of a reduction on its own): ~1e-6 relative per step.
 Logits are compared at 1e-4 absolute + 1e-4 relative (values O(1)); a wrong block, head, slot or
-position moves them by O(0.1) or more. Greedy tokens and the KV cache contents must be identical
-(both paths write the same values: the caches are compared exactly here).
+position moves them by O(0.1) or more. On these 2-layer models greedy tokens and the KV cache
+contents must be identical (compared exactly); over the default model's 30 layers such last-bit
+differences can flip int8 roundings and grow, so its test bounds them by the model's own sensitivity.
 """
 import dataclasses
 
