@@ -4,7 +4,8 @@ this Python imports it) on the same GGUF; same model and prompt, one run.
 
     python profiling/bench_generate.py [--model PATH] [--new-tokens 128] [--repeats 3]
 
-Prints TTFT and decode tokens/s of each and the ratios against our quantized path.
+Prints TTFT and decode tokens/s of each and the ratios against our quantized path ("per-layer": the
+same weights without the fused decode step, runtime/model/cpu_decode_step.py).
 With `--device cuda`:
 an 8B-shaped random model on the GPU instead, TPOT against its weight-bandwidth floor and batch-64
 throughput (profiling/bench_generate_gpu.py); `--dry-run` lists those cases without a GPU.
@@ -70,10 +71,24 @@ def llama_cpp_model(path: str):
         from llama_cpp import Llama
     except ImportError:
         return None
+    import torch
+
     return Llama(model_path=path, n_threads=torch.get_num_threads(), n_ctx=2048, verbose=False)
 
 
-ENGINES = {"ours q (shipped)": None, "ours fp32": "none"}  # label -> --quantization
+# label -> (--quantization, fused CPU decode step on): "per-layer" is the path before the fused step
+ENGINES = {"ours q (shipped)": (None, True), "ours q per-layer": (None, False), "ours fp32": ("none", True)}
+
+
+def our_engine(cfg, tensors, tok, quantization: str | None, fused: bool):
+    from runtime.engine import LLMEngine
+    from runtime.engine_config import EngineConfig
+
+    engine = LLMEngine(EngineConfig(device="cpu", backend="torch", kv_cache_memory=256 << 20, log_ledger=False,
+                                    quantization=quantization), cfg, dict(tensors), tok)
+    if not fused:
+        engine.runner.model.decode_step = None
+    return engine
 
 
 def main() -> None:
@@ -90,14 +105,10 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from runtime.engine import LLMEngine
-    from runtime.engine_config import EngineConfig
     from runtime.load import load_model
 
     cfg, tensors, tok, path = load_model(args.model)
-    runners = {label: (ours, LLMEngine(EngineConfig(device="cpu", backend="torch", kv_cache_memory=256 << 20,
-                                                     log_ledger=False, quantization=q), cfg, dict(tensors), tok))
-               for label, q in ENGINES.items()}
+    runners = {label: (ours, our_engine(cfg, tensors, tok, *how)) for label, how in ENGINES.items()}
     runners["transformers"] = (transformers_run, AutoModelForCausalLM.from_pretrained(
         os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32).eval())
     if (llm := llama_cpp_model(path)) is not None:
@@ -119,7 +130,8 @@ def main() -> None:
     q = res["ours q (shipped)"]["decode_tok_s"]
     for k, v in res.items():
         print(f"{k:<18}{v['ttft_ms']:>10.1f}{v['decode_tok_s']:>14.1f}{q / v['decode_tok_s']:>14.2f}x")
-    print(f"identical tokens, ours fp32 and transformers: {same}")
+    print(f"identical tokens, ours fp32 and transformers: {same}; ours q fused and per-layer: "
+          f"{rows['ours q (shipped)'][0][2] == rows['ours q per-layer'][0][2]}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({**res, "identical_tokens_fp32": same, "prompt_tokens": len(ids), "new_tokens": n}, f, indent=2)

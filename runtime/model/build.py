@@ -9,6 +9,7 @@ import torch
 from runtime.errors import ModelLoadError
 from runtime.model.attention_backend import AttentionBackend
 from runtime.model.block_linear import BlockQuantEmbedding, BlockQuantLinear, BlockQuantParts, block_linear_supports
+from runtime.model.cpu_decode_step import CpuDecodeStep
 from runtime.model.cpu_linear import PackedCpuLinear, pack_linear_weight
 from runtime.model.embedding import DenseEmbedding, Embedding
 from runtime.model.linear import DenseLinear, Linear
@@ -144,4 +145,6 @@ def build_model(cfg: ModelConfig, tensors: dict[str, Weight], backend: Attention
             setattr(layer, name, make.linear(weight, bias))
     model.head = (make.linear(linear.pop("lm_head"), None, head=True) if "lm_head" in linear
                   else make.tied_head(model.embedding))
+    if getattr(backend, "c_decode", False) and CpuDecodeStep.available(model):  # the CPU backend's C kernels
+        model.decode_step = CpuDecodeStep(model)
     return model

@@ -15,6 +15,7 @@ from torch import nn
 import runtime.nvtx as nvtx
 from runtime.model.attention_backend import AttentionBackend
 from runtime.model.attention_batch import AttentionBatch
+from runtime.model.cpu_decode_step import CpuDecodeStep
 from runtime.model.embedding import Embedding
 from runtime.model.linear import Linear, tensor_bytes
 from runtime.model.rope import RotaryEmbedding
@@ -89,6 +90,7 @@ class LlamaModel(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = nn.Parameter(torch.ones(cfg.hidden_size))
         self.head: Linear  # the LM head, over the embedding table when tied; set by build.py
+        self.decode_step: CpuDecodeStep | None = None  # decode-only steps in one C call; set by build.py
 
     def linears(self) -> list[Linear]:
         return [linear for layer in self.layers for linear in layer.linears()] + [self.head]
@@ -112,6 +114,8 @@ class LlamaModel(nn.Module):
         """Final hidden states [tokens, hidden] for the packed tokens of one step."""
         self.backend.plan(batch)  # once for every layer
         x = self.embedding(input_ids)
+        if self.decode_step is not None and self.decode_step.accepts(batch, x.shape[0], kv_caches):
+            return self.decode_step(x, positions, batch, kv_caches)
         residual = None
         cos_sin = self.rope.lookup(positions)
         for layer, kv in zip(self.layers, kv_caches):

@@ -1,0 +1,192 @@
+/* One whole decode step of a Llama-family model with block-quantized weights, fp32 activations and
+ * an fp32 paged KV cache: every layer for a few rows (one new token per sequence) in one call.
+ *
+ * Why: at batch 1 the weights (~67 MB of Q4_1 for SmolLM2-135M) stream from memory in ~10 ms, so a
+ * step is bandwidth-bound only if nothing else costs time. Per layer the per-op path makes ~10 ctypes
+ * calls, ~30 torch ops and an OpenMP fork/join per op; here ONE parallel region runs the whole step,
+ * with a barrier between ops (the implicit one of each work-shared loop) and no allocation per layer.
+ * GEMVs split over output rows, so both cores stream disjoint halves of each weight.
+ *
+ * The ops are the per-op kernels' own code (quant_dot.h, attention_rows.h, fused_rows.h), in the
+ * order of runtime/model/llama.py's DecoderLayer: add+RMSNorm, q8 activations, qkv (+ bias), RoPE
+ * (rotate-half), KV write at the step's slots, paged GQA decode attention, o_proj, add+RMSNorm,
+ * gate_up, silu*mul, down; then the final add+RMSNorm. Python wrapper: cute_kernels/cpu/decode_step.py.
+ */
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention_rows.h"
+#include "fused_rows.h"
+#include "quant_dot.h"
+
+#define MAX_ROWS 8 /* rows per step this path takes; more go to the per-op path's GEMM */
+
+enum { QKV = 0, O_PROJ = 1, GATE_UP = 2, DOWN = 3 };
+
+typedef struct { /* one decoder layer, as decode_step.py's DecodeLayer */
+    const uint8_t *weight[4]; /* blocks of qkv [q + 2 kv, hidden], o_proj, gate_up [2 inter, hidden], down */
+    int32_t type[4];          /* Q4_0 / Q4_1 / Q8_0 */
+    const float *qkv_bias;    /* NULL: none */
+    const float *input_norm, *post_norm;
+    float *k_cache, *v_cache; /* [num_blocks, block_size, kv_heads, head_dim] */
+} DecodeLayer;
+
+typedef struct { /* the model, as decode_step.py's DecodeModel; built once */
+    const DecodeLayer *layers;
+    int64_t num_layers, hidden, heads, kv_heads, head_dim, inter, num_blocks, block_size, max_positions;
+    float eps, scale;
+    const float *final_norm, *cos_table, *sin_table; /* rope tables [max_positions, head_dim / 2] */
+} DecodeModel;
+
+typedef struct { /* the step's activations, one allocation */
+    float *res, *h, *qkv, *attn, *gate_up, *d, *s;
+    int8_t *q8;
+} Work;
+
+int decode_step_max_rows(void) { return MAX_ROWS; }
+
+/* y[m, n] = x @ W^T (+ bias) from quantized activations; output rows split over the team. */
+static void gemv(const uint8_t *w, int type, const Work *wk, const float *bias, float *y, int64_t m, int64_t n,
+                 int64_t k) {
+    const int64_t nb = k / QK, row_bytes = nb * BLOCK_BYTES[type];
+#pragma omp for schedule(static)
+    for (int64_t c = 0; c < n; c++) {
+        const float bc = bias != NULL ? bias[c] : 0.f;
+        for (int64_t r0 = 0; r0 < m; r0 += ROW_TILE) {
+            const int nr = (int)(m - r0 < ROW_TILE ? m - r0 : ROW_TILE);
+            float out[ROW_TILE];
+            dot_tile(w + c * row_bytes, type, nb, wk->q8 + r0 * k, wk->d + r0 * nb, wk->s + r0 * nb, k, nr, out);
+            for (int r = 0; r < nr; r++) y[(r0 + r) * n + c] = out[r] + bc;
+        }
+    }
+}
+
+/* The q8 blocks of x [m, k], blocks split over the team. */
+static void quantize(const float *x, const Work *wk, int64_t m, int64_t k) {
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < m * (k / QK); i++) quantize_block_q8(x + i * QK, wk->q8 + i * QK, wk->d + i, wk->s + i);
+}
+
+/* res = x + res (x alone at the first layer), h = rms_norm(res) * w, then h's q8 blocks. */
+static void norm_and_quantize(const DecodeModel *md, const float *x, const float *w, int first, const Work *wk,
+                              int64_t m) {
+    const int64_t dim = md->hidden;
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < m; r++) {
+        add_rms_norm_row(x + r * dim, first ? NULL : wk->res + r * dim, w, wk->res + r * dim, wk->h + r * dim, dim,
+                         md->eps);
+        if (first) memcpy(wk->res + r * dim, x + r * dim, sizeof(float) * dim);
+    }
+    quantize(wk->h, wk, m, dim);
+}
+
+/* RoPE on q and k of each row, then k and v into the layer's cache at the row's slot. */
+static void rope_and_write_kv(const DecodeModel *md, const DecodeLayer *L, const Work *wk, int64_t m,
+                              const int64_t *positions, const int64_t *slots) {
+    const int64_t d = md->head_dim, half = d / 2, kv = md->kv_heads * d, width = md->heads * d + 2 * kv;
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < m; r++) {
+        float *row = wk->qkv + r * width;
+        const float *c = md->cos_table + positions[r] * half, *s = md->sin_table + positions[r] * half;
+        for (int64_t h = 0; h < md->heads + md->kv_heads; h++) rope_head(row + h * d, c, s, half);
+        memcpy(L->k_cache + slots[r] * kv, row + md->heads * d, sizeof(float) * kv);
+        memcpy(L->v_cache + slots[r] * kv, row + md->heads * d + kv, sizeof(float) * kv);
+    }
+}
+
+/* attn[r] = decode attention of row r's query heads, one task per (row, KV head). */
+static void attend(const DecodeModel *md, const DecodeLayer *L, const Work *wk, int64_t m, const int32_t *tables,
+                   int64_t max_blocks, const int32_t *lens, float *scores, float *acc, float *inv_sum) {
+    const int64_t d = md->head_dim, g_n = md->heads / md->kv_heads, width = (md->heads + 2 * md->kv_heads) * d;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < m * md->kv_heads; task++) {
+        const int64_t r = task / md->kv_heads, kvh = task % md->kv_heads, at = kvh * g_n * d;
+        attend_heads(wk->qkv + r * width + at, L->k_cache, L->v_cache, tables + r * max_blocks, lens[r], g_n, kvh,
+                     kvh + 1, md->kv_heads, d, md->block_size, md->scale, scores, acc, inv_sum,
+                     wk->attn + r * md->heads * d + at);
+    }
+}
+
+/* act = silu(gate) * up, quantized block by block (act itself is never stored). */
+static void silu_mul_quantize(const DecodeModel *md, const Work *wk, int64_t m) {
+    const int64_t inter = md->inter, nb = inter / QK;
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < m * nb; i++) {
+        const float *g = wk->gate_up + (i / nb) * 2 * inter + (i % nb) * QK;
+        float act[QK];
+        silu_mul_row(g, g + inter, act, QK);
+        quantize_block_q8(act, wk->q8 + i * QK, wk->d + i, wk->s + i);
+    }
+}
+
+static void layer_step(const DecodeModel *md, const DecodeLayer *L, int first, float *x, const Work *wk, int64_t m,
+                       const int64_t *positions, const int64_t *slots, const int32_t *tables, int64_t max_blocks,
+                       const int32_t *lens, float *scores, float *acc, float *inv_sum) {
+    const int64_t h = md->hidden, q_size = md->heads * md->head_dim, kv = md->kv_heads * md->head_dim;
+    norm_and_quantize(md, x, L->input_norm, first, wk, m);
+    gemv(L->weight[QKV], L->type[QKV], wk, L->qkv_bias, wk->qkv, m, q_size + 2 * kv, h);
+    rope_and_write_kv(md, L, wk, m, positions, slots);
+    attend(md, L, wk, m, tables, max_blocks, lens, scores, acc, inv_sum);
+    quantize(wk->attn, wk, m, q_size);
+    gemv(L->weight[O_PROJ], L->type[O_PROJ], wk, NULL, x, m, h, q_size);
+    norm_and_quantize(md, x, L->post_norm, 0, wk, m);
+    gemv(L->weight[GATE_UP], L->type[GATE_UP], wk, NULL, wk->gate_up, m, 2 * md->inter, h);
+    silu_mul_quantize(md, wk, m);
+    gemv(L->weight[DOWN], L->type[DOWN], wk, NULL, x, m, h, md->inter);
+}
+
+/* Inputs the C code would otherwise read out of bounds: 0 when all are in range. */
+static int check_step(const DecodeModel *md, int64_t m, const int64_t *positions, const int64_t *slots,
+                      const int32_t *lens, int64_t max_blocks) {
+    if (m < 1 || m > MAX_ROWS) return 1;
+    for (int64_t r = 0; r < m; r++)
+        if (positions[r] < 0 || positions[r] >= md->max_positions || slots[r] < 0
+            || slots[r] >= md->num_blocks * md->block_size || lens[r] < 1 || lens[r] > max_blocks * md->block_size)
+            return 3;
+    return 0;
+}
+
+/* x [m, hidden]: the rows' embeddings in, overwritten; out [m, hidden]: the final normed hidden states.
+ * block_tables [m, max_blocks] and context_lens [m] as cpu_decode_attention.c reads them (their block
+ * ids checked by the caller). Returns 0, 1 (bad row count), 2 (out of memory) or 3 (a position, slot
+ * or context length out of range). */
+int decode_step_f32(const DecodeModel *md, float *x, float *out, int64_t m, const int64_t *positions,
+                    const int64_t *slots, const int32_t *block_tables, int64_t max_blocks, const int32_t *context_lens,
+                    int nthreads) {
+    const int status = check_step(md, m, positions, slots, context_lens, max_blocks);
+    if (status) return status;
+    const int64_t h = md->hidden, d = md->head_dim, q_size = md->heads * d, width = q_size + 2 * md->kv_heads * d;
+    const int64_t k_max = md->inter > h ? (md->inter > q_size ? md->inter : q_size) : (h > q_size ? h : q_size);
+    int64_t max_len = 0;
+    for (int64_t r = 0; r < m; r++) max_len = context_lens[r] > max_len ? context_lens[r] : max_len;
+    const size_t floats = (size_t)m * (2 * h + width + q_size + 2 * md->inter + 2 * k_max / QK);
+    float *buf = malloc(sizeof(float) * floats + (size_t)m * k_max);
+    if (buf == NULL) return 2;
+    Work wk = {.res = buf};
+    wk.h = wk.res + m * h, wk.qkv = wk.h + m * h, wk.attn = wk.qkv + m * width, wk.gate_up = wk.attn + m * q_size;
+    wk.d = wk.gate_up + m * 2 * md->inter, wk.s = wk.d + m * k_max / QK, wk.q8 = (int8_t *)(wk.s + m * k_max / QK);
+    const int64_t g_n = md->heads / md->kv_heads;
+    int failed = 0;
+#pragma omp parallel num_threads(nthreads)
+    {
+        float *scores = malloc(sizeof(float) * (g_n * max_len + g_n * d + g_n));
+        if (scores == NULL) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp barrier
+        if (!failed) { /* read after the barrier: every thread takes the same branch, the loops' barriers match */
+            for (int64_t l = 0; l < md->num_layers; l++)
+                layer_step(md, &md->layers[l], l == 0, x, &wk, m, positions, slots, block_tables, max_blocks,
+                           context_lens, scores, scores + g_n * max_len, scores + g_n * max_len + g_n * d);
+#pragma omp for schedule(static)
+            for (int64_t r = 0; r < m; r++)
+                add_rms_norm_row(x + r * h, wk.res + r * h, md->final_norm, wk.res + r * h, out + r * h, h, md->eps);
+        }
+        free(scores);
+    }
+    free(buf);
+    return failed ? 2 : 0;
+}

@@ -1,0 +1,155 @@
+"""A whole decode step in one C call: csrc/cpu_decode_step.c over block-quantized weights (quant_blocks.py),
+fp32 activations and fp32 paged KV caches, for up to max_rows() rows of one new token each.
+
+The table of every layer's pointers (DecodeStepTable) is checked and built once; a step then passes
+only its small per-row arrays. The per-op kernels (quant_gemm, decode_attention, fused_ops) compute
+the same integer dot products and float ops, so their composition is this kernel's oracle in the
+tests; only the order of float sums differs.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+from dataclasses import dataclass
+
+import torch
+
+from cute_kernels.cpu import build
+from cute_kernels.cpu.decode_attention import DecodeTables
+from cute_kernels.cpu.quant_blocks import BLOCK_BYTES, QK, TYPE_IDS
+
+_P, _I = ctypes.c_void_p, ctypes.c_int64
+LINEARS = ("qkv", "o_proj", "gate_up", "down")
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [("weight", _P * 4), ("type", ctypes.c_int32 * 4), ("qkv_bias", _P), ("input_norm", _P),
+                ("post_norm", _P), ("k_cache", _P), ("v_cache", _P)]
+
+
+class _Model(ctypes.Structure):
+    _fields_ = [("layers", _P), *((name, _I) for name in ("num_layers", "hidden", "heads", "kv_heads", "head_dim",
+                                                          "inter", "num_blocks", "block_size", "max_positions")),
+                ("eps", ctypes.c_float), ("scale", ctypes.c_float), ("final_norm", _P), ("cos_table", _P),
+                ("sin_table", _P)]
+
+
+@functools.lru_cache(maxsize=2)
+def _library(extra_flags: tuple[str, ...] = ()) -> tuple[ctypes.CDLL | None, str | None]:
+    return build.load_with_signatures("cpu_decode_step", {
+        "decode_step_f32": ([_P, _P, _P, _I, _P, _P, _P, _I, _P, ctypes.c_int], ctypes.c_int),
+        "decode_step_max_rows": ([], ctypes.c_int)}, extra_flags)
+
+
+def unavailable_reason(extra_flags: tuple[str, ...] = ()) -> str | None:
+    """None when the C library is built and loaded; otherwise why not."""
+    return _library(extra_flags)[1]
+
+
+def max_rows() -> int:
+    """The most rows one step takes (0 where the library is not built)."""
+    lib = _library()[0]
+    return 0 if lib is None else lib.decode_step_max_rows()
+
+
+@dataclass(frozen=True)
+class DecodeShape:
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    inter: int
+    eps: float
+
+
+@dataclass(frozen=True)
+class LayerTensors:
+    """One layer: (blocks, type name) of qkv [q + 2 kv, hidden], o_proj, gate_up [2 inter, hidden], down;
+    fp32 norms, the qkv bias (or None) and the layer's K and V caches [blocks, block size, kv heads, d]."""
+
+    linears: tuple[tuple[torch.Tensor, str], ...]
+    qkv_bias: torch.Tensor | None
+    input_norm: torch.Tensor
+    post_norm: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+
+
+def _fp32(t: torch.Tensor, shape: tuple[int, ...], what: str) -> torch.Tensor:
+    if t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous() or tuple(t.shape) != shape:
+        raise ValueError(f"{what}: expected a contiguous float32 CPU tensor of shape {shape}, got "
+                         f"{t.dtype} {tuple(t.shape)} on {t.device}")
+    return t
+
+
+def _blocks(blocks: torch.Tensor, type_name: str, rows: int, cols: int, what: str) -> int:
+    if type_name not in TYPE_IDS or cols % QK:
+        raise ValueError(f"{what}: {type_name} blocks of {cols} columns are not a block format the kernel reads")
+    if (blocks.dtype != torch.uint8 or blocks.device.type != "cpu" or not blocks.is_contiguous()
+            or tuple(blocks.shape) != (rows, cols // QK * BLOCK_BYTES[type_name])):
+        raise ValueError(f"{what}: expected contiguous uint8 {type_name} blocks for a [{rows}, {cols}] weight, got "
+                         f"{blocks.dtype} {tuple(blocks.shape)}")
+    return TYPE_IDS[type_name]
+
+
+class DecodeStepTable:
+    """Every layer's pointers, checked once (ValueError for anything the C code would misread); holds
+    the tensors it points at."""
+
+    def __init__(self, shape: DecodeShape, layers: list[LayerTensors], final_norm: torch.Tensor,
+                 cos_table: torch.Tensor, sin_table: torch.Tensor, extra_flags: tuple[str, ...] = ()) -> None:
+        s = shape
+        if s.kv_heads < 1 or s.heads % s.kv_heads or s.head_dim % 2 or not layers:
+            raise ValueError(f"unsupported attention shape: {s.heads} heads, {s.kv_heads} KV heads, d {s.head_dim}")
+        self.lib, reason = _library(extra_flags)
+        if self.lib is None:
+            raise RuntimeError(reason)
+        self.shape, self.kept = shape, [layers, final_norm, cos_table, sin_table]
+        self.cache_shape = tuple(layers[0].k_cache.shape)
+        q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
+        dims = {"qkv": (q + 2 * kv, s.hidden), "o_proj": (s.hidden, q), "gate_up": (2 * s.inter, s.hidden),
+                "down": (s.hidden, s.inter)}
+        self.c_layers = (_Layer * len(layers))()
+        for n, (layer, c) in enumerate(zip(layers, self.c_layers)):
+            for i, (name, (blocks, type_name)) in enumerate(zip(LINEARS, layer.linears, strict=True)):
+                c.type[i] = _blocks(blocks, type_name, *dims[name], f"layer {n} {name}")
+                c.weight[i] = blocks.data_ptr()
+            bias = layer.qkv_bias
+            c.qkv_bias = None if bias is None else _fp32(bias, (q + 2 * kv,), f"layer {n} qkv bias").data_ptr()
+            c.input_norm = _fp32(layer.input_norm, (s.hidden,), f"layer {n} input norm").data_ptr()
+            c.post_norm = _fp32(layer.post_norm, (s.hidden,), f"layer {n} post norm").data_ptr()
+            if len(self.cache_shape) != 4 or self.cache_shape[2:] != (s.kv_heads, s.head_dim):
+                raise ValueError(f"KV caches of shape {self.cache_shape} do not hold {s.kv_heads} heads of {s.head_dim}")
+            c.k_cache = _fp32(layer.k_cache, self.cache_shape, f"layer {n} K cache").data_ptr()
+            c.v_cache = _fp32(layer.v_cache, self.cache_shape, f"layer {n} V cache").data_ptr()
+        positions = cos_table.shape[0]
+        self.model = _Model(ctypes.addressof(self.c_layers), len(layers), s.hidden, s.heads, s.kv_heads, s.head_dim,
+                            s.inter, self.cache_shape[0], self.cache_shape[1], positions, s.eps, s.head_dim**-0.5,
+                            _fp32(final_norm, (s.hidden,), "final norm").data_ptr(),
+                            _fp32(cos_table, (positions, s.head_dim // 2), "rope cos").data_ptr(),
+                            _fp32(sin_table, (positions, s.head_dim // 2), "rope sin").data_ptr())
+        self.max_rows = self.lib.decode_step_max_rows()
+
+    def run(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, tables: DecodeTables,
+            threads: int) -> torch.Tensor:
+        """Final normed hidden states [rows, hidden] of one decode step; x [rows, hidden] (the rows'
+        embeddings) is used as work space. positions and slots [rows] int64; tables: the step's checked
+        block tables and context lengths (decode_attention.prepare_tables)."""
+        rows = x.shape[0]
+        if not (x.dtype == torch.float32 and x.is_contiguous() and x.shape == (rows, self.shape.hidden)
+                and positions.dtype == slots.dtype == torch.int64 and positions.is_contiguous()
+                and slots.is_contiguous() and positions.shape == slots.shape == (rows,)
+                and tables.context_lens.shape == (rows,) and tables.block_tables.shape[0] == rows):
+            raise ValueError("decode step: rows, positions, slots and tables do not match")
+        if (tables.num_blocks, tables.block_size) != self.cache_shape[:2]:
+            raise ValueError("decode step: the tables were checked against another cache")
+        out = torch.empty_like(x)
+        status = self.lib.decode_step_f32(ctypes.byref(self.model), x.data_ptr(), out.data_ptr(), rows,
+                                          positions.data_ptr(), slots.data_ptr(), tables.block_tables.data_ptr(),
+                                          tables.block_tables.shape[1], tables.context_lens.data_ptr(), threads)
+        if status == 2:
+            raise MemoryError("decode step: out of memory for its work space")
+        if status:
+            raise ValueError(f"decode step: {rows} rows (at most {self.max_rows}) or a position, slot or context "
+                             "length out of range")
+        return out
