@@ -1,7 +1,7 @@
-"""ggml's 32-value block formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) as torch uint8 tensors [rows, row_bytes]: the
-layout a GGUF file stores and csrc/cpu_quant_gemm.c reads in place, their dequantization (the
-kernel's reference; for the K-quants it hands over to kquant_blocks.py) and quantizers for float
-weights (--quantization int8 / q4).
+"""ggml's 32-value block formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) as torch uint8 tensors
+[rows, row_bytes]: the layout a GGUF file stores and csrc/cpu_quant_gemm.c reads in place, their
+dequantization (the kernel's reference; for the K-quants it hands over to kquant_blocks.py) and
+quantizers for float weights (--quantization int8 / q4).
 
 Block layouts (little-endian): Q4_0: f16 d, 16 bytes of nibbles, value = d * (q - 8); Q4_1: f16 d,
 f16 m, 16 bytes of nibbles, value = d * q + m; Q8_0: f16 d, 32 int8, value = d * q. Nibbles: byte j

@@ -1,12 +1,12 @@
 /* Quantized linear layers for the CPU: y[M, N] = x[M, K] @ W[N, K]^T with W in a ggml block format
- * (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, read in place from the GGUF layout) and x quantized once per call to int8 in
- * blocks of 32 (scale d, and s = d * sum(q) for the formats with an offset).
+ * (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, read in place from the GGUF layout) and x quantized once per call
+ * to int8 in blocks of 32 (scale d, and s = d * sum(q) for the formats with an offset).
  *
  * Why: batch-1 decode is bandwidth-bound, and these weights are 4.5-8.5 bits instead of 32. Per
  * block the integer dot product is exact; only the float accumulation of block results differs
- * from the torch reference (cute_kernels/cpu/quant_reference.py). Q5_0/Q5_1 unpack to unsigned 5-bit
- * values (nibble | fifth bit << 4), so they take Q4_0/Q4_1's path: offset -16 d (Q5_0) or m (Q5_1)
- * times the activation block sums.
+ * from the torch reference (cute_kernels/cpu/quant_reference.py). Q5_0/Q5_1 unpack to unsigned
+ * 5-bit values (nibble | fifth bit << 4) and take Q4_0/Q4_1's path: the offset, -16 d (Q5_0) or m
+ * (Q5_1), meets the activation block sums.
  * ISA: see quant_simd.h. K-quants (256-value super-blocks) have their own kernels: cpu_kquant_gemm.c.
  * Work is split over OpenMP threads by (row block, column tile): a column tile's weight blocks stay
  * in L1 while every row of the row block streams past them (GEMM), and with one or a few rows
