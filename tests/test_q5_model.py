@@ -26,7 +26,8 @@ def gguf_path(tmp_path_factory):
 def test_five_bit_blocks_load_quantized_and_as_float(gguf_path):
     path, stored = gguf_path
     tensors = load_checkpoint(path, keep_quantized=True).tensors
-    for name, type_name in [("model.layers.0.self_attn.v_proj.weight", "Q5_0"), ("model.layers.0.mlp.down_proj.weight", "Q5_1")]:
+    for name, type_name in [("model.layers.0.self_attn.v_proj.weight", "Q5_0"),
+                            ("model.layers.0.mlp.down_proj.weight", "Q5_1")]:
         assert isinstance(tensors[name], QuantizedTensor) and tensors[name].type_name == type_name
         assert torch.equal(tensors[name].dequantize(), stored[name])
     for name, values in load_checkpoint(path).tensors.items():  # the float load: gguf's own values
