@@ -1,5 +1,5 @@
-"""Decode GEMV speed of the K-quant kernels (csrc/cpu_kquant_gemm.c) against Q4_1 (csrc/cpu_quant_gemm.c)
-on the same weight shape, one activation row, one thread (as decode runs these shapes: under
+"""Decode GEMV speed of the K-quant kernels (csrc/cpu_kquant_gemm.c) and of Q5_0/Q5_1 against Q4_1
+(csrc/cpu_quant_gemm.c) on the same weight shape, one activation row, one thread (as decode runs these shapes: under
 quant_gemm.PARALLEL_MIN_MACS multiply-adds a product stays on the calling thread).
 
     python profiling/bench_kquant.py [--shapes 576x1536,1536x768] [--rounds 9] [--calls 300]
@@ -25,14 +25,14 @@ import torch  # noqa: E402
 from cute_kernels.cpu import quant_gemm as qg  # noqa: E402
 from cute_kernels.cpu.quant_blocks import QK, block_values, row_bytes  # noqa: E402
 
-TYPES = ("Q4_1", "Q4_K", "Q5_K", "Q6_K")
+TYPES = ("Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
 
 
 def random_blocks(type_name: str, n: int, k: int) -> torch.Tensor:
     """Random bytes with small finite fp16 scales: the kernels' speed does not depend on the values."""
     values = block_values(type_name)
     blocks = torch.randint(0, 256, (n * k // values, row_bytes(type_name, values)), dtype=torch.uint8)
-    for at in (208,) if type_name == "Q6_K" else (0, 2):  # d (and the min or dmin) of every block
+    for at in (208,) if type_name == "Q6_K" else (0, 2):  # d (and the min, dmin, or Q5_0's qh) of every block
         blocks[:, at:at + 2] = torch.tensor([0.01], dtype=torch.float16).view(torch.uint8)
     return blocks.reshape(n, -1).contiguous()
 

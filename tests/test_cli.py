@@ -75,9 +75,9 @@ def test_unsupported_architecture(tmp_path):
 
 
 def test_unsupported_quantization(tmp_path):
-    path = tmp_path / "q5.gguf"
-    write_tiny_gguf(str(path), qtype="Q5_0")
-    assert_one_line_error(generate("--prompt", "hi", "--model", str(path)), "Q5_0")
+    path = tmp_path / "mxfp4.gguf"
+    write_tiny_gguf(str(path), qtype="MXFP4")
+    assert_one_line_error(generate("--prompt", "hi", "--model", str(path)), "MXFP4")
 
 
 def test_prompt_longer_than_context():

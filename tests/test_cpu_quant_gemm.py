@@ -17,13 +17,40 @@ from cute_kernels.cpu import quant_gemm as qg
 from cute_kernels.cpu.quant_reference import quant_linear_ref, quantize_activations_ref
 
 TOL = dict(rtol=1e-5, atol=2e-4)
-TYPES = ("Q4_0", "Q4_1", "Q8_0")
+TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
 VARIANTS = {"native": (), "portable": qg.PORTABLE_FLAGS}  # native: AVX-512 VNNI or AVX2, as this CPU has
 
 
 def gguf_blocks(w: torch.Tensor, type_name: str) -> torch.Tensor:
     data = gguf.quants.quantize(w.numpy(), gguf.GGMLQuantizationType[type_name])
     return torch.from_numpy(data.view(np.uint8).copy()).reshape(w.shape[0], -1)
+
+
+def random_q5_blocks(type_name: str, rows: int, cols: int, seed: int) -> torch.Tensor:
+    """Random bytes, with finite fp16 d (and m; one d zero): every bit of qh and the nibbles is
+    exercised, not only the patterns a quantizer happens to write."""
+    rng = np.random.default_rng(seed)
+    n, bb = rows * cols // qb.QK, qb.BLOCK_BYTES[type_name]
+    raw = rng.integers(0, 256, (n, bb), dtype=np.uint8)
+    for at in (0, 2) if type_name == "Q5_1" else (0,):
+        scale = (rng.standard_normal(n) * 0.05).astype(np.float16)
+        scale[0] = 0
+        raw[:, at:at + 2] = scale.view(np.uint8).reshape(n, 2)
+    return torch.from_numpy(raw.reshape(rows, -1))
+
+
+@pytest.mark.parametrize("type_name", ["Q5_0", "Q5_1"])
+def test_five_bit_blocks_of_random_bytes(type_name, monkeypatch):
+    """Torch and C dequantization bit-exact with gguf's; both kernel builds against the reference."""
+    blocks = random_q5_blocks(type_name, 37, 192, seed=11)
+    want = torch.from_numpy(gguf.quants.dequantize(blocks.numpy(), gguf.GGMLQuantizationType[type_name]).copy())
+    assert torch.equal(qb.dequantize(blocks, type_name, 192), want)
+    monkeypatch.setattr(qg, "DEQUANT_MIN_ROWS", 1 << 30)
+    x = torch.randn(3, 192, generator=torch.Generator().manual_seed(11)) * 3
+    for flags in VARIANTS.values():
+        assert torch.equal(qg.dequantize_c(blocks, type_name, 192, extra_flags=flags), want)
+        torch.testing.assert_close(qg.quant_linear(x, blocks, type_name, None, flags),
+                                   quant_linear_ref(x, blocks, type_name), **TOL)
 
 
 def test_the_library_builds_here_in_both_variants():

@@ -252,8 +252,8 @@ def test_truncated_gguf_last_tensor(tmp_path):
 
 def test_unsupported_quant_type(tmp_path):
     path = str(tmp_path / "m.gguf")
-    write_tiny_gguf(path, qtype="Q8_0", tensor_types={"blk.1.attn_v.weight": "Q5_0"})
-    _raises(path, "blk.1.attn_v.weight", "Q5_0", "not supported")
+    write_tiny_gguf(path, qtype="Q8_0", tensor_types={"blk.1.attn_v.weight": "MXFP4"})
+    _raises(path, "blk.1.attn_v.weight", "MXFP4", "not supported")
 
 
 def test_unsupported_gguf_arch(tmp_path):

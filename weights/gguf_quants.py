@@ -40,8 +40,8 @@ def dequantize_gguf(data: np.ndarray, type_name: str) -> torch.Tensor:
     if type_name == "Q4_1":  # f16 scale, f16 min, 16 bytes of nibbles; value = d * q + m
         b = raw.view(-1, 20)
         return _nibbles(b[:, 4:]).mul_(_f16_col(b, 0)).add_(_f16_col(b, 2)).reshape(-1)
-    if type_name in ("Q4_K", "Q5_K", "Q6_K"):  # only for the float path (--quantization none): the
-        # quantized path reads these blocks in place, its torch reference is cute_kernels/cpu/kquant_blocks.py
+    if type_name in ("Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"):  # only for the float path (--quantization
+        # none): the quantized path reads these blocks in place, its torch reference is in cute_kernels/cpu
         return torch.from_numpy(gguf_dequantize(raw.numpy(), GGMLQuantizationType[type_name]).reshape(-1))
     raise AssertionError(type_name)  # callers check SUPPORTED_TYPES first
 

@@ -1,5 +1,5 @@
 """Load a llama.cpp GGUF file (llama / qwen2 / qwen3) into tensors under HF Llama names: float32, or
-Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K weights kept in their blocks (keep_quantized)."""
+Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K weights kept in their blocks (keep_quantized)."""
 from __future__ import annotations
 
 import math
@@ -19,7 +19,7 @@ from weights.gguf_quants import dequantize_gguf
 from weights.quantized import KEPT_TYPES, QuantizedTensor, block_shape
 
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3")  # Mistral/Mixtral-free Llama variants convert as "llama"
-SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
+SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
 
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",

@@ -13,7 +13,8 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from weights.gguf_quants import dequantize_gguf
 
-KEPT_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")  # the block types the CPU kernels read
+# the block types the CPU kernels read
+KEPT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 
 
 def block_shape(type_name: str) -> tuple[int, int]:

@@ -1,11 +1,14 @@
-"""ggml's 32-value block formats (Q4_0, Q4_1, Q8_0) as torch uint8 tensors [rows, row_bytes]: the
-layout a GGUF file stores and csrc/cpu_quant_gemm.c reads in place, their dequantization (the
-kernel's reference; for the K-quants it hands over to kquant_blocks.py) and quantizers for float
-weights (--quantization int8 / q4).
+"""ggml's 32-value block formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) as torch uint8 tensors
+[rows, row_bytes]: the layout a GGUF file stores and csrc/cpu_quant_gemm.c reads in place, their
+dequantization (the kernel's reference; for the K-quants it hands over to kquant_blocks.py) and
+quantizers for float weights (--quantization int8 / q4).
 
 Block layouts (little-endian): Q4_0: f16 d, 16 bytes of nibbles, value = d * (q - 8); Q4_1: f16 d,
 f16 m, 16 bytes of nibbles, value = d * q + m; Q8_0: f16 d, 32 int8, value = d * q. Nibbles: byte j
-holds value j in its low and value j + 16 in its high half.
+holds value j in its low and value j + 16 in its high half. Q5_0 and Q5_1 are Q4_0 and Q4_1 (offset
+16 instead of 8) with 4 bytes qh between the scales and the nibbles: bit j of qh (a little-endian
+uint32) is the fifth bit of value j. Every product d * q is exact in float32 (11 + 5 significant
+bits), so any order of evaluation gives ggml's values.
 """
 from __future__ import annotations
 
@@ -14,8 +17,8 @@ import torch
 from cute_kernels.cpu import kquant_blocks
 
 QK = 32
-BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
-TYPE_IDS = {"Q4_0": 0, "Q4_1": 1, "Q8_0": 2}  # the C kernel's enum
+BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34, "Q5_0": 22, "Q5_1": 24}
+TYPE_IDS = {"Q4_0": 0, "Q4_1": 1, "Q8_0": 2, "Q5_0": 3, "Q5_1": 4}  # the C kernel's enum
 ALL_BLOCK_BYTES = {**BLOCK_BYTES, **kquant_blocks.BLOCK_BYTES}  # every type the kernels read
 
 
@@ -25,6 +28,13 @@ def _f16(blocks: torch.Tensor, at: int) -> torch.Tensor:
 
 def _nibbles(qs: torch.Tensor) -> torch.Tensor:
     return torch.cat([qs & 0x0F, qs >> 4], dim=-1).float()
+
+
+def _five_bits(qh: torch.Tensor, qs: torch.Tensor) -> torch.Tensor:
+    """qh [..., 4] and nibbles [..., 16] -> the 5-bit values [..., 32] as float."""
+    bits = torch.arange(8, dtype=torch.uint8)
+    high = ((qh.unsqueeze(-1) >> bits) & 1).flatten(-2)  # [..., 32]: bit j of the little-endian uint32
+    return _nibbles(qs) + 16.0 * high.float()
 
 
 def block_values(type_name: str) -> int:
@@ -45,6 +55,10 @@ def dequantize(blocks: torch.Tensor, type_name: str, cols: int) -> torch.Tensor:
         values = b[..., 2:].contiguous().view(torch.int8).float() * _f16(b, 0)
     elif type_name == "Q4_0":
         values = (_nibbles(b[..., 2:]) - 8.0) * _f16(b, 0)
+    elif type_name == "Q5_0":
+        values = (_five_bits(b[..., 2:6], b[..., 6:]) - 16.0) * _f16(b, 0)
+    elif type_name == "Q5_1":
+        values = _five_bits(b[..., 4:8], b[..., 8:]) * _f16(b, 0) + _f16(b, 2)
     else:
         values = _nibbles(b[..., 4:]) * _f16(b, 0) + _f16(b, 2)
     return values.reshape(blocks.shape[0], cols)

@@ -1,5 +1,5 @@
-"""Linear layers over weights in ggml block formats (Q4_0, Q4_1, Q8_0, and the K-quants Q4_K, Q5_K,
-Q6_K) on the CPU: the GGUF's own blocks as shipped, or float weights quantized at load
+"""Linear layers over weights in ggml block formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, and the K-quants
+Q4_K, Q5_K, Q6_K) on the CPU: the GGUF's own blocks as shipped, or float weights quantized at load
 (--quantization int8 / q4, see quantization.py). The product runs in cute_kernels/cpu/quant_gemm.py;
 nothing is dequantized to float."""
 from __future__ import annotations

@@ -1,10 +1,12 @@
 /* Quantized linear layers for the CPU: y[M, N] = x[M, K] @ W[N, K]^T with W in a ggml block format
- * (Q4_0, Q4_1, Q8_0, read in place from the GGUF layout) and x quantized once per call to int8 in
- * blocks of 32 (scale d, and s = d * sum(q) for the formats with an offset).
+ * (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, read in place from the GGUF layout) and x quantized once per call
+ * to int8 in blocks of 32 (scale d, and s = d * sum(q) for the formats with an offset).
  *
  * Why: batch-1 decode is bandwidth-bound, and these weights are 4.5-8.5 bits instead of 32. Per
  * block the integer dot product is exact; only the float accumulation of block results differs
- * from the torch reference (cute_kernels/cpu/quant_reference.py).
+ * from the torch reference (cute_kernels/cpu/quant_reference.py). Q5_0/Q5_1 unpack to unsigned
+ * 5-bit values (nibble | fifth bit << 4) and take Q4_0/Q4_1's path: the offset, -16 d (Q5_0) or m
+ * (Q5_1), meets the activation block sums.
  * ISA: see quant_simd.h. K-quants (256-value super-blocks) have their own kernels: cpu_kquant_gemm.c.
  * Work is split over OpenMP threads by (row block, column tile): a column tile's weight blocks stay
  * in L1 while every row of the row block streams past them (GEMM), and with one or a few rows
@@ -55,18 +57,22 @@ const char *quant_gemm_isa(void) { return quant_isa_name(); }
 /* out[N, K] = the float32 values of W, for row counts where a float GEMM beats the int8 dot products
  * (see quant_gemm.py): callers dequantize a slice of W at a time into a reused buffer. */
 void dequantize_blocks(const uint8_t *w, int type, int64_t n, int64_t k, float *out, int nthreads) {
-    const int64_t nb = k / QK, bb = BLOCK_BYTES[type], qs_at = type == Q4_1 ? 4 : 2;
+    const int64_t nb = k / QK, bb = BLOCK_BYTES[type];
 #pragma omp parallel for schedule(static) num_threads(nthreads)
     for (int64_t i = 0; i < n * nb; i++) {
-        const uint8_t *blk = w + i * bb, *qs = blk + qs_at;
+        const uint8_t *blk = w + i * bb;
         const float dw = f16_to_f32(load_u16(blk)), off = block_offset(blk, type, dw);
+        const uint8_t *qs = blk + QS_AT[type];
+        const uint32_t qh = fifth_bits_u32(blk, type);
         float *o = out + i * QK;
         if (type == Q8_0) {
             for (int j = 0; j < QK; j++) o[j] = dw * (float)(int8_t)qs[j];
         } else {
             for (int j = 0; j < 16; j++) {
-                o[j] = dw * (float)(qs[j] & 0x0f) + off;
-                o[j + 16] = dw * (float)(qs[j] >> 4) + off;
+                uint8_t lo, hi;
+                unsigned_pair(qs, qh, j, &lo, &hi);
+                o[j] = dw * (float)lo + off;
+                o[j + 16] = dw * (float)hi + off;
             }
         }
     }
