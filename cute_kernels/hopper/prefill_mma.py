@@ -24,8 +24,8 @@ def wait_all_below_branch(always_true: cutlass.Boolean):
     """wgmma wait_group(0) that ptxas cannot schedule above the code before it. Within a basic block
     ptxas hoists the wait over the softmax (no register of the in-flight GEMM is touched: it is
     scheduling, not a hazard), so the exp2 stall on the PV GEMM instead of overlapping it; a branch
-    on an (always true) runtime condition ends the block. The unconditional wait after the join
-    keeps it correct whatever the condition."""
+    on an (always true) runtime condition ends the block. The condition must be warp-uniform (the
+    wait is .sync.aligned); the unconditional wait after the join keeps it correct whatever its value."""
     if always_true:
         warpgroup.wait_group(0)
     warpgroup.wait_group(0)

@@ -178,10 +178,11 @@ def rs_wgmma_overlap(text: str) -> tuple[int, int]:
     for i, line in enumerate(lines):
         if not _RS_WGMMA_LAST.search(line):
             continue
-        waits = [(j, w) for j in range(i + 1, len(lines)) for w in [_WGMMA_WAIT.search(lines[j])] if w]
-        if not waits or waits[0][1].group(1) == "0":
+        waits = ((j, w.group(1)) for j in range(i + 1, len(lines)) for w in [_WGMMA_WAIT.search(lines[j])] if w)
+        first_wait = next(waits, None)
+        if first_wait is None or first_wait[1] == "0":
             continue  # waited for at once: nothing could overlap it
-        wait_all = next((j for j, w in waits if w.group(1) == "0"), len(lines))
+        wait_all = next((j for j, level in waits if level == "0"), len(lines))
         next_issue = next((j for j in range(i + 1, len(lines)) if "WARPGROUP.ARRIVE" in lines[j]), len(lines))
         overlapped += sum("MUFU.EX2" in x for x in lines[i:min(wait_all, next_issue)])
         total += sum("MUFU.EX2" in x for x in lines[i:next_issue])
