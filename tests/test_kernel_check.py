@@ -51,10 +51,13 @@ def test_prefill_sass_has_the_warp_specialized_design(compiled_bf16_d128_gqa4):
     assert stats.registers == PREFILL.max_registers == 168  # 384 threads share the register file at launch
     assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+232;", compiled.artifacts["ptx"])
     assert stats.fsel <= 4 * 64, "the mask is one select per S element (64 per thread per masked tile)"
+    # both main loops (masked, visible): all 64 + 2 exp2 of a step run while its PV GEMM does
+    assert stats.overlapped_exp2 == stats.exp2_after_overlapped == 2 * 66
 
 
 GOOD_STATS = dict(hgmma=48, qgmma=0, hmma=0, tma_load=6, cp_async=64, local_load=0, local_store=0, registers=168,
-                  hgmma_shapes=("64x128x16.F32",), fsel=152, setmaxnreg=2, loop_cta_barriers=0, tma_store=2)
+                  hgmma_shapes=("64x128x16.F32",), fsel=152, setmaxnreg=2, loop_cta_barriers=0, tma_store=2,
+                  overlapped_exp2=132, exp2_after_overlapped=132)
 
 
 @pytest.mark.parametrize("lacking,message", [
@@ -69,6 +72,10 @@ GOOD_STATS = dict(hgmma=48, qgmma=0, hmma=0, tma_load=6, cp_async=64, local_load
     (dict(hgmma_shapes=("64x64x16.F32",)), "no HGMMA"),
     (dict(hmma=4), "HMMA (warp-level MMA fallback)"),
     (dict(cp_async=0), "no cp.async"),
+    (dict(overlapped_exp2=65), "65 of 132 MUFU.EX2 after a PV wgmma issue run before its wait "
+                               "(the softmax does not overlap the PV GEMM)"),
+    (dict(overlapped_exp2=0, exp2_after_overlapped=0),
+     "no MUFU.EX2 after a PV wgmma left in flight (no softmax / PV GEMM overlap)"),
 ])
 def test_each_prefill_rule_fails_a_kernel_lacking_it(monkeypatch, lacking, message):
     """Through the check itself: the family's rules plus the ones every family gets."""
@@ -127,6 +134,33 @@ def test_loop_barrier_detector(barrier, after, expected):
 
     stats = stats_from_sass(LOOP_SASS.format(barrier=barrier, after=after))
     assert stats.loop_cta_barriers == expected and stats.hgmma == 1
+
+
+OVERLAP_SASS = """
+        /*0000*/                   WARPGROUP.ARRIVE ;
+        /*0010*/                   HGMMA.64x128x16.F32.BF16 R24, gdesc[UR16], RZ, !UPT, gsb0 ;
+        /*0020*/                   WARPGROUP.ARRIVE ;
+        /*0030*/                   HGMMA.64x128x16.F32.BF16 R88, R152, gdesc[UR20].tnspB, R88, gsb0 ;
+        /*0040*/                   WARPGROUP.DEPBAR.LE gsb0, 0x1 ;
+        /*0050*/                   MUFU.EX2 R24, R24 ;
+        /*0060*/                   {middle} ;
+        /*0070*/                   MUFU.EX2 R26, R26 ;
+        /*0080*/                   WARPGROUP.ARRIVE ;
+        /*0090*/                   HGMMA.64x128x16.F32.BF16 R88, R152, gdesc[UR20].tnspB, R88, gsb0 ;
+        /*00a0*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;
+        /*00b0*/                   MUFU.EX2 R30, R30 ;
+"""
+
+
+@pytest.mark.parametrize("middle,expected", [
+    ("NOP", (2, 2)),  # the PV wait comes after the exp2 (the tail's PV, waited for at once, is not counted)
+    ("WARPGROUP.DEPBAR.LE gsb0, 0x0", (1, 2)),  # the wait hoisted between them
+])
+def test_pv_overlap_detector(middle, expected):
+    from cute_kernels.toolchain.sass import stats_from_sass
+
+    stats = stats_from_sass(OVERLAP_SASS.format(middle=middle))
+    assert (stats.overlapped_exp2, stats.exp2_after_overlapped) == expected
 
 
 def test_compile_cache_compiles_each_spec_once():

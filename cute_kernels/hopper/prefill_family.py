@@ -47,6 +47,11 @@ def prefill_sass_problems(spec, stats) -> list[str]:
         problems.append("no cp.async (LDGSTS) for the paged prefix")
     if stats.loop_cta_barriers:
         problems.append(f"{stats.loop_cta_barriers} CTA-wide BAR.SYNC inside a loop")
+    if not stats.exp2_after_overlapped:
+        problems.append("no MUFU.EX2 after a PV wgmma left in flight (no softmax / PV GEMM overlap)")
+    elif 2 * stats.overlapped_exp2 < stats.exp2_after_overlapped:
+        problems.append(f"{stats.overlapped_exp2} of {stats.exp2_after_overlapped} MUFU.EX2 after a PV wgmma "
+                        "issue run before its wait (the softmax does not overlap the PV GEMM)")
     tile = spec.tile
     if stats.registers is not None and stats.registers > tile.launch_registers:
         problems.append(f"{stats.registers} registers at launch > {tile.launch_registers} "

@@ -19,14 +19,24 @@ SCHEDULER_BARRIER_ID = 2  # named barriers 2, 3(, 4): each MMA warpgroup's turn 
 PAIR = 256  # threads meeting at a scheduler barrier: the waiting warpgroup and the one handing over
 
 
+@cute.jit
+def wait_all_below_branch(always_true: cutlass.Boolean):
+    """wgmma wait_group(0) that ptxas cannot schedule above the code before it. Within a basic block
+    ptxas hoists the wait over the softmax (no register of the in-flight GEMM is touched: it is
+    scheduling, not a hazard), so the exp2 stall on the PV GEMM instead of overlapping it; a branch
+    on an (always true) runtime condition ends the block. The condition must be warp-uniform (the
+    wait is .sync.aligned); the unconditional wait after the join keeps it correct whatever its value."""
+    if always_true:
+        warpgroup.wait_group(0)
+    warpgroup.wait_group(0)
+
+
 class PrefillMma:
     """Consumer-side methods of PrefillAttentionSm90 (a mixin: self carries the compile-time config).
 
     Within a warpgroup, S[n+1] = Q K[n+1]^T is issued before O += P[n] V[n] and only the QK GEMM is
-    waited for (wait_group(1)), meant to overlap the softmax of tile n+1 with the PV GEMM of tile n.
-    ptxas does not keep it: it places the PV wait (WARPGROUP.DEPBAR 0x0) before the softmax's exp2
-    (no MUFU.EX2 between a wgmma issue and its wait), and neither register fences on P or S, nor
-    releasing the V stage later, nor predicating that release on the softmax moved it. Between the
+    waited for (wait_group(1)), so the softmax of tile n+1 runs while the PV GEMM of tile n does; O
+    is rescaled and P rewritten only after the PV wait (see wait_all_below_branch). Between the
     warpgroups, named barriers pass the turn to issue GEMMs round-robin (ping-pong with two): one
     warpgroup issues while the others run their softmax.
     """
@@ -117,7 +127,7 @@ class PrefillMma:
         if const_expr(masked):
             self.apply_mask(acc_S, tScS_rc, t0ScS_rc, n_block, ctx)
         correction = softmax_update(acc_S, row_max, row_sum, softmax_scale_log2)
-        warpgroup.wait_group(0)  # P[i-1] V[i-1] is in acc_O; tOrP may be overwritten
+        wait_all_below_branch(pos >= 0)  # P[i-1] V[i-1] is in acc_O; tOrP may be overwritten
         cute.arch.mbarrier_arrive(bars.v_empty + prev_stage)
         rescale_rows(acc_O, correction)
         tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))

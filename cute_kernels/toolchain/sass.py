@@ -38,6 +38,9 @@ _BRANCH_TARGET = re.compile(r"\bBRA\b[^`]*`\((\.L_x_\d+)\)")
 # BAR.SYNC over the whole CTA: barrier 0 with no thread count (named barriers name a count).
 _CTA_BARRIER = re.compile(r"/\*([0-9a-f]+)\*/\s+BAR\.SYNC(?:\.DEFER_BLOCKING)?\s+0x0\s*;")
 _FIRST_TMA = re.compile(r"/\*([0-9a-f]+)\*/[^\n]*\bUTMALDG\b")
+# The last wgmma of a group whose A operand sits in registers (O += P V), and the waits for groups.
+_RS_WGMMA_LAST = re.compile(r"\bHGMMA\.\S+ R\d+, R\d+, gdesc\[[^]]*\][^;]*\bgsb0\b")
+_WGMMA_WAIT = re.compile(r"\bWARPGROUP\.DEPBAR\.LE gsb0, 0x(\d+)")
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,8 @@ class SassStats:
     first_tma_offset: int | None = None  # byte offset of the first UTMALDG
     fsel: int = 0
     loop_cta_barriers: int = 0  # CTA-wide BAR.SYNCs inside a loop (between its head and back branch)
+    overlapped_exp2: int = 0  # MUFU.EX2 between a register-A wgmma group left in flight and its wait
+    exp2_after_overlapped: int = 0  # MUFU.EX2 from such a group's issue to the next wgmma issue
 
     @property
     def spills(self) -> int:
@@ -164,14 +169,36 @@ def loop_cta_barriers(text: str) -> int:
                if _CTA_BARRIER.search(line) and any(head <= addr <= back for head, back in loops))
 
 
+def rs_wgmma_overlap(text: str) -> tuple[int, int]:
+    """For each register-A wgmma group (O += P V) still in flight at the next wait (wait_group(1)):
+    the MUFU.EX2 that run before the wait for all groups (overlapped with it), and all the MUFU.EX2
+    from its issue to the next wgmma issue (WARPGROUP.ARRIVE). Summed over such groups."""
+    lines = text.splitlines()
+    overlapped = total = 0
+    for i, line in enumerate(lines):
+        if not _RS_WGMMA_LAST.search(line):
+            continue
+        waits = ((j, w.group(1)) for j in range(i + 1, len(lines)) for w in [_WGMMA_WAIT.search(lines[j])] if w)
+        first_wait = next(waits, None)
+        if first_wait is None or first_wait[1] == "0":
+            continue  # waited for at once: nothing could overlap it
+        wait_all = next((j for j, level in waits if level == "0"), len(lines))
+        next_issue = next((j for j in range(i + 1, len(lines)) if "WARPGROUP.ARRIVE" in lines[j]), len(lines))
+        overlapped += sum("MUFU.EX2" in x for x in lines[i:min(wait_all, next_issue)])
+        total += sum("MUFU.EX2" in x for x in lines[i:next_issue])
+    return overlapped, total
+
+
 def stats_from_sass(text: str, registers: int | None = None, stack_bytes: int = 0) -> SassStats:
     counts = {key: len(re.findall(pat, text)) for key, pat in _PATTERNS.items()}
     shapes = tuple(sorted(set(re.findall(r"\b[HQ]GMMA\.(\d+x\d+x\d+\.[A-Z0-9]+)", text))))
     first_tma = _FIRST_TMA.search(text)
+    overlapped_exp2, exp2_after_overlapped = rs_wgmma_overlap(text)
     return SassStats(**counts, registers=registers, hgmma_shapes=shapes, stack_bytes=stack_bytes,
                      cta_barrier_offsets=tuple(int(m, 16) for m in _CTA_BARRIER.findall(text)),
                      first_tma_offset=int(first_tma.group(1), 16) if first_tma else None,
-                     loop_cta_barriers=loop_cta_barriers(text))
+                     loop_cta_barriers=loop_cta_barriers(text), overlapped_exp2=overlapped_exp2,
+                     exp2_after_overlapped=exp2_after_overlapped)
 
 
 def sass_stats(cubin: bytes) -> SassStats:
