@@ -19,13 +19,16 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from cute_kernels.cpu import build
+from cute_kernels.cpu import build, quant_tiles
 from cute_kernels.cpu.quant_blocks import BLOCK_BYTES, QK, TYPE_IDS
 from cute_kernels.cpu.quant_reference import quant_linear_ref
 
 _P, _I, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 PORTABLE_FLAGS = ("-DQUANT_PORTABLE",)  # the plain C variant, as machines without AVX2 build it
 DEQUANT_MIN_ROWS = 128
+# Per tiles ISA: (first row count for quant_tiles' GEMM, first for dequantize + fp32 GEMM), measured
+# by profiling/bench_quant_gemm.py.
+TILES_ROWS = {"avx512-vnni": (16, 1 << 62), "avx2": (16, 1 << 62), "portable-c": (1 << 62, DEQUANT_MIN_ROWS)}
 # Below this many multiply-adds a product stays on the calling thread: a small GEMV takes tens of
 # microseconds, and joining threads costs more than it saves whenever another process holds a core.
 PARALLEL_MIN_MACS = 1 << 20
@@ -59,25 +62,37 @@ def supports(type_name: str, rows: int, cols: int) -> bool:
     return type_name in TYPE_IDS and cols % QK == 0 and rows > 0
 
 
+def choose_path(type_name: str, rows: int, extra_flags: tuple[str, ...] = ()) -> str:
+    """gemv, tiles or dequant: the fastest measured path for this many activation rows on this build."""
+    if not quant_tiles.available(type_name, extra_flags):
+        return "dequant" if rows >= DEQUANT_MIN_ROWS else "gemv"
+    tiles_from, dequant_from = TILES_ROWS[quant_tiles.isa(extra_flags)]
+    return "dequant" if rows >= dequant_from else "tiles" if rows >= tiles_from else "gemv"
+
+
 def quant_linear(x: torch.Tensor, blocks: torch.Tensor, type_name: str, bias: torch.Tensor | None = None,
-                 extra_flags: tuple[str, ...] = ()) -> torch.Tensor:
-    """x [rows, k] float32 @ W^T (+ bias) for W given as blocks [n, k/32 * block bytes] of type_name."""
+                 extra_flags: tuple[str, ...] = (), path: str | None = None) -> torch.Tensor:
+    """x [rows, k] float32 @ W^T (+ bias) for W given as blocks [n, k/32 * block bytes] of type_name;
+    path (gemv, tiles, dequant) overrides choose_path, for tests and benchmarks."""
     lib = _library(extra_flags)[0]
     n, k = blocks.shape[0], x.shape[-1]
     if (lib is None or x.dtype != torch.float32 or x.device.type != "cpu" or x.dim() != 2
             or blocks.shape[1] != k // QK * BLOCK_BYTES[type_name] or not blocks.is_contiguous()):
         return quant_linear_ref(x, blocks, type_name, bias)
     x = x.contiguous()
-    if x.shape[0] >= DEQUANT_MIN_ROWS:
+    path = path or choose_path(type_name, x.shape[0], extra_flags)
+    if path == "dequant":
         return _dequantized_linear(x, blocks, type_name, bias)
     m = x.shape[0]
     threads = torch.get_num_threads() if m * n * k >= PARALLEL_MIN_MACS else 1
     q = torch.empty(m, k, dtype=torch.int8)
     d, s = torch.empty(m, k // QK), torch.empty(m, k // QK)
     # one thread: under 128 rows this is ~0.1 ms, less than a thread join costs on a shared machine
-    lib.quantize_rows_q8(x.data_ptr(), m, k, q.data_ptr(), d.data_ptr(), s.data_ptr(), 1)
-    y = torch.empty(m, n)
+    lib.quantize_rows_q8(x.data_ptr(), m, k, q.data_ptr(), d.data_ptr(), s.data_ptr(), 1 if m < 128 else threads)
     bias = None if bias is None else bias.float().contiguous()  # held: the kernel reads it
+    if path == "tiles":
+        return quant_tiles.tiles_gemm(blocks, type_name, q, d, s, bias, threads, extra_flags)
+    y = torch.empty(m, n)
     bias_ptr = None if bias is None else bias.data_ptr()
     lib.quant_gemm(blocks.data_ptr(), TYPE_IDS[type_name], q.data_ptr(), d.data_ptr(), s.data_ptr(), bias_ptr,
                    y.data_ptr(), m, n, k, threads)
