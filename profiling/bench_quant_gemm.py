@@ -6,7 +6,7 @@ GEMM, and plain fp32 F.linear on the already-dequantized weight (what --quantiza
 
 Prints GFLOP/s per path and each path's ratio to fp32 F.linear, and the path quant_gemm.choose_path
 takes; TILES_ROWS in quant_gemm.py is set from these. Timings are the best of --repeat runs (the
-machine may be shared). The GEMV is skipped above --gemv-max-rows (it is far behind there), the
+machine may be shared; --clock cpu counts CPU time instead of wall time). The GEMV is skipped above --gemv-max-rows (it is far behind there), the
 49152-row LM head above 128 rows (a prefill computes logits for the last tokens only).
 """
 from __future__ import annotations
@@ -30,13 +30,16 @@ QUANTIZERS = {"Q4_1": quantize_q4_1, "Q8_0": quantize_q8_0}
 HEAD_MAX_ROWS = 128
 
 
-def best_seconds(fn, repeat: int) -> float:
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def best_seconds(fn, repeat: int, clock) -> float:
     fn()  # warm-up: builds, buffers, caches
     times = []
     for _ in range(repeat):
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()
-        times.append(time.perf_counter() - t0)
+        times.append(clock() - t0)
     return min(times)
 
 
@@ -52,7 +55,7 @@ def measure(shape: tuple[int, int], type_name: str, rows: int, args) -> dict[str
     if rows <= args.gemv_max_rows:
         runs["gemv"] = lambda: qg.quant_linear(x, blocks, type_name, path="gemv")
     flops = 2.0 * rows * n * k
-    return {name: flops / best_seconds(fn, args.repeat) / 1e9 for name, fn in runs.items()}
+    return {name: flops / best_seconds(fn, args.repeat, CLOCKS[args.clock]) / 1e9 for name, fn in runs.items()}
 
 
 def main() -> None:
@@ -62,10 +65,13 @@ def main() -> None:
     ap.add_argument("--rows", default="16,64,128,512,2048")
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--clock", choices=CLOCKS, default="wall",
+                    help="cpu: process CPU time (all threads), steadier than wall time on a shared machine")
     ap.add_argument("--gemv-max-rows", type=int, default=128)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"tiles ISA {quant_tiles.isa()}, GEMV ISA {qg.isa()}, {args.threads} threads; GFLOP/s (x fp32 F.linear)")
+    print(f"tiles ISA {quant_tiles.isa()}, GEMV ISA {qg.isa()}, {args.threads} threads, {args.clock} clock; "
+          "GFLOP/s (x fp32 F.linear)")
     print(f"{'type':5} {'shape':8} {'rows':>5} | {'gemv':>13} {'tiles':>13} {'dequant':>13} {'fp32':>7} | chosen")
     for type_name in args.types.split(","):
         for shape_name in args.shapes.split(","):

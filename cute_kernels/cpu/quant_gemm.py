@@ -4,12 +4,14 @@ ggml block formats (quant_blocks.py); quant_reference.quant_linear_ref is its or
 The activations are quantized once per call (int8 blocks of 32), so a fused weight (q/k/v,
 gate/up) shares them; where the library cannot be built, quant_linear runs the reference.
 
-From DEQUANT_MIN_ROWS rows on (prefill chunks) the weight is instead dequantized, a slice of at most
-DEQUANT_SLICE_ROWS output rows at a time into one reused buffer, and multiplied by torch's fp32 GEMM:
-on AVX2 the int8 dot products with a float scale per 32 values do no better than fp32 FMAs, and
-there the blocked float GEMM wins (measured on a busy 2-core AVX2 machine, one thread, 128 rows of
-Q4_1: 27 vs 31 ms for a 3072x576 weight, 3.2 vs 8.5 ms for 576x1536, dequantizing 0.9 and 0.5 ms of
-that). Decode rows stay on the int8 path, where reading 4.5-bit instead of 32-bit weights is the gain.
+Three paths, chosen per call by row count (choose_path, TILES_ROWS): the GEMV here for decode rows,
+where reading 4.5-bit instead of 32-bit weights is the gain; from a few rows on the register-blocked
+int8 GEMM of quant_tiles.py (cpu_quant_tiles.c), which packs weight panels so that one instruction
+serves 8 output columns; and, where that kernel has no SIMD build (portable C), from DEQUANT_MIN_ROWS
+rows on, the weight dequantized a slice of at most DEQUANT_SLICE_ROWS output rows at a time into one
+reused buffer and multiplied by torch's fp32 GEMM. (This GEMV's int8 dot products, with a horizontal
+sum per 32 values, do no better than fp32 FMAs on many rows: 27 vs 31 ms for a 3072x576 Q4_1 weight
+at 128 rows on one AVX2 core.)
 """
 from __future__ import annotations
 
@@ -26,9 +28,16 @@ from cute_kernels.cpu.quant_reference import quant_linear_ref
 _P, _I, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 PORTABLE_FLAGS = ("-DQUANT_PORTABLE",)  # the plain C variant, as machines without AVX2 build it
 DEQUANT_MIN_ROWS = 128
-# Per tiles ISA: (first row count for quant_tiles' GEMM, first for dequantize + fp32 GEMM), measured
-# by profiling/bench_quant_gemm.py.
-TILES_ROWS = {"avx512-vnni": (16, 1 << 62), "avx2": (16, 1 << 62), "portable-c": (1 << 62, DEQUANT_MIN_ROWS)}
+# (tiles ISA, type) -> (first row count for quant_tiles' GEMM, first for dequantize + fp32 GEMM), from
+# profiling/bench_quant_gemm.py --threads 1 --clock cpu on a busy 2-core AVX2 machine (Zen 3): the GEMM
+# passes the GEMV at 8 rows for Q4 (Q8_0: 16; its signed weights cost a sign and a widening per step)
+# and is 1.15-2.1x fp32 F.linear for Q4_1 (Q8_0: 1.0-1.4x) at 16-2048 rows, where dequantize + fp32 is
+# 0.4-1.0x; so on AVX2 the dequantized route is never taken. The VNNI entries copy AVX2's (no such
+# CPU was at hand to measure), the portable build keeps the GEMV and the dequantized route.
+_TILES_FROM = {"Q4_0": 8, "Q4_1": 8, "Q8_0": 16}
+NEVER = 1 << 62
+TILES_ROWS = {**{(isa, t): (rows, NEVER) for isa in ("avx2", "avx512-vnni") for t, rows in _TILES_FROM.items()},
+              **{("portable-c", t): (NEVER, DEQUANT_MIN_ROWS) for t in _TILES_FROM}}
 # Below this many multiply-adds a product stays on the calling thread: a small GEMV takes tens of
 # microseconds, and joining threads costs more than it saves whenever another process holds a core.
 PARALLEL_MIN_MACS = 1 << 20
@@ -66,7 +75,7 @@ def choose_path(type_name: str, rows: int, extra_flags: tuple[str, ...] = ()) ->
     """gemv, tiles or dequant: the fastest measured path for this many activation rows on this build."""
     if not quant_tiles.available(type_name, extra_flags):
         return "dequant" if rows >= DEQUANT_MIN_ROWS else "gemv"
-    tiles_from, dequant_from = TILES_ROWS[quant_tiles.isa(extra_flags)]
+    tiles_from, dequant_from = TILES_ROWS[quant_tiles.isa(extra_flags), type_name]
     return "dequant" if rows >= dequant_from else "tiles" if rows >= tiles_from else "gemv"
 
 

@@ -23,6 +23,9 @@
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(QUANT_PORTABLE)
 #include <immintrin.h>
 #define TILES_SIMD 1
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define TILES_VNNI 1 /* vpdpbusd: u8 x s8 products summed into int32 lanes in one instruction */
+#endif
 #endif
 
 #define QK 32
@@ -136,7 +139,9 @@ static inline __attribute__((always_inline)) void micro_tile(const uint8_t *grou
         const float *d, const float *s, int64_t k, int64_t nb, float *out) {
     __m256 acc[ROWS];
     _Pragma("GCC unroll 8") for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_ps();
+#ifndef TILES_VNNI
     const __m256i ones = _mm256_set1_epi16(1);
+#endif
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = group + b * GROUP_BLOCK_BYTES;
         __m256i isum[ROWS];
@@ -146,7 +151,7 @@ static inline __attribute__((always_inline)) void micro_tile(const uint8_t *grou
             _Pragma("GCC unroll 8") for (int r = 0; r < nr; r++) {
                 const __m256i a = load_act4(q + r * k + b * QK + 4 * t);
                 const __m256i x = type == Q8_0 ? _mm256_sign_epi8(a, w) : a;
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#ifdef TILES_VNNI
                 isum[r] = _mm256_dpbusd_epi32(t == 0 ? _mm256_setzero_si256() : isum[r], wu, x);
 #else
                 const __m256i p = _mm256_maddubs_epi16(wu, x);
@@ -161,7 +166,7 @@ static inline __attribute__((always_inline)) void micro_tile(const uint8_t *grou
         }
         const __m256 dw = _mm256_loadu_ps((const float *)blk), off = _mm256_loadu_ps((const float *)blk + LANES);
         _Pragma("GCC unroll 8") for (int r = 0; r < nr; r++) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#ifdef TILES_VNNI
             const __m256i i32 = isum[r];
 #else
             const __m256i i32 = type == Q8_0 ? isum[r] : _mm256_madd_epi16(isum[r], ones);
@@ -254,7 +259,7 @@ int quant_gemm_tiles(const uint8_t *w, int type, const int8_t *q, const float *d
 }
 
 const char *quant_tiles_isa(void) {
-#if defined(TILES_SIMD) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#ifdef TILES_VNNI
     return "avx512-vnni";
 #elif defined(TILES_SIMD)
     return "avx2";
