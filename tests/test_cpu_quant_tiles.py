@@ -39,6 +39,17 @@ def test_tiles_match_reference(type_name, rows, cols, variant):
         torch.testing.assert_close(got, quant_linear_ref(x, blocks, type_name, b), **TOL)
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_long_k_narrows_the_panel_and_still_matches(variant):
+    """k = 6144: a 32-row panel would pass PANEL_BYTES, so panels of 24 rows (not a multiple of 32).
+    192 block terms per output (std ~80): atol 1e-3 for their float32 summation order."""
+    g = torch.Generator().manual_seed(11)
+    blocks = gguf_blocks(torch.randn(45, 6144, generator=g), "Q4_1")
+    x = torch.randn(6, 6144, generator=g)
+    torch.testing.assert_close(qg.quant_linear(x, blocks, "Q4_1", None, VARIANTS[variant], path="tiles"),
+                               quant_linear_ref(x, blocks, "Q4_1"), rtol=1e-5, atol=1e-3)
+
+
 def extreme_blocks(type_name: str, rows: int, cols: int) -> torch.Tensor:
     """Blocks whose every value is the format's largest magnitude (Q4: nibble 15, Q8: -128 and 127
     alternating), scale 1/64 and Q4_1 minimum 0, so integer sums reach their ceiling."""

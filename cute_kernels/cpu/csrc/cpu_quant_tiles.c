@@ -8,8 +8,8 @@
  * scales as fp32) so that one 32-byte load holds 4 consecutive values of 8 weight rows; a micro-kernel
  * of ROWS activation rows x 8 weight rows then broadcasts 4 activation bytes against it, so
  * one maddubs yields partial sums for 8 output columns in their own lanes: no horizontal reduction,
- * the block scale is applied once per block as a vector, and the panel (<= 64 KiB) stays in L2 while
- * the rows of the task stream past it.
+ * the block scale is applied once per block as a vector, and the panel (<= PANEL_BYTES; fewer weight
+ * rows for long K) stays in L2 while the rows of the task stream past it.
  * Exactness: Q4 values are 0..15 and activations -127..127, so a maddubs lane is <= 3810 and eight of
  * them (one block) add in int16 without overflow; Q8 values are signed, so their sign moves onto the
  * activation (|w| x sign(a, w), as the GEMV does) and each step widens to int32 at once.
@@ -33,7 +33,8 @@
 #define STEPS (QK / 4)                       /* 4 values of each of the 8 rows per 32-byte step */
 #define GROUP_BLOCK_BYTES (2 * LANES * 4 + LANES * QK) /* dw[8], off[8] as fp32, then 8 x 32 values */
 #define ROWS 4                               /* activation rows per micro-kernel call */
-#define PANEL_COLS 32                        /* weight rows packed per task */
+#define PANEL_COLS 32                        /* weight rows packed per task, at most */
+#define PANEL_BYTES (192 * 1024)             /* ... and packed bytes per task: the panel stays in L2 */
 #define ROW_CHUNK 256                        /* activation rows per task (a multiple of ROWS) */
 
 enum { Q4_0 = 0, Q4_1 = 1, Q8_0 = 2 };
@@ -237,17 +238,19 @@ static void panel_rows(const uint8_t *panel, int type, int64_t c0, int64_t cols,
  * a panel and pack it once. Returns 0, or -1 when a thread's panel buffer could not be allocated. */
 int quant_gemm_tiles(const uint8_t *w, int type, const int8_t *q, const float *d, const float *s, const float *bias,
                      float *y, int64_t m, int64_t n, int64_t k, int nthreads) {
-    const int64_t nb = k / QK, panels = (n + PANEL_COLS - 1) / PANEL_COLS, chunks = (m + ROW_CHUNK - 1) / ROW_CHUNK;
+    const int64_t nb = k / QK, fit = PANEL_BYTES / (nb * GROUP_BLOCK_BYTES) * LANES;
+    const int64_t pcols = fit < LANES ? LANES : fit > PANEL_COLS ? PANEL_COLS : fit;
+    const int64_t panels = (n + pcols - 1) / pcols, chunks = (m + ROW_CHUNK - 1) / ROW_CHUNK;
     int failed = 0;
 #pragma omp parallel num_threads(nthreads) reduction(| : failed)
     {
-        uint8_t *panel = malloc((size_t)(PANEL_COLS / LANES * nb * GROUP_BLOCK_BYTES));
+        uint8_t *panel = malloc((size_t)(pcols / LANES * nb * GROUP_BLOCK_BYTES));
         int64_t packed = -1;
         failed = panel == NULL;
 #pragma omp for schedule(static)
         for (int64_t task = 0; task < panels * chunks; task++) {
-            const int64_t p = task / chunks, c0 = p * PANEL_COLS, r0 = (task % chunks) * ROW_CHUNK;
-            const int64_t cols = n - c0 < PANEL_COLS ? (n - c0 + LANES - 1) / LANES * LANES : PANEL_COLS;
+            const int64_t p = task / chunks, c0 = p * pcols, r0 = (task % chunks) * ROW_CHUNK;
+            const int64_t cols = n - c0 < pcols ? (n - c0 + LANES - 1) / LANES * LANES : pcols;
             if (panel == NULL) continue;
             if (packed != p) pack_panel(w, type, c0, cols, n, nb, panel);
             packed = p;
