@@ -26,6 +26,7 @@ def available(type_name: str, extra_flags: tuple[str, ...] = ()) -> bool:
     return type_name in TILE_TYPES and _library(extra_flags)[0] is not None
 
 
+@functools.lru_cache(maxsize=2)
 def isa(extra_flags: tuple[str, ...] = ()) -> str:
     """avx512-vnni, avx2 or portable-c: the micro-kernel this build runs."""
     lib = _library(extra_flags)[0]
