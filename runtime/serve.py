@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import logging
 import os
 import socket
 import sys
+import threading
 from typing import TYPE_CHECKING
 
 from tqdm import tqdm
@@ -152,12 +154,27 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def import_in_background(*modules: str) -> threading.Thread:
+    """Start importing `modules` on a thread. gradio's import is seconds of Python; the model load
+    beside it is mostly torch and C work that releases the GIL, so on 2 cores they overlap.
+    A failed import is left for the main thread's own import to report."""
+    def run() -> None:
+        for module in modules:
+            try:
+                importlib.import_module(module)
+            except Exception:  # noqa: BLE001 - re-raised where the module is used
+                pass
+
+    thread = threading.Thread(target=run, name="imports", daemon=True)
+    thread.start()
+    return thread
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     setup_logging(getattr(logging, args.log_level.upper()))
     import uvicorn
 
-    from app.ui import mount_chat_ui
     from runtime.api.app import create_app
     from runtime.api.shutdown import GracefulServer
     from runtime.sampling_defaults import describe
@@ -165,7 +182,12 @@ def main(argv: list[str] | None = None) -> int:
 
     template = load_chat_template(args.chat_template) if args.chat_template else None
     sock = bind(args.host, args.port)
+    ui_import = import_in_background("gradio")  # after the web stack's: no two threads import one package
     async_engine, path, defaults = build_engine(args, template)
+    ui_import.join()
+    import_in_background("xgrammar")  # structured output's, else paid by the first request with a grammar
+    from app.ui import mount_chat_ui
+
     name = args.served_model_name or model_name(path)
     options = dataclasses.replace(server_options(args), sampling_defaults=defaults)
     app = create_app(async_engine, name, options, mount_chat_ui)

@@ -5,11 +5,13 @@ from __future__ import annotations
 import functools
 import json
 import re
-
-import xgrammar as xgr
+from typing import TYPE_CHECKING
 
 from structured.schema_fixes import fix_schema
 from structured.tokenizer_info import grammar_compiler
+
+if TYPE_CHECKING:  # xgrammar (and the transformers it imports) load on the first grammar, not at start-up
+    import xgrammar as xgr
 
 CACHE_SIZE = 256  # distinct grammars kept compiled (each holds its token-mask cache)
 ANY_OBJECT = '{"type": "object"}'

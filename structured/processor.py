@@ -5,15 +5,20 @@ while the forward pass runs (torch releases the GIL in its kernels), so sampling
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import torch
-import xgrammar as xgr
+
+if TYPE_CHECKING:  # imported on first use: xgrammar brings transformers, seconds of start-up
+    import xgrammar as xgr
 
 _FILLER = ThreadPoolExecutor(1, thread_name_prefix="grammar-masks")
 
 
 class GrammarProcessor:
     def __init__(self, compiled: xgr.CompiledGrammar, stop_ids: list[int]) -> None:
+        import xgrammar as xgr
+
         self.matcher = xgr.GrammarMatcher(compiled, override_stop_tokens=stop_ids)
         self.vocab_size = compiled.tokenizer_info.vocab_size  # the logits width: the mask covers every logit
         self._next_mask: Future | None = None  # a mask being filled for the matcher's current state
@@ -43,6 +48,8 @@ class GrammarProcessor:
         live = [(i, p) for i, p in zip(rows, processors) if not p.matcher.is_terminated()]
         if not live:  # only a static batch's padding rows sample past the end
             return
+        import xgrammar as xgr
+
         bitmask = xgr.allocate_token_bitmask(logits.shape[0], live[0][1].vocab_size)
         for i, p in live:
             mask = p._take_mask()

@@ -3,9 +3,10 @@ byte fallback, raw) and the logits width, built once per (tokenizer, vocabulary 
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import xgrammar as xgr
+if TYPE_CHECKING:  # imported on first use: xgrammar brings transformers, seconds of start-up
+    import xgrammar as xgr
 
 
 def encoded_vocab(backend: Any, vocab_size: int) -> list[str]:
@@ -25,6 +26,8 @@ def encoded_vocab(backend: Any, vocab_size: int) -> list[str]:
 def tokenizer_info(tokenizer: Any, vocab_size: int) -> xgr.TokenizerInfo:
     """vocab_size is the model's logits width: it may exceed the tokenizer's vocabulary (padded
     embedding rows), and the token bitmask must cover every logit."""
+    import xgrammar as xgr
+
     backend = tokenizer.backend
     meta = xgr.TokenizerInfo._detect_metadata_from_hf(backend.to_str())  # what from_huggingface does
     return xgr.TokenizerInfo(encoded_vocab(backend, vocab_size), meta["vocab_type"], vocab_size=vocab_size,
@@ -34,4 +37,6 @@ def tokenizer_info(tokenizer: Any, vocab_size: int) -> xgr.TokenizerInfo:
 
 @functools.lru_cache(maxsize=4)
 def grammar_compiler(tokenizer: Any, vocab_size: int) -> xgr.GrammarCompiler:
+    import xgrammar as xgr
+
     return xgr.GrammarCompiler(tokenizer_info(tokenizer, vocab_size), max_threads=2)

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from gguf import MODEL_TENSOR, TENSOR_NAMES
 
+from tests.kquant_quantize import quantize_kquant
 from weights.checkpoint import expected_shapes
 from weights.config import ModelConfig
 
@@ -100,6 +101,8 @@ def _encode(w: torch.Tensor, qtype: str) -> tuple[np.ndarray, gguf.GGMLQuantizat
     if qtype == "F16":
         return arr.astype(np.float16), None
     qt = gguf.GGMLQuantizationType[qtype]
+    if qtype in ("Q4_K", "Q5_K", "Q6_K"):  # gguf reads these but cannot write them
+        return quantize_kquant(arr, qtype), qt
     return gguf.quants.quantize(arr, qt), qt
 
 

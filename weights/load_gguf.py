@@ -1,5 +1,5 @@
 """Load a llama.cpp GGUF file (llama / qwen2 / qwen3) into tensors under HF Llama names: float32, or
-Q4_0/Q4_1/Q8_0 weights kept in their blocks (keep_quantized)."""
+Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K weights kept in their blocks (keep_quantized)."""
 from __future__ import annotations
 
 import math
@@ -16,10 +16,10 @@ from weights.config import ModelConfig
 from weights.errors import ModelLoadError
 from weights.gguf_metadata import open_gguf, read_metadata
 from weights.gguf_quants import dequantize_gguf
-from weights.quantized import BLOCK_TYPES, BLOCK_VALUES, QuantizedTensor
+from weights.quantized import KEPT_TYPES, QuantizedTensor, block_shape
 
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3")  # Mistral/Mixtral-free Llama variants convert as "llama"
-SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
+SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
 
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -226,8 +226,9 @@ def _blocks(data: np.ndarray, rows: int) -> torch.Tensor:
 
 def _read_tensor(t, shape: list[int], keep_quantized: bool, path: str) -> torch.Tensor | QuantizedTensor:
     kind = t.tensor_type.name
-    if keep_quantized and kind in BLOCK_TYPES and len(shape) == 2 and shape[1] % BLOCK_VALUES == 0:
-        if t.n_bytes != shape[0] * shape[1] // BLOCK_VALUES * BLOCK_TYPES[kind]:
+    if keep_quantized and kind in KEPT_TYPES and len(shape) == 2 and shape[1] % block_shape(kind)[0] == 0:
+        values, block_bytes = block_shape(kind)
+        if t.n_bytes != shape[0] * shape[1] // values * block_bytes:
             raise ModelLoadError(f"tensor {t.name} holds {t.n_bytes} bytes, expected {shape} of {kind}: {path}")
         return QuantizedTensor(kind, _blocks(t.data, shape[0]), shape[1])
     flat = dequantize_gguf(t.data, kind)
@@ -237,7 +238,7 @@ def _read_tensor(t, shape: list[int], keep_quantized: bool, path: str) -> torch.
 
 
 def load_gguf(path: str, keep_quantized: bool = False) -> Checkpoint:
-    """keep_quantized: 2-D Q4_0/Q4_1/Q8_0 weights stay in their blocks (QuantizedTensor over the
+    """keep_quantized: 2-D weights of KEPT_TYPES stay in their blocks (QuantizedTensor over the
     memory map) instead of being dequantized to float32."""
     reader = open_gguf(path)
     meta = read_metadata(reader)

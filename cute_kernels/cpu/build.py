@@ -1,7 +1,8 @@
 """Builds the CPU backend's C kernels (cute_kernels/cpu/csrc/*.c) with the system C compiler on first
 use and loads them through ctypes: no torch headers, so a kernel builds in about a second.
 
-A built library is cached per source, compiler, flags and CPU (it is built with -march=native).
+A built library is cached per source (and the headers beside it), compiler, flags and CPU (it is
+built with -march=native).
 Where no compiler is found, or CUTE_SERVE_CPU_KERNELS=0, `load` says why and callers keep the
 torch references.
 """
@@ -41,7 +42,8 @@ def _cpu_signature() -> str:
 def _build(source: Path, compiler: str, extra_flags: tuple[str, ...] = ()) -> Path:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False).stdout
     compile_flags = [*COMPILE_FLAGS, *extra_flags]
-    key = hashlib.sha256("\0".join([source.read_text(), compiler, version, *compile_flags, *LINK_FLAGS,
+    headers = [h.read_text() for h in sorted(source.parent.glob("*.h"))]  # what a source may #include
+    key = hashlib.sha256("\0".join([source.read_text(), *headers, compiler, version, *compile_flags, *LINK_FLAGS,
                                     _cpu_signature()]).encode())
     target = cache_dir() / f"{source.stem}-{key.hexdigest()[:16]}.so"
     if not target.exists():

@@ -1,6 +1,7 @@
 """ggml's 32-value block formats (Q4_0, Q4_1, Q8_0) as torch uint8 tensors [rows, row_bytes]: the
 layout a GGUF file stores and csrc/cpu_quant_gemm.c reads in place, their dequantization (the
-kernel's reference) and quantizers for float weights (--quantization int8 / q4).
+kernel's reference; for the K-quants it hands over to kquant_blocks.py) and quantizers for float
+weights (--quantization int8 / q4).
 
 Block layouts (little-endian): Q4_0: f16 d, 16 bytes of nibbles, value = d * (q - 8); Q4_1: f16 d,
 f16 m, 16 bytes of nibbles, value = d * q + m; Q8_0: f16 d, 32 int8, value = d * q. Nibbles: byte j
@@ -10,9 +11,12 @@ from __future__ import annotations
 
 import torch
 
+from cute_kernels.cpu import kquant_blocks
+
 QK = 32
 BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
 TYPE_IDS = {"Q4_0": 0, "Q4_1": 1, "Q8_0": 2}  # the C kernel's enum
+ALL_BLOCK_BYTES = {**BLOCK_BYTES, **kquant_blocks.BLOCK_BYTES}  # every type the kernels read
 
 
 def _f16(blocks: torch.Tensor, at: int) -> torch.Tensor:
@@ -23,8 +27,19 @@ def _nibbles(qs: torch.Tensor) -> torch.Tensor:
     return torch.cat([qs & 0x0F, qs >> 4], dim=-1).float()
 
 
+def block_values(type_name: str) -> int:
+    """Values per block: 32, or 256 for the K-quant super-blocks (kquant_blocks.py)."""
+    return kquant_blocks.QK_K if type_name in kquant_blocks.BLOCK_BYTES else QK
+
+
+def row_bytes(type_name: str, cols: int) -> int:
+    return cols // block_values(type_name) * ALL_BLOCK_BYTES[type_name]
+
+
 def dequantize(blocks: torch.Tensor, type_name: str, cols: int) -> torch.Tensor:
     """[rows, row_bytes] uint8 -> [rows, cols] float32."""
+    if type_name in kquant_blocks.BLOCK_BYTES:
+        return kquant_blocks.dequantize(blocks, type_name, cols)
     b = blocks.reshape(blocks.shape[0], cols // QK, BLOCK_BYTES[type_name])
     if type_name == "Q8_0":
         values = b[..., 2:].contiguous().view(torch.int8).float() * _f16(b, 0)

@@ -1,5 +1,6 @@
 """Quantized linear layers on the CPU: csrc/cpu_quant_gemm.c (built by build.py) over weights in
-ggml block formats (quant_blocks.py); quant_reference.quant_linear_ref is its oracle.
+ggml block formats (quant_blocks.py), and csrc/cpu_kquant_gemm.c over the K-quant super-blocks
+(kquant_blocks.py), fed the same int8 activation blocks; quant_reference.quant_linear_ref is their oracle.
 
 The activations are quantized once per call (int8 blocks of 32), so a fused weight (q/k/v,
 gate/up) shares them; where the library cannot be built, quant_linear runs the reference.
@@ -7,8 +8,8 @@ gate/up) shares them; where the library cannot be built, quant_linear runs the r
 Three paths, chosen per call by row count (choose_path, TILES_ROWS): the GEMV here for decode rows,
 where reading 4.5-bit instead of 32-bit weights is the gain; from a few rows on the register-blocked
 int8 GEMM of quant_tiles.py (cpu_quant_tiles.c), which packs weight panels so that one instruction
-serves 8 output columns; and, where that kernel has no SIMD build (portable C), from DEQUANT_MIN_ROWS
-rows on, the weight dequantized a slice of at most DEQUANT_SLICE_ROWS output rows at a time into one
+serves 8 output columns; and, where that kernel has no SIMD build (portable C) or does not read the
+type (the K-quants), from DEQUANT_MIN_ROWS rows on, the weight dequantized a slice of at most DEQUANT_SLICE_ROWS output rows at a time into one
 reused buffer and multiplied by torch's fp32 GEMM. (This GEMV's int8 dot products, with a horizontal
 sum per 32 values, do no better than fp32 FMAs on many rows: 27 vs 31 ms for a 3072x576 Q4_1 weight
 at 128 rows on one AVX2 core.)
@@ -22,7 +23,8 @@ import torch
 import torch.nn.functional as F
 
 from cute_kernels.cpu import build, quant_tiles
-from cute_kernels.cpu.quant_blocks import BLOCK_BYTES, QK, TYPE_IDS
+from cute_kernels.cpu import kquant_blocks
+from cute_kernels.cpu.quant_blocks import QK, TYPE_IDS, block_values, row_bytes
 from cute_kernels.cpu.quant_reference import quant_linear_ref
 
 _P, _I, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
@@ -56,19 +58,38 @@ def _library(extra_flags: tuple[str, ...] = ()) -> tuple[ctypes.CDLL | None, str
     return build.load_with_signatures("cpu_quant_gemm", _signatures(), extra_flags)
 
 
+@functools.lru_cache(maxsize=2)
+def _kquant_library(extra_flags: tuple[str, ...] = ()) -> tuple[ctypes.CDLL | None, str | None]:
+    names = {"kquant_gemm": "quant_gemm", "kquant_gemm_isa": "quant_gemm_isa", "kquant_dequantize": "dequantize_blocks"}
+    return build.load_with_signatures("cpu_kquant_gemm", {k: _signatures()[v] for k, v in names.items()}, extra_flags)
+
+
+def _gemm_and_dequantize(type_name: str, extra_flags: tuple[str, ...] = ()) -> tuple | None:
+    """(gemm, dequantize, type id) of the library that reads type_name's blocks; None where it is not built."""
+    if type_name in kquant_blocks.TYPE_IDS:
+        lib = _kquant_library(extra_flags)[0]
+        return None if lib is None else (lib.kquant_gemm, lib.kquant_dequantize, kquant_blocks.TYPE_IDS[type_name])
+    lib = _library(extra_flags)[0]
+    return None if lib is None else (lib.quant_gemm, lib.dequantize_blocks, TYPE_IDS[type_name])
+
+
 def unavailable_reason(extra_flags: tuple[str, ...] = ()) -> str | None:
-    """None when the C library is built and loaded; otherwise why not."""
-    return _library(extra_flags)[1]
+    """None when both C libraries are built and loaded; otherwise why not."""
+    return _library(extra_flags)[1] or _kquant_library(extra_flags)[1]
 
 
 def isa(extra_flags: tuple[str, ...] = ()) -> str:
-    """Which dot-product path the built library runs: avx512-vnni, avx2 or portable-c."""
-    lib = _library(extra_flags)[0]
-    return "torch reference" if lib is None else lib.quant_gemm_isa().decode()
+    """Which dot-product path the built libraries run: avx512-vnni, avx2 or portable-c."""
+    lib, klib = _library(extra_flags)[0], _kquant_library(extra_flags)[0]
+    if lib is None or klib is None:
+        return "torch reference"
+    assert lib.quant_gemm_isa() == klib.kquant_gemm_isa()  # one header chooses for both
+    return lib.quant_gemm_isa().decode()
 
 
 def supports(type_name: str, rows: int, cols: int) -> bool:
-    return type_name in TYPE_IDS and cols % QK == 0 and rows > 0
+    known = type_name in TYPE_IDS or type_name in kquant_blocks.TYPE_IDS
+    return known and cols % block_values(type_name) == 0 and rows > 0
 
 
 def choose_path(type_name: str, rows: int, extra_flags: tuple[str, ...] = ()) -> str:
@@ -81,12 +102,12 @@ def choose_path(type_name: str, rows: int, extra_flags: tuple[str, ...] = ()) ->
 
 def quant_linear(x: torch.Tensor, blocks: torch.Tensor, type_name: str, bias: torch.Tensor | None = None,
                  extra_flags: tuple[str, ...] = (), path: str | None = None) -> torch.Tensor:
-    """x [rows, k] float32 @ W^T (+ bias) for W given as blocks [n, k/32 * block bytes] of type_name;
+    """x [rows, k] float32 @ W^T (+ bias) for W given as blocks [n, row_bytes(type_name, k)] of type_name;
     path (gemv, tiles, dequant) overrides choose_path, for tests and benchmarks."""
-    lib = _library(extra_flags)[0]
+    lib, kernels = _library(extra_flags)[0], _gemm_and_dequantize(type_name, extra_flags)
     n, k = blocks.shape[0], x.shape[-1]
-    if (lib is None or x.dtype != torch.float32 or x.device.type != "cpu" or x.dim() != 2
-            or blocks.shape[1] != k // QK * BLOCK_BYTES[type_name] or not blocks.is_contiguous()):
+    if (lib is None or kernels is None or x.dtype != torch.float32 or x.device.type != "cpu" or x.dim() != 2
+            or blocks.shape[1] != row_bytes(type_name, k) or not blocks.is_contiguous()):
         return quant_linear_ref(x, blocks, type_name, bias)
     x = x.contiguous()
     path = path or choose_path(type_name, x.shape[0], extra_flags)
@@ -103,8 +124,9 @@ def quant_linear(x: torch.Tensor, blocks: torch.Tensor, type_name: str, bias: to
         return quant_tiles.tiles_gemm(blocks, type_name, q, d, s, bias, threads, extra_flags)
     y = torch.empty(m, n)
     bias_ptr = None if bias is None else bias.data_ptr()
-    lib.quant_gemm(blocks.data_ptr(), TYPE_IDS[type_name], q.data_ptr(), d.data_ptr(), s.data_ptr(), bias_ptr,
-                   y.data_ptr(), m, n, k, threads)
+    gemm, _, type_id = kernels
+    gemm(blocks.data_ptr(), type_id, q.data_ptr(), d.data_ptr(), s.data_ptr(), bias_ptr, y.data_ptr(), m, n, k,
+         threads)
     return y
 
 
@@ -125,9 +147,10 @@ def _dequantized_linear(x: torch.Tensor, blocks: torch.Tensor, type_name: str,
     return y
 
 
-def dequantize_c(blocks: torch.Tensor, type_name: str, cols: int, out: torch.Tensor | None = None) -> torch.Tensor:
+def dequantize_c(blocks: torch.Tensor, type_name: str, cols: int, out: torch.Tensor | None = None,
+                 extra_flags: tuple[str, ...] = ()) -> torch.Tensor:
     """The float32 values [rows, cols] of blocks, by the C library (same values as quant_blocks.dequantize)."""
     out = torch.empty(blocks.shape[0], cols) if out is None else out
-    _library()[0].dequantize_blocks(blocks.data_ptr(), TYPE_IDS[type_name], blocks.shape[0], cols, out.data_ptr(),
-                                    torch.get_num_threads())
+    _, dequantize, type_id = _gemm_and_dequantize(type_name, extra_flags)
+    dequantize(blocks.data_ptr(), type_id, blocks.shape[0], cols, out.data_ptr(), torch.get_num_threads())
     return out

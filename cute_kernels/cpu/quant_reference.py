@@ -1,6 +1,7 @@
-"""Torch reference of csrc/cpu_quant_gemm.c: the same int8 activation blocks and the same
-dequantized weights, multiplied in float32. Integer block dot products are exact in both, so the
-two differ only in the order float32 sums are taken."""
+"""Torch reference of csrc/cpu_quant_gemm.c and csrc/cpu_kquant_gemm.c: the same int8 activation
+blocks and the same dequantized weights (quant_blocks.dequantize, K-quants included), multiplied in
+float32. Integer block dot products are exact in both, so the two differ only in the order float32
+sums are taken."""
 from __future__ import annotations
 
 import torch

@@ -15,7 +15,7 @@ _P, _I, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 TILE_TYPES = ("Q4_0", "Q4_1", "Q8_0")
 
 
-@functools.lru_cache(maxsize=2)
+@functools.lru_cache(maxsize=4)
 def _library(extra_flags: tuple[str, ...] = ()) -> tuple[ctypes.CDLL | None, str | None]:
     return build.load_with_signatures("cpu_quant_tiles", {
         "quant_gemm_tiles": ([_P, _C, _P, _P, _P, _P, _P, _I, _I, _I, _C], _C),
@@ -26,7 +26,7 @@ def available(type_name: str, extra_flags: tuple[str, ...] = ()) -> bool:
     return type_name in TILE_TYPES and _library(extra_flags)[0] is not None
 
 
-@functools.lru_cache(maxsize=2)
+@functools.lru_cache(maxsize=4)
 def isa(extra_flags: tuple[str, ...] = ()) -> str:
     """avx512-vnni, avx2 or portable-c: the micro-kernel this build runs."""
     lib = _library(extra_flags)[0]

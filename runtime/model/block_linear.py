@@ -1,6 +1,7 @@
-"""Linear layers over weights in ggml block formats (Q4_0, Q4_1, Q8_0) on the CPU: the GGUF's own
-blocks as shipped, or float weights quantized at load (--quantization int8 / q4, see quantization.py).
-The product runs in cute_kernels/cpu/quant_gemm.py; nothing is dequantized to float."""
+"""Linear layers over weights in ggml block formats (Q4_0, Q4_1, Q8_0, and the K-quants Q4_K, Q5_K,
+Q6_K) on the CPU: the GGUF's own blocks as shipped, or float weights quantized at load
+(--quantization int8 / q4, see quantization.py). The product runs in cute_kernels/cpu/quant_gemm.py;
+nothing is dequantized to float."""
 from __future__ import annotations
 
 import torch
@@ -29,6 +30,29 @@ class BlockQuantLinear:
 
     def weight_bytes(self) -> int:
         return tensor_bytes(self.blocks, self.bias)
+
+
+class BlockQuantParts:
+    """A fused weight (q/k/v, gate/up) whose parts hold different block types, as K-quant mixes ship
+    them (Q4_K_M: Q6_K v beside Q4_K q/k in some layers): each part runs its own kernel into its
+    columns of the output. Each part quantizes the activations again: for a decode row that is
+    about a microsecond, and from DEQUANT_MIN_ROWS on the kernel does not quantize them at all."""
+
+    def __init__(self, parts: list[BlockQuantLinear]) -> None:
+        self.parts = parts
+        self.quantization = "+".join(dict.fromkeys(p.quantization for p in parts))
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])
+        y = torch.empty(rows.shape[0], sum(p.blocks.shape[0] for p in self.parts))
+        start = 0
+        for part in self.parts:
+            y[:, start:start + part.blocks.shape[0]] = part(rows)
+            start += part.blocks.shape[0]
+        return y.reshape(*x.shape[:-1], -1)
+
+    def weight_bytes(self) -> int:
+        return sum(p.weight_bytes() for p in self.parts)
 
 
 class BlockQuantEmbedding:

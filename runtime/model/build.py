@@ -2,11 +2,13 @@
 weight behind the Linear seam."""
 from __future__ import annotations
 
+from itertools import accumulate
+
 import torch
 
 from runtime.errors import ModelLoadError
 from runtime.model.attention_backend import AttentionBackend
-from runtime.model.block_linear import BlockQuantEmbedding, BlockQuantLinear, block_linear_supports
+from runtime.model.block_linear import BlockQuantEmbedding, BlockQuantLinear, BlockQuantParts, block_linear_supports
 from runtime.model.cpu_linear import PackedCpuLinear, pack_linear_weight
 from runtime.model.embedding import DenseEmbedding, Embedding
 from runtime.model.linear import DenseLinear, Linear
@@ -14,9 +16,9 @@ from runtime.model.llama import DecoderLayer, LlamaModel
 from runtime.model.quantization import QUANTIZATION_MODES, head_mode, quantize_linear
 from runtime.model.rope import RotaryEmbedding
 from weights.config import ModelConfig
-from weights.quantized import QuantizedTensor, as_float, cat_rows
+from weights.quantized import Quantized, QuantizedParts, QuantizedTensor, as_float, cat_rows
 
-Weight = torch.Tensor | QuantizedTensor
+Weight = torch.Tensor | Quantized
 
 
 def _take(tensors: dict[str, Weight], name: str, shape: tuple[int, ...]) -> Weight:
@@ -85,6 +87,8 @@ class _LinearFactory:
         self.fp8_block = fp8_block  # an FP8 checkpoint's 128x128 block scales
 
     def keeps(self, w: Weight) -> bool:
+        if isinstance(w, QuantizedParts):
+            return all(self.keeps(p) for p in w.parts)
         return (isinstance(w, QuantizedTensor) and self.quantization is None
                 and block_linear_supports(w.type_name, *w.shape, self.device, self.dtype))
 
@@ -93,6 +97,10 @@ class _LinearFactory:
 
     def linear(self, weight: Weight, bias: torch.Tensor | None, head: bool = False) -> Linear:
         bias = self.float(bias)
+        if self.keeps(weight) and isinstance(weight, QuantizedParts):
+            bounds = [0, *accumulate(p.shape[0] for p in weight.parts)]
+            return BlockQuantParts([BlockQuantLinear(p.type_name, p.blocks, None if bias is None else bias[a:b])
+                                    for p, a, b in zip(weight.parts, bounds, bounds[1:])])
         if self.keeps(weight):
             return BlockQuantLinear(weight.type_name, weight.blocks, bias)
         weight = self.float(weight)

@@ -5,9 +5,7 @@
  * Why: batch-1 decode is bandwidth-bound, and these weights are 4.5-8.5 bits instead of 32. Per
  * block the integer dot product is exact; only the float accumulation of block results differs
  * from the torch reference (cute_kernels/cpu/quant_reference.py).
- * ISA: AVX-512 VNNI (vpdpbusd on 256-bit lanes) where the compiler targets it, AVX2 (maddubs +
- * madd) otherwise, and plain C anywhere else (or with -DQUANT_PORTABLE, which the tests build too);
- * -march=native picks at build time.
+ * ISA: see quant_simd.h. K-quants (256-value super-blocks) have their own kernels: cpu_kquant_gemm.c.
  * Work is split over OpenMP threads by (row block, column tile): a column tile's weight blocks stay
  * in L1 while every row of the row block streams past them (GEMM), and with one or a few rows
  * (decode, GEMV) the split is over columns alone.
@@ -15,12 +13,8 @@
 #include <math.h>
 #include <omp.h>
 #include <stddef.h>
-#include <stdint.h>
-#include <string.h>
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(QUANT_PORTABLE)
-#include <immintrin.h>
-#define QUANT_SIMD 1
-#endif
+
+#include "quant_simd.h"
 
 #define QK 32        /* values per block, weights and activations */
 #define ROW_TILE 4   /* activation rows sharing one unpacked weight block */
@@ -29,33 +23,6 @@
 
 enum { Q4_0 = 0, Q4_1 = 1, Q8_0 = 2 };
 static const int64_t BLOCK_BYTES[] = {18, 20, 34};
-
-static inline float f16_to_f32(uint16_t h) {
-#ifdef QUANT_SIMD
-    return _cvtsh_ss(h);
-#else
-    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
-    uint32_t bits;
-    if (exp == 0x1f) bits = sign | 0x7f800000u | (mant << 13);
-    else if (exp != 0) bits = sign | ((exp + 112) << 23) | (mant << 13);
-    else if (mant == 0) bits = sign;
-    else { /* subnormal half: normalize */
-        int e = -1;
-        uint32_t m = mant;
-        do { e++; m <<= 1; } while (!(m & 0x400));
-        bits = sign | ((uint32_t)(112 - e) << 23) | ((m & 0x3ff) << 13);
-    }
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-#endif
-}
-
-static inline uint16_t load_u16(const uint8_t *p) {
-    uint16_t v;
-    memcpy(&v, p, 2);
-    return v;
-}
 
 /* Per block: q = round(x / d) with d = amax / 127 (ties to even, as torch.round), s = d * sum(q). */
 void quantize_rows_q8(const float *x, int64_t rows, int64_t k, int8_t *q, float *d, float *s, int nthreads) {
@@ -84,23 +51,9 @@ static inline float block_offset(const uint8_t *blk, int type, float dw) {
 }
 
 #ifdef QUANT_SIMD
-static inline __m256i dot_u8_s8(__m256i u, __m256i v) { /* 8 int32 lanes, each a sum of 4 products */
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, v);
-#else
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, v), _mm256_set1_epi16(1));
-#endif
-}
-
 static inline __m256i unpack_q4(const uint8_t *qs) { /* byte j: value j low nibble, value j+16 high */
     const __m128i raw = _mm_loadu_si128((const __m128i *)qs), m4 = _mm_set1_epi8(0x0f);
     return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), m4), _mm_and_si128(raw, m4));
-}
-
-static inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 
 /* out[r] = row n of W . activation row r, for r < nr rows (nr <= ROW_TILE). Always inlined with
@@ -186,15 +139,7 @@ void quant_gemm(const uint8_t *w, int type, const int8_t *q, const float *d, con
 }
 
 /* The ISA this library was built for, so tests and benchmarks can say which path they measured. */
-const char *quant_gemm_isa(void) {
-#if defined(QUANT_SIMD) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    return "avx512-vnni";
-#elif defined(QUANT_SIMD)
-    return "avx2";
-#else
-    return "portable-c";
-#endif
-}
+const char *quant_gemm_isa(void) { return quant_isa_name(); }
 
 /* out[N, K] = the float32 values of W, for row counts where a float GEMM beats the int8 dot products
  * (see quant_gemm.py): callers dequantize a slice of W at a time into a reused buffer. */

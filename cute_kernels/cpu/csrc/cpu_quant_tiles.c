@@ -20,12 +20,10 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(QUANT_PORTABLE)
-#include <immintrin.h>
-#define TILES_SIMD 1
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+
+#include "quant_simd.h" /* QUANT_SIMD, f16_to_f32, load_u16, quant_isa_name */
+#if defined(QUANT_SIMD) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
 #define TILES_VNNI 1 /* vpdpbusd: u8 x s8 products summed into int32 lanes in one instruction */
-#endif
 #endif
 
 #define QK 32
@@ -40,52 +38,29 @@
 enum { Q4_0 = 0, Q4_1 = 1, Q8_0 = 2 };
 static const int64_t BLOCK_BYTES[] = {18, 20, 34};
 
-static float half_to_float(uint16_t h) {
-#ifdef TILES_SIMD
-    return _cvtsh_ss(h);
-#else
-    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
-    uint32_t bits;
-    if (exp == 0x1f) bits = sign | 0x7f800000u | (mant << 13);
-    else if (exp != 0) bits = sign | ((exp + 112) << 23) | (mant << 13);
-    else if (mant == 0) bits = sign;
-    else { /* subnormal half: normalize */
-        int e = -1;
-        uint32_t m = mant;
-        do { e++; m <<= 1; } while (!(m & 0x400));
-        bits = sign | ((uint32_t)(112 - e) << 23) | ((m & 0x3ff) << 13);
-    }
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-#endif
-}
-
 /* One weight block as 32 byte values (u8 0..15 for Q4, the int8 bits for Q8), scale and offset. */
 static void unpack_block(const uint8_t *blk, int type, uint8_t vals[QK], float *dw, float *off) {
-    uint16_t h;
-    memcpy(&h, blk, 2);
-    *dw = half_to_float(h);
+    *dw = f16_to_f32(load_u16(blk));
     if (type == Q8_0) {
         memcpy(vals, blk + 2, QK);
         *off = 0.f;
         return;
     }
     const uint8_t *qs = blk + (type == Q4_1 ? 4 : 2);
-#ifdef TILES_SIMD
+#ifdef QUANT_SIMD
     const __m128i raw = _mm_loadu_si128((const __m128i *)qs), m4 = _mm_set1_epi8(0x0f);
     _mm_storeu_si128((__m128i *)vals, _mm_and_si128(raw, m4));
     _mm_storeu_si128((__m128i *)(vals + 16), _mm_and_si128(_mm_srli_epi16(raw, 4), m4));
 #else
     for (int j = 0; j < 16; j++) { vals[j] = qs[j] & 0x0f; vals[j + 16] = qs[j] >> 4; }
 #endif
-    if (type == Q4_1) { memcpy(&h, blk + 2, 2); *off = half_to_float(h); }
+    if (type == Q4_1) *off = f16_to_f32(load_u16(blk + 2));
     else *off = -8.f * *dw; /* Q4_0 stores q + 8 */
 }
 
 /* out step t = values 4t..4t+3 of each of the 8 rows: an 8 x 8 transpose of 4-byte units. */
 static void interleave_steps(uint8_t vals[LANES][QK], uint8_t *out) {
-#ifdef TILES_SIMD
+#ifdef QUANT_SIMD
     __m256 v[LANES], t[LANES], u[LANES];
     for (int l = 0; l < LANES; l++) v[l] = _mm256_loadu_ps((const float *)vals[l]);
     for (int i = 0; i < LANES; i += 2) {
@@ -127,7 +102,7 @@ static void pack_panel(const uint8_t *w, int type, int64_t c0, int64_t cols, int
     }
 }
 
-#ifdef TILES_SIMD
+#ifdef QUANT_SIMD
 static inline __m256i load_act4(const int8_t *p) { /* 4 activation bytes, broadcast to 8 lanes */
     int32_t v;
     memcpy(&v, p, 4);
@@ -261,12 +236,4 @@ int quant_gemm_tiles(const uint8_t *w, int type, const int8_t *q, const float *d
     return failed ? -1 : 0;
 }
 
-const char *quant_tiles_isa(void) {
-#ifdef TILES_VNNI
-    return "avx512-vnni";
-#elif defined(TILES_SIMD)
-    return "avx2";
-#else
-    return "portable-c";
-#endif
-}
+const char *quant_tiles_isa(void) { return quant_isa_name(); }

@@ -1,0 +1,71 @@
+/* What the quantized-linear kernels (cpu_quant_gemm.c, cpu_kquant_gemm.c) share: the ISA choice, fp16
+ * scales, and the unsigned x signed int8 dot product on 256-bit lanes.
+ * ISA: AVX-512 VNNI (vpdpbusd on 256-bit lanes) where the compiler targets it, AVX2 (maddubs + madd)
+ * otherwise, and plain C anywhere else (or with -DQUANT_PORTABLE, which the tests build too);
+ * -march=native picks at build time.
+ */
+#ifndef QUANT_SIMD_H
+#define QUANT_SIMD_H
+
+#include <stdint.h>
+#include <string.h>
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(QUANT_PORTABLE)
+#include <immintrin.h>
+#define QUANT_SIMD 1
+#endif
+
+static inline float f16_to_f32(uint16_t h) {
+#ifdef QUANT_SIMD
+    return _cvtsh_ss(h);
+#else
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+    uint32_t bits;
+    if (exp == 0x1f) bits = sign | 0x7f800000u | (mant << 13);
+    else if (exp != 0) bits = sign | ((exp + 112) << 23) | (mant << 13);
+    else if (mant == 0) bits = sign;
+    else { /* subnormal half: normalize */
+        int e = -1;
+        uint32_t m = mant;
+        do { e++; m <<= 1; } while (!(m & 0x400));
+        bits = sign | ((uint32_t)(112 - e) << 23) | ((m & 0x3ff) << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+#endif
+}
+
+static inline uint16_t load_u16(const uint8_t *p) {
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
+}
+
+/* The ISA a library was built for, so tests and benchmarks can say which path they measured. */
+static inline const char *quant_isa_name(void) {
+#if defined(QUANT_SIMD) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return "avx512-vnni";
+#elif defined(QUANT_SIMD)
+    return "avx2";
+#else
+    return "portable-c";
+#endif
+}
+
+#ifdef QUANT_SIMD
+static inline __m256i dot_u8_s8(__m256i u, __m256i v) { /* 8 int32 lanes, each a sum of 4 products */
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, v);
+#else
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, v), _mm256_set1_epi16(1));
+#endif
+}
+
+static inline float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+#endif
+
+#endif
