@@ -30,13 +30,15 @@ from cute_kernels.cpu.quant_reference import quant_linear_ref
 _P, _I, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 PORTABLE_FLAGS = ("-DQUANT_PORTABLE",)  # the plain C variant, as machines without AVX2 build it
 DEQUANT_MIN_ROWS = 128
-# (tiles ISA, type) -> (first row count for quant_tiles' GEMM, first for dequantize + fp32 GEMM), from
-# profiling/bench_quant_gemm.py --threads 1 --clock cpu on a busy 2-core AVX2 machine (Zen 3): the GEMM
-# passes the GEMV at 8 rows for Q4 (Q8_0: 16; its signed weights cost a sign and a widening per step)
-# and is 1.15-2.1x fp32 F.linear for Q4_1 (Q8_0: 1.0-1.4x) at 16-2048 rows, where dequantize + fp32 is
-# 0.4-1.0x; so on AVX2 the dequantized route is never taken. The VNNI entries copy AVX2's (no such
-# CPU was at hand to measure), the portable build keeps the GEMV and the dequantized route.
-_TILES_FROM = {"Q4_0": 8, "Q4_1": 8, "Q8_0": 16}
+# (tiles ISA, type) -> (first row count for quant_tiles' GEMM, first for dequantize + fp32 GEMM). From
+# profiling/bench_quant_gemm.py --threads 1 --clock cpu on a busy 2-core AVX2 machine (Zen 3) the GEMM
+# passes this GEMV at 8 rows for Q4 (Q8_0: 16) and is 1.15-2.1x fp32 F.linear for Q4_1 (Q8_0: 1.0-1.4x)
+# at 16-2048 rows, where dequantize + fp32 is 0.4-1.0x; so on AVX2 the dequantized route is never taken.
+# But inside the engine, decode batches of 8-16 rows on it made the decode step ~10x slower
+# (bench_offline --requests 16: TPOT p50 822 vs 85 ms; not explained yet, isolated calls are faster),
+# so it starts at prefill-sized 128 rows, where the engine measured 90.6 vs 86.5 tok/s before.
+# The VNNI entries copy AVX2's (no such CPU was at hand), the portable build keeps the old routes.
+_TILES_FROM = {"Q4_0": 128, "Q4_1": 128, "Q8_0": 128}
 NEVER = 1 << 62
 TILES_ROWS = {**{(isa, t): (rows, NEVER) for isa in ("avx2", "avx512-vnni") for t, rows in _TILES_FROM.items()},
               **{("portable-c", t): (NEVER, DEQUANT_MIN_ROWS) for t in _TILES_FROM}}
