@@ -33,15 +33,16 @@ DEQUANT_MIN_ROWS = 128
 # (tiles ISA, type) -> (first row count for quant_tiles' GEMM, first for dequantize + fp32 GEMM). From
 # profiling/bench_quant_gemm.py --threads 1 --clock cpu on a busy 2-core AVX2 machine (Zen 3) the GEMM
 # passes this GEMV at 8 rows for Q4 (Q8_0: 16) and is 1.15-2.1x fp32 F.linear for Q4_1 (Q8_0: 1.0-1.4x)
-# at 16-2048 rows, where dequantize + fp32 is 0.4-1.0x; so on AVX2 the dequantized route is never taken.
-# But inside the engine, decode batches of 8-16 rows on it made the decode step ~10x slower
-# (bench_offline --requests 16: TPOT p50 822 vs 85 ms; not explained yet, isolated calls are faster),
-# so it starts at prefill-sized 128 rows, where the engine measured 90.6 vs 86.5 tok/s before.
-# The VNNI entries copy AVX2's (no such CPU was at hand), the portable build keeps the old routes.
-_TILES_FROM = {"Q4_0": 128, "Q4_1": 128, "Q8_0": 128}
-NEVER = 1 << 62
-TILES_ROWS = {**{(isa, t): (rows, NEVER) for isa in ("avx2", "avx512-vnni") for t, rows in _TILES_FROM.items()},
-              **{("portable-c", t): (NEVER, DEQUANT_MIN_ROWS) for t in _TILES_FROM}}
+# at 16-2048 rows, where dequantize + fp32 is 0.4-1.0x; so on AVX2 Q4 never takes the dequantized route.
+# Q8_0 (the default model's tied LM head, 49152 rows) keeps the old routes: with the head on the GEMM
+# from 16 rows the engine's decode step was ~10x slower (bench_offline --requests 16: TPOT p50 822 vs
+# 85 ms; not explained yet, an isolated 16-row head call is faster on it); with only Q4 on it the same
+# run gave 96.5 tok/s (TPOT 72 ms) against 86.5 before. The VNNI entries copy AVX2's (no such CPU was at
+# hand), the portable build keeps the old routes.
+OLD_ROUTES = (1 << 62, DEQUANT_MIN_ROWS)
+TILES_ROWS = {**{(isa, t): (8, 1 << 62) for isa in ("avx2", "avx512-vnni") for t in ("Q4_0", "Q4_1")},
+              **{(isa, "Q8_0"): OLD_ROUTES for isa in ("avx2", "avx512-vnni")},
+              **{("portable-c", t): OLD_ROUTES for t in ("Q4_0", "Q4_1", "Q8_0")}}
 # Below this many multiply-adds a product stays on the calling thread: a small GEMV takes tens of
 # microseconds, and joining threads costs more than it saves whenever another process holds a core.
 PARALLEL_MIN_MACS = 1 << 20
