@@ -36,9 +36,9 @@ DEQUANT_MIN_ROWS = 128
 # at 16-2048 rows, where dequantize + fp32 is 0.4-1.0x; so on AVX2 Q4 never takes the dequantized route.
 # Q8_0 (the default model's tied LM head, 49152 rows) keeps the old routes: with the head on the GEMM
 # from 16 rows the engine's decode step was ~10x slower (bench_offline --requests 16: TPOT p50 822 vs
-# 85 ms; not explained yet, an isolated 16-row head call is faster on it); with only Q4 on it the same
-# run gave 96.5 tok/s (TPOT 72 ms) against 86.5 before. The VNNI entries copy AVX2's (no such CPU was at
-# hand), the portable build keeps the old routes.
+# 85 ms; not explained yet, an isolated 16-row head call is faster on it); with only Q4 on it that
+# workload ran at 96.5 tok/s (TPOT 72 ms), the routes before at 86.5 (separate runs, one after the other).
+# The VNNI entries copy AVX2's (no such CPU was at hand), the portable build keeps the old routes.
 OLD_ROUTES = (1 << 62, DEQUANT_MIN_ROWS)
 TILES_ROWS = {**{(isa, t): (8, 1 << 62) for isa in ("avx2", "avx512-vnni") for t in ("Q4_0", "Q4_1")},
               **{(isa, "Q8_0"): OLD_ROUTES for isa in ("avx2", "avx512-vnni")},
