@@ -69,15 +69,14 @@ def test_dequantize_matches_gguf(type_name):
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("type_name", TYPES)
 @pytest.mark.parametrize("rows", [1, 3, 5, 64, 133])  # GEMV rows, partial row tiles, several row blocks
-def test_kernel_matches_reference(type_name, rows, variant, monkeypatch):
-    monkeypatch.setattr(qg, "DEQUANT_MIN_ROWS", 1 << 30)  # the int8 path at every row count
+def test_kernel_matches_reference(type_name, rows, variant):
     g = torch.Generator().manual_seed(rows)
     w = torch.randn(37, 192, generator=g)  # 37: a partial column tile
     blocks, bias = gguf_blocks(w, type_name), torch.randn(37, generator=g)
     x = torch.randn(rows, 192, generator=g) * 3
     x[0, :32] = 0.0  # an all-zero block: scale 0 must not divide by zero
     for b in (bias, None):
-        got = qg.quant_linear(x, blocks, type_name, b, VARIANTS[variant])
+        got = qg.quant_linear(x, blocks, type_name, b, VARIANTS[variant], path="gemv")  # at every row count
         torch.testing.assert_close(got, quant_linear_ref(x, blocks, type_name, b), **TOL)
 
 
@@ -91,7 +90,7 @@ def test_dequantized_path_slices_the_weight_and_matches_the_float_product(monkey
         blocks = gguf_blocks(w, type_name)
         assert torch.equal(qg.dequantize_c(blocks, type_name, 96), qb.dequantize(blocks, type_name, 96))
         want = x @ qb.dequantize(blocks, type_name, 96).T + bias
-        torch.testing.assert_close(qg.quant_linear(x, blocks, type_name, bias), want, **TOL)
+        torch.testing.assert_close(qg.quant_linear(x, blocks, type_name, bias, path="dequant"), want, **TOL)
 
 
 def test_reference_is_close_to_the_float_product():

@@ -5,12 +5,14 @@ ggml block formats (quant_blocks.py), and csrc/cpu_kquant_gemm.c over the K-quan
 The activations are quantized once per call (int8 blocks of 32), so a fused weight (q/k/v,
 gate/up) shares them; where the library cannot be built, quant_linear runs the reference.
 
-From DEQUANT_MIN_ROWS rows on (prefill chunks) the weight is instead dequantized, a slice of at most
-DEQUANT_SLICE_ROWS output rows at a time into one reused buffer, and multiplied by torch's fp32 GEMM:
-on AVX2 the int8 dot products with a float scale per 32 values do no better than fp32 FMAs, and
-there the blocked float GEMM wins (measured on a busy 2-core AVX2 machine, one thread, 128 rows of
-Q4_1: 27 vs 31 ms for a 3072x576 weight, 3.2 vs 8.5 ms for 576x1536, dequantizing 0.9 and 0.5 ms of
-that). Decode rows stay on the int8 path, where reading 4.5-bit instead of 32-bit weights is the gain.
+Three paths, chosen per call by row count (choose_path, TILES_ROWS): the GEMV here for decode rows,
+where reading 4.5-bit instead of 32-bit weights is the gain; from a few rows on the register-blocked
+int8 GEMM of quant_tiles.py (cpu_quant_tiles.c), which packs weight panels so that one instruction
+serves 8 output columns; and, where that kernel has no SIMD build (portable C) or does not read the
+type (the K-quants), from DEQUANT_MIN_ROWS rows on, the weight dequantized a slice of at most DEQUANT_SLICE_ROWS output rows at a time into one
+reused buffer and multiplied by torch's fp32 GEMM. (This GEMV's int8 dot products, with a horizontal
+sum per 32 values, do no better than fp32 FMAs on many rows: 27 vs 31 ms for a 3072x576 Q4_1 weight
+at 128 rows on one AVX2 core.)
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from cute_kernels.cpu import build
+from cute_kernels.cpu import build, quant_tiles
 from cute_kernels.cpu import kquant_blocks
 from cute_kernels.cpu.quant_blocks import QK, TYPE_IDS, block_values, row_bytes
 from cute_kernels.cpu.quant_reference import quant_linear_ref
@@ -28,6 +30,19 @@ from cute_kernels.cpu.quant_reference import quant_linear_ref
 _P, _I, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 PORTABLE_FLAGS = ("-DQUANT_PORTABLE",)  # the plain C variant, as machines without AVX2 build it
 DEQUANT_MIN_ROWS = 128
+# (tiles ISA, type) -> (first row count for quant_tiles' GEMM, first for dequantize + fp32 GEMM). From
+# profiling/bench_quant_gemm.py --threads 1 --clock cpu on a busy 2-core AVX2 machine (Zen 3) the GEMM
+# passes this GEMV at 8 rows for Q4 (Q8_0: 16) and is 1.15-2.1x fp32 F.linear for Q4_1 (Q8_0: 1.0-1.4x)
+# at 16-2048 rows, where dequantize + fp32 is 0.4-1.0x; so on AVX2 Q4 never takes the dequantized route.
+# Q8_0 (the default model's tied LM head, 49152 rows) keeps the old routes: with the head on the GEMM
+# from 16 rows the engine's decode step was ~10x slower (bench_offline --requests 16: TPOT p50 822 vs
+# 85 ms; not explained yet, an isolated 16-row head call is faster on it); with only Q4 on it that
+# workload ran at 96.5 tok/s (TPOT 72 ms), the routes before at 86.5 (separate runs, one after the other).
+# The VNNI entries copy AVX2's (no such CPU was at hand), the portable build keeps the old routes.
+OLD_ROUTES = (1 << 62, DEQUANT_MIN_ROWS)
+TILES_ROWS = {**{(isa, t): (8, 1 << 62) for isa in ("avx2", "avx512-vnni") for t in ("Q4_0", "Q4_1")},
+              **{(isa, "Q8_0"): OLD_ROUTES for isa in ("avx2", "avx512-vnni")},
+              **{("portable-c", t): OLD_ROUTES for t in ("Q4_0", "Q4_1", "Q8_0")}}
 # Below this many multiply-adds a product stays on the calling thread: a small GEMV takes tens of
 # microseconds, and joining threads costs more than it saves whenever another process holds a core.
 PARALLEL_MIN_MACS = 1 << 20
@@ -80,25 +95,37 @@ def supports(type_name: str, rows: int, cols: int) -> bool:
     return known and cols % block_values(type_name) == 0 and rows > 0
 
 
+def choose_path(type_name: str, rows: int, extra_flags: tuple[str, ...] = ()) -> str:
+    """gemv, tiles or dequant: the fastest measured path for this many activation rows on this build."""
+    if not quant_tiles.available(type_name, extra_flags):
+        return "dequant" if rows >= DEQUANT_MIN_ROWS else "gemv"
+    tiles_from, dequant_from = TILES_ROWS[quant_tiles.isa(extra_flags), type_name]
+    return "dequant" if rows >= dequant_from else "tiles" if rows >= tiles_from else "gemv"
+
+
 def quant_linear(x: torch.Tensor, blocks: torch.Tensor, type_name: str, bias: torch.Tensor | None = None,
-                 extra_flags: tuple[str, ...] = ()) -> torch.Tensor:
-    """x [rows, k] float32 @ W^T (+ bias) for W given as blocks [n, row_bytes(type_name, k)] of type_name."""
+                 extra_flags: tuple[str, ...] = (), path: str | None = None) -> torch.Tensor:
+    """x [rows, k] float32 @ W^T (+ bias) for W given as blocks [n, row_bytes(type_name, k)] of type_name;
+    path (gemv, tiles, dequant) overrides choose_path, for tests and benchmarks."""
     lib, kernels = _library(extra_flags)[0], _gemm_and_dequantize(type_name, extra_flags)
     n, k = blocks.shape[0], x.shape[-1]
     if (lib is None or kernels is None or x.dtype != torch.float32 or x.device.type != "cpu" or x.dim() != 2
             or blocks.shape[1] != row_bytes(type_name, k) or not blocks.is_contiguous()):
         return quant_linear_ref(x, blocks, type_name, bias)
     x = x.contiguous()
-    if x.shape[0] >= DEQUANT_MIN_ROWS:
+    path = path or choose_path(type_name, x.shape[0], extra_flags)
+    if path == "dequant":
         return _dequantized_linear(x, blocks, type_name, bias)
     m = x.shape[0]
     threads = torch.get_num_threads() if m * n * k >= PARALLEL_MIN_MACS else 1
     q = torch.empty(m, k, dtype=torch.int8)
     d, s = torch.empty(m, k // QK), torch.empty(m, k // QK)
     # one thread: under 128 rows this is ~0.1 ms, less than a thread join costs on a shared machine
-    lib.quantize_rows_q8(x.data_ptr(), m, k, q.data_ptr(), d.data_ptr(), s.data_ptr(), 1)
-    y = torch.empty(m, n)
+    lib.quantize_rows_q8(x.data_ptr(), m, k, q.data_ptr(), d.data_ptr(), s.data_ptr(), 1 if m < 128 else threads)
     bias = None if bias is None else bias.float().contiguous()  # held: the kernel reads it
+    if path == "tiles":
+        return quant_tiles.tiles_gemm(blocks, type_name, q, d, s, bias, threads, extra_flags)
+    y = torch.empty(m, n)
     bias_ptr = None if bias is None else bias.data_ptr()
     gemm, _, type_id = kernels
     gemm(blocks.data_ptr(), type_id, q.data_ptr(), d.data_ptr(), s.data_ptr(), bias_ptr, y.data_ptr(), m, n, k,
