@@ -14,7 +14,8 @@ from cute_kernels.cpu import quant_gemm as qg
 from cute_kernels.cpu import quant_tiles
 from cute_kernels.cpu.quant_blocks import BLOCK_BYTES
 from cute_kernels.cpu.quant_reference import quant_linear_ref
-from tests.test_cpu_quant_gemm import TOL, TYPES, VARIANTS, gguf_blocks
+from cute_kernels.cpu.quant_tiles import TILE_TYPES as TYPES
+from tests.test_cpu_quant_gemm import TOL, VARIANTS, gguf_blocks
 
 
 def test_every_variant_builds_and_says_its_isa():
@@ -50,6 +51,15 @@ def test_long_k_narrows_the_panel_and_still_matches(variant):
     x = torch.randn(6, 6144, generator=g)
     torch.testing.assert_close(qg.quant_linear(x, blocks, "Q4_1", None, VARIANTS[variant], path="tiles"),
                                quant_linear_ref(x, blocks, "Q4_1"), rtol=1e-5, atol=1e-3)
+
+
+@pytest.mark.parametrize("type_name", ["Q5_0", "Q5_1"])
+def test_a_type_without_a_panel_layout_is_refused_not_read(type_name):
+    g = torch.Generator().manual_seed(5)
+    blocks = gguf_blocks(torch.randn(8, 64, generator=g), type_name)
+    assert qg.choose_path(type_name, 64) != "tiles"
+    with pytest.raises(ValueError, match="tiles GEMM"):
+        qg.quant_linear(torch.randn(4, 64, generator=g), blocks, type_name, path="tiles")
 
 
 def extreme_blocks(type_name: str, rows: int, cols: int) -> torch.Tensor:

@@ -37,11 +37,15 @@ def tiles_gemm(blocks: torch.Tensor, type_name: str, q: torch.Tensor, d: torch.T
                bias: torch.Tensor | None, threads: int, extra_flags: tuple[str, ...] = ()) -> torch.Tensor:
     """y [rows, n] from activations quantized by quantize_rows_q8 (q int8 [rows, k], d and s [rows, k/32])
     and weight blocks [n, k/32 * block bytes]; bias float32 contiguous or None."""
+    if type_name not in TILE_TYPES:
+        raise ValueError(f"the tiles GEMM reads {', '.join(TILE_TYPES)}, not {type_name}")
     m, k = q.shape
     y = torch.empty(m, blocks.shape[0])
     rc = _library(extra_flags)[0].quant_gemm_tiles(
         blocks.data_ptr(), TYPE_IDS[type_name], q.data_ptr(), d.data_ptr(), s.data_ptr(),
         None if bias is None else bias.data_ptr(), y.data_ptr(), m, blocks.shape[0], k, threads)
+    if rc == 2:
+        raise ValueError(f"the tiles GEMM does not read {type_name}")
     if rc != 0:
         raise MemoryError("quant_gemm_tiles could not allocate its weight panel")
     return y

@@ -213,6 +213,7 @@ static void panel_rows(const uint8_t *panel, int type, int64_t c0, int64_t cols,
  * a panel and pack it once. Returns 0, or -1 when a thread's panel buffer could not be allocated. */
 int quant_gemm_tiles(const uint8_t *w, int type, const int8_t *q, const float *d, const float *s, const float *bias,
                      float *y, int64_t m, int64_t n, int64_t k, int nthreads) {
+    if (type != Q4_0 && type != Q4_1 && type != Q8_0) return 2; /* the other block types have no panel layout */
     const int64_t nb = k / QK, fit = PANEL_BYTES / (nb * GROUP_BLOCK_BYTES) * LANES;
     const int64_t pcols = fit < LANES ? LANES : fit > PANEL_COLS ? PANEL_COLS : fit;
     const int64_t panels = (n + pcols - 1) / pcols, chunks = (m + ROW_CHUNK - 1) / ROW_CHUNK;
