@@ -293,7 +293,8 @@ def test_check_fails_local_memory_a_stack_frame_and_registers_over_budget(monkey
                         lambda spec, keep_artifacts=False: CompiledKernel(None, 0.1, {"cubin": b"", "ptx": ""}))
     monkeypatch.setattr(aot_build, "link_one", lambda *args: (1024, 2048))
     fast_path = ("64x128x16.F32", "64x64x16.F32")
-    clean = sass.SassStats(24, 0, 0, 4, 8, 0, 0, 120, fast_path, setmaxnreg=2, tma_store=1)  # d 64: 128 at launch
+    clean = sass.SassStats(24, 0, 0, 4, 8, 0, 0, 120, fast_path, setmaxnreg=2, tma_store=1,  # d 64: 128 at launch
+                           overlapped_exp2=132, exp2_after_overlapped=132)
     monkeypatch.setattr(sass, "sass_stats", lambda cubin: clean)
     spec, family = PrefillSpec("bfloat16", 64, 1), dataclasses.replace(PREFILL, max_registers=240)
     assert check.check_variant(family, spec).ok  # the same stats minus the faults below pass

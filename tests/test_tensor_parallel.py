@@ -76,15 +76,28 @@ def test_tp2_ledger_counts_one_ranks_heads_and_weights(kv4_pair):
     assert two.describe()["tensor parallel"].startswith("2 ranks, ") and one.describe()["tensor parallel"] == "off"
 
 
+def assert_same_until_a_near_tie(got: list[list[int]], want: list, tie: float = 0.01) -> None:
+    """Greedy tokens equal the reference's up to the first step where its top two logprobs are within
+    `tie`: there a different float summation order (a row-parallel shard sums half of K, then
+    all-reduces) may pick the other one, and the sequences may part from then on."""
+    for ids, out in zip(got, want):
+        ref = out.outputs[0]
+        for step, (token, (_, top)) in enumerate(zip(ids, ref.logprobs)):
+            if len(top) > 1 and top[0][1] - top[1][1] < tie:
+                break
+            assert token == ref.token_ids[step], f"step {step}: {token} != {ref.token_ids[step]}, top-2 {top}"
+
+
 @pytest.mark.parametrize("mode", ["int8", "q4"])
 def test_quantized_linears_run_per_rank(mode):
-    """Each rank quantizes its own shard with --quantization: tokens equal one quantized process's (blocks of
+    """Each rank quantizes its own shard with --quantization: tokens equal one quantized process's up to a near-tie (blocks of
     32 weights along the input are the same blocks whichever rank holds them; fp8's per-channel scales of a
     row-parallel shard are not, so fp8 under TP runs but computes on other scales)."""
     one, two = tiny_engine(kv_heads=4, quantization=mode), tiny_engine(kv_heads=4, quantization=mode,
                                                                      tensor_parallel_size=2)
     try:
-        assert tokens(two, PROMPTS, GREEDY) == tokens(one, PROMPTS, GREEDY)
+        assert_same_until_a_near_tie(tokens(two, PROMPTS, GREEDY), LLM.from_engine(one).generate(
+            PROMPTS, dataclasses.replace(GREEDY, logprobs=2), use_tqdm=False))
         # shards too narrow for the kernel's 32-wide blocks stay float on the tiny model; most are quantized
         assert two.ledger.quantization.startswith(f"{mode} x") and two.ledger.weight_bytes < one.ledger.weight_bytes
     finally:
