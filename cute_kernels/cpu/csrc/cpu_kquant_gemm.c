@@ -21,8 +21,8 @@
 #define QK_K 256
 #define SUBS 8       /* 32-value sub-blocks per super-block */
 #define ROW_TILE 4   /* activation rows sharing one unpacked super-block */
-#define COL_TILE 16  /* weight rows per task */
-#define ROW_BLOCK 64 /* activation rows per task in the GEMM split */
+
+#include "column_tiles.h" /* after ROW_TILE, which it reads */
 
 enum { Q4_K = 0, Q5_K = 1, Q6_K = 2 };
 static const int64_t BLOCK_BYTES[] = {144, 176, 210};
@@ -197,23 +197,7 @@ static void dot_tile(const uint8_t *wrow, int type, int64_t nsb, const int8_t *q
 void kquant_gemm(const uint8_t *w, int type, const int8_t *q, const float *d, const float *s, const float *bias,
                  float *y, int64_t m, int64_t n, int64_t k, int nthreads) {
     const int64_t nsb = k / QK_K, row_bytes = nsb * BLOCK_BYTES[type];
-    const int64_t row_blocks = (m + ROW_BLOCK - 1) / ROW_BLOCK, col_tiles = (n + COL_TILE - 1) / COL_TILE;
-#pragma omp parallel for collapse(2) schedule(static) num_threads(nthreads)
-    for (int64_t rb = 0; rb < row_blocks; rb++) {
-        for (int64_t ct = 0; ct < col_tiles; ct++) {
-            const int64_t r_end = rb * ROW_BLOCK + ROW_BLOCK < m ? rb * ROW_BLOCK + ROW_BLOCK : m;
-            const int64_t c_end = ct * COL_TILE + COL_TILE < n ? ct * COL_TILE + COL_TILE : n;
-            for (int64_t r0 = rb * ROW_BLOCK; r0 < r_end; r0 += ROW_TILE) {
-                const int nr = (int)(r_end - r0 < ROW_TILE ? r_end - r0 : ROW_TILE);
-                for (int64_t c = ct * COL_TILE; c < c_end; c++) {
-                    float out[ROW_TILE];
-                    dot_tile(w + c * row_bytes, type, nsb, q + r0 * k, d + r0 * k / QK, s + r0 * k / QK, k, nr, out);
-                    const float bc = bias != NULL ? bias[c] : 0.f;
-                    for (int r = 0; r < nr; r++) y[(r0 + r) * n + c] = out[r] + bc;
-                }
-            }
-        }
-    }
+    column_tiled_gemm(dot_tile, w, type, nsb, row_bytes, q, d, s, bias, y, m, n, k, nthreads);
 }
 
 const char *kquant_gemm_isa(void) { return quant_isa_name(); }

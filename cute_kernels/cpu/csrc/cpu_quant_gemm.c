@@ -17,9 +17,8 @@
 #include <stddef.h>
 
 #include "quant_dot.h"
+#include "column_tiles.h"
 
-#define COL_TILE 16  /* weight rows per task: 16 x K/32 blocks stay in L1 */
-#define ROW_BLOCK 64 /* activation rows per task in the GEMM split */
 
 /* Per block: q = round(x / d) with d = amax / 127 (ties to even, as torch.round), s = d * sum(q). */
 void quantize_rows_q8(const float *x, int64_t rows, int64_t k, int8_t *q, float *d, float *s, int nthreads) {
@@ -32,23 +31,7 @@ void quantize_rows_q8(const float *x, int64_t rows, int64_t k, int8_t *q, float 
 void quant_gemm(const uint8_t *w, int type, const int8_t *q, const float *d, const float *s, const float *bias,
                 float *y, int64_t m, int64_t n, int64_t k, int nthreads) {
     const int64_t nb = k / QK, row_bytes = nb * BLOCK_BYTES[type];
-    const int64_t row_blocks = (m + ROW_BLOCK - 1) / ROW_BLOCK, col_tiles = (n + COL_TILE - 1) / COL_TILE;
-#pragma omp parallel for collapse(2) schedule(static) num_threads(nthreads)
-    for (int64_t rb = 0; rb < row_blocks; rb++) {
-        for (int64_t ct = 0; ct < col_tiles; ct++) {
-            const int64_t r_end = rb * ROW_BLOCK + ROW_BLOCK < m ? rb * ROW_BLOCK + ROW_BLOCK : m;
-            const int64_t c_end = ct * COL_TILE + COL_TILE < n ? ct * COL_TILE + COL_TILE : n;
-            for (int64_t r0 = rb * ROW_BLOCK; r0 < r_end; r0 += ROW_TILE) {
-                const int nr = (int)(r_end - r0 < ROW_TILE ? r_end - r0 : ROW_TILE);
-                for (int64_t c = ct * COL_TILE; c < c_end; c++) {
-                    float out[ROW_TILE];
-                    dot_tile(w + c * row_bytes, type, nb, q + r0 * k, d + r0 * nb, s + r0 * nb, k, nr, out);
-                    const float bc = bias != NULL ? bias[c] : 0.f;
-                    for (int r = 0; r < nr; r++) y[(r0 + r) * n + c] = out[r] + bc;
-                }
-            }
-        }
-    }
+    column_tiled_gemm(dot_tile, w, type, nb, row_bytes, q, d, s, bias, y, m, n, k, nthreads);
 }
 
 /* The ISA this library was built for, so tests and benchmarks can say which path they measured. */
