@@ -39,8 +39,10 @@ def time_to_ready(serve_args: list[str], cache: str | None, log_path: str, timeo
         stop_server(proc)
         return ready
     finally:
-        if cache is not None:
-            os.environ.pop("CUTE_SERVE_CACHE", None) if saved is None else os.environ.update(CUTE_SERVE_CACHE=saved)
+        if cache is not None and saved is None:
+            del os.environ["CUTE_SERVE_CACHE"]
+        elif cache is not None:
+            os.environ["CUTE_SERVE_CACHE"] = saved
 
 
 def llama_cpp_load(model: str | None) -> float | None:
