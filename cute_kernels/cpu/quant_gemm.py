@@ -34,14 +34,14 @@ DEQUANT_MIN_ROWS = 128
 # profiling/bench_quant_gemm.py --threads 1 --clock cpu on a busy 2-core AVX2 machine (Zen 3) the GEMM
 # passes this GEMV at 8 rows for Q4 (Q8_0: 16) and is 1.15-2.1x fp32 F.linear for Q4_1 (Q8_0: 1.0-1.4x)
 # at 16-2048 rows, where dequantize + fp32 is 0.4-1.0x; so on AVX2 Q4 never takes the dequantized route.
-# Q8_0 (the default model's tied LM head, 49152 rows) keeps the old routes: with the head on the GEMM
-# from 16 rows the engine's decode step was ~10x slower (bench_offline --requests 16: TPOT p50 822 vs
-# 85 ms; not explained yet, an isolated 16-row head call is faster on it); with only Q4 on it that
-# workload ran at 96.5 tok/s (TPOT 72 ms), the routes before at 86.5 (separate runs, one after the other).
+# Q8_0 (the default model's tied LM head, 49152 rows): the GEMM from 16 rows, 1.5-1.8x the GEMV there
+# (bench_quant_gemm.py --types Q8_0 --shapes head --clock cpu). An earlier engine run that looked ~10x
+# slower with the head here was the shared machine: back-to-back runs of one route swing 10x under load
+# (OpenMP threads spin at barriers while another process holds a core).
 # The VNNI entries copy AVX2's (no such CPU was at hand), the portable build keeps the old routes.
 OLD_ROUTES = (1 << 62, DEQUANT_MIN_ROWS)
 TILES_ROWS = {**{(isa, t): (8, 1 << 62) for isa in ("avx2", "avx512-vnni") for t in ("Q4_0", "Q4_1")},
-              **{(isa, "Q8_0"): OLD_ROUTES for isa in ("avx2", "avx512-vnni")},
+              **{(isa, "Q8_0"): (16, 1 << 62) for isa in ("avx2", "avx512-vnni")},
               **{("portable-c", t): OLD_ROUTES for t in ("Q4_0", "Q4_1", "Q8_0")}}
 # Below this many multiply-adds a product stays on the calling thread: a small GEMV takes tens of
 # microseconds, and joining threads costs more than it saves whenever another process holds a core.
