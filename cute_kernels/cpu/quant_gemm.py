@@ -32,8 +32,8 @@ PORTABLE_FLAGS = ("-DQUANT_PORTABLE",)  # the plain C variant, as machines witho
 DEQUANT_MIN_ROWS = 128
 # (tiles ISA, type) -> (first row count for quant_tiles' GEMM, first for dequantize + fp32 GEMM). From
 # profiling/bench_quant_gemm.py --threads 1 --clock cpu on a busy 2-core AVX2 machine (Zen 3) the GEMM
-# passes this GEMV at 8 rows for Q4 (Q8_0: 16) and is 1.15-2.1x fp32 F.linear for Q4_1 (Q8_0: 1.0-1.4x)
-# at 16-2048 rows, where dequantize + fp32 is 0.4-1.0x; so on AVX2 Q4 never takes the dequantized route.
+# passes this GEMV at 8 rows for Q4 (Q8_0: 16) and is 1.2-3.0x fp32 F.linear for Q4_1 (Q8_0: 1.2-2.1x)
+# at 16-512 rows, where dequantize + fp32 is 0.4-1.0x; so on AVX2 Q4 never takes the dequantized route.
 # Q8_0 (the default model's tied LM head, 49152 rows): the GEMM from 16 rows, 1.5-1.8x the GEMV there
 # (bench_quant_gemm.py --types Q8_0 --shapes head --clock cpu). An earlier engine run that looked ~10x
 # slower with the head here was the shared machine: back-to-back runs of one route swing 10x under load

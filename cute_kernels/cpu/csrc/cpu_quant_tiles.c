@@ -109,50 +109,63 @@ static inline __m256i load_act4(const int8_t *p) { /* 4 activation bytes, broadc
     return _mm256_set1_epi32(v);
 }
 
-/* out[r][l] = packed weight row l of this group . activation row r, for nr <= ROWS rows. Inlined with
- * constant type and nr, so each combination compiles to straight-line register code. */
+/* One step's 4 values of 8 weight rows (wu: as u8; w: signed, for Q8_0's sign move) against 4 values of
+ * one activation row, added into that row's running block sum. */
+static inline __attribute__((always_inline)) __m256i step_sum(__m256i isum, __m256i wu, __m256i w, const int8_t *qa,
+                                                              int type) {
+    const __m256i a = load_act4(qa), x = type == Q8_0 ? _mm256_sign_epi8(a, w) : a;
+#ifdef TILES_VNNI
+    return _mm256_dpbusd_epi32(isum, wu, x);
+#else
+    const __m256i p = _mm256_maddubs_epi16(wu, x);
+    /* Q8 pairs reach 32385: widen every step; eight Q4 steps fit int16 and widen once per block */
+    return type == Q8_0 ? _mm256_add_epi32(isum, _mm256_madd_epi16(p, _mm256_set1_epi16(1)))
+                        : _mm256_add_epi16(isum, p);
+#endif
+}
+
+/* acc += the block's integer sums, scaled by dw x d (plus Q4's offset x s). */
+static inline __attribute__((always_inline)) __m256 block_acc(__m256 acc, __m256i isum, __m256 dw, __m256 off,
+                                                              float d, float s, int type) {
+#ifdef TILES_VNNI
+    const __m256i i32 = isum;
+#else
+    const __m256i i32 = type == Q8_0 ? isum : _mm256_madd_epi16(isum, _mm256_set1_epi16(1));
+#endif
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32), _mm256_mul_ps(dw, _mm256_set1_ps(d)), acc);
+    return type == Q8_0 ? acc : _mm256_fmadd_ps(off, _mm256_set1_ps(s), acc);
+}
+
+/* out[r][l] = packed weight row l of this group . activation row r, for nr <= ROWS rows. Always four
+ * rows in named registers (arrays indexed in loops ended up on the stack, a store-forward on every
+ * accumulation); rows past nr repeat the last real row and are not stored. Inlined with constant type. */
 static inline __attribute__((always_inline)) void micro_tile(const uint8_t *group, int type, int nr, const int8_t *q,
         const float *d, const float *s, int64_t k, int64_t nb, float *out) {
-    __m256 acc[ROWS];
-    _Pragma("GCC unroll 8") for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_ps();
-#ifndef TILES_VNNI
-    const __m256i ones = _mm256_set1_epi16(1);
-#endif
+    const int64_t r1 = nr > 1 ? 1 : 0, r2 = nr > 2 ? 2 : nr - 1, r3 = nr > 3 ? 3 : nr - 1;
+    const int8_t *q0 = q, *q1 = q + r1 * k, *q2 = q + r2 * k, *q3 = q + r3 * k;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = group + b * GROUP_BLOCK_BYTES;
-        __m256i isum[ROWS];
-        _Pragma("GCC unroll 8") for (int t = 0; t < STEPS; t++) {
+        __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
+        const int64_t at = b * QK;
+        _Pragma("GCC unroll 4") for (int t = 0; t < STEPS; t++) {
             const __m256i w = _mm256_loadu_si256((const __m256i *)(blk + 2 * LANES * 4 + t * 32));
             const __m256i wu = type == Q8_0 ? _mm256_sign_epi8(w, w) : w; /* |w| as u8; its sign moves to x */
-            _Pragma("GCC unroll 8") for (int r = 0; r < nr; r++) {
-                const __m256i a = load_act4(q + r * k + b * QK + 4 * t);
-                const __m256i x = type == Q8_0 ? _mm256_sign_epi8(a, w) : a;
-#ifdef TILES_VNNI
-                isum[r] = _mm256_dpbusd_epi32(t == 0 ? _mm256_setzero_si256() : isum[r], wu, x);
-#else
-                const __m256i p = _mm256_maddubs_epi16(wu, x);
-                if (type == Q8_0) {
-                    const __m256i p32 = _mm256_madd_epi16(p, ones);
-                    isum[r] = t == 0 ? p32 : _mm256_add_epi32(isum[r], p32);
-                } else {
-                    isum[r] = t == 0 ? p : _mm256_add_epi16(isum[r], p);
-                }
-#endif
-            }
+            s0 = step_sum(s0, wu, w, q0 + at + 4 * t, type);
+            s1 = step_sum(s1, wu, w, q1 + at + 4 * t, type);
+            s2 = step_sum(s2, wu, w, q2 + at + 4 * t, type);
+            s3 = step_sum(s3, wu, w, q3 + at + 4 * t, type);
         }
         const __m256 dw = _mm256_loadu_ps((const float *)blk), off = _mm256_loadu_ps((const float *)blk + LANES);
-        _Pragma("GCC unroll 8") for (int r = 0; r < nr; r++) {
-#ifdef TILES_VNNI
-            const __m256i i32 = isum[r];
-#else
-            const __m256i i32 = type == Q8_0 ? isum[r] : _mm256_madd_epi16(isum[r], ones);
-#endif
-            const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(d[r * nb + b]));
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32), scale, acc[r]);
-            if (type != Q8_0) acc[r] = _mm256_fmadd_ps(off, _mm256_set1_ps(s[r * nb + b]), acc[r]);
-        }
+        acc0 = block_acc(acc0, s0, dw, off, d[b], s[b], type);
+        acc1 = block_acc(acc1, s1, dw, off, d[r1 * nb + b], s[r1 * nb + b], type);
+        acc2 = block_acc(acc2, s2, dw, off, d[r2 * nb + b], s[r2 * nb + b], type);
+        acc3 = block_acc(acc3, s3, dw, off, d[r3 * nb + b], s[r3 * nb + b], type);
     }
-    _Pragma("GCC unroll 8") for (int r = 0; r < nr; r++) _mm256_storeu_ps(out + r * LANES, acc[r]);
+    _mm256_storeu_ps(out, acc0);
+    if (nr > 1) _mm256_storeu_ps(out + LANES, acc1);
+    if (nr > 2) _mm256_storeu_ps(out + 2 * LANES, acc2);
+    if (nr > 3) _mm256_storeu_ps(out + 3 * LANES, acc3);
 }
 #else
 static inline void micro_tile(const uint8_t *group, int type, int nr, const int8_t *q, const float *d,
@@ -176,19 +189,11 @@ static inline void micro_tile(const uint8_t *group, int type, int nr, const int8
 }
 #endif
 
-#define TILE_ROWS(T)                                                         \
-    switch (nr) {                                                            \
-    case 4: micro_tile(group, T, 4, q, d, s, k, nb, out); break;             \
-    case 3: micro_tile(group, T, 3, q, d, s, k, nb, out); break;             \
-    case 2: micro_tile(group, T, 2, q, d, s, k, nb, out); break;             \
-    default: micro_tile(group, T, 1, q, d, s, k, nb, out); break;            \
-    }
-
 static void tile(const uint8_t *group, int type, int nr, const int8_t *q, const float *d, const float *s,
                  int64_t k, int64_t nb, float *out) {
-    if (type == Q4_0) { TILE_ROWS(Q4_0) }
-    else if (type == Q4_1) { TILE_ROWS(Q4_1) }
-    else { TILE_ROWS(Q8_0) }
+    if (type == Q4_0) micro_tile(group, Q4_0, nr, q, d, s, k, nb, out);
+    else if (type == Q4_1) micro_tile(group, Q4_1, nr, q, d, s, k, nb, out);
+    else micro_tile(group, Q8_0, nr, q, d, s, k, nb, out);
 }
 
 /* Rows [r0, r1) of y against a packed panel of weight rows [c0, c0 + cols). */
