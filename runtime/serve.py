@@ -31,7 +31,10 @@ from runtime.engine_config import add_engine_args, config_from_args
 from runtime.errors import UserError
 
 if TYPE_CHECKING:
+    from fastapi import FastAPI
+
     from runtime.api.async_engine import AsyncEngine
+    from runtime.api.late_page import MountPage
 
 DEFAULT_MAX_QUEUE = 1024
 DEFAULT_SHUTDOWN_GRACE = 5.0
@@ -155,9 +158,8 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def import_in_background(*modules: str) -> threading.Thread:
-    """Start importing `modules` on a thread. gradio's import is seconds of Python; the model load
-    beside it is mostly torch and C work that releases the GIL, so on 2 cores they overlap.
-    A failed import is left for the main thread's own import to report."""
+    """Start importing `modules` on a thread. A failed import is left for the code that uses the
+    module to report."""
     def run() -> None:
         for module in modules:
             try:
@@ -168,6 +170,18 @@ def import_in_background(*modules: str) -> threading.Thread:
     thread = threading.Thread(target=run, name="imports", daemon=True)
     thread.start()
     return thread
+
+
+def prepare_chat_page(app: "FastAPI", async_engine: "AsyncEngine") -> "MountPage":
+    """create_app's UI hook, on the page's thread once /health answers: gradio's import (seconds of
+    Python that holds the GIL) no longer delays the API."""
+    from app.ui import prepare_chat_ui
+
+    mount = prepare_chat_ui(app, async_engine)
+    # structured output's, else paid by the first request with a grammar; after gradio's, so no two
+    # threads import one package
+    import_in_background("xgrammar")
+    return mount
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -182,15 +196,11 @@ def main(argv: list[str] | None = None) -> int:
 
     template = load_chat_template(args.chat_template) if args.chat_template else None
     sock = bind(args.host, args.port)
-    ui_import = import_in_background("gradio")  # after the web stack's: no two threads import one package
     async_engine, path, defaults = build_engine(args, template)
-    ui_import.join()
-    import_in_background("xgrammar")  # structured output's, else paid by the first request with a grammar
-    from app.ui import mount_chat_ui
 
     name = args.served_model_name or model_name(path)
     options = dataclasses.replace(server_options(args), sampling_defaults=defaults)
-    app = create_app(async_engine, name, options, mount_chat_ui)
+    app = create_app(async_engine, name, options, prepare_chat_page)
     about = async_engine.describe()
     host = "127.0.0.1" if args.host in ("0.0.0.0", "") else f"[{args.host}]" if ":" in args.host else args.host
     base = f"http://{host}:{sock.getsockname()[1]}"
@@ -200,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     if defaults:
         print(f"sampling defaults from generation_config.json, for requests that set none: {describe(defaults)} "
               f"(--generation-config vllm: none)", file=sys.stderr)
-    print(f"chat page: {base}/   API: {base}/v1   docs: {base}/docs   metrics: {base}/metrics", file=sys.stderr,
+    print(f"chat page: {base}/ (in a few seconds)   API: {base}/v1   docs: {base}/docs   metrics: {base}/metrics", file=sys.stderr,
           flush=True)
     if host_header_name(args.host) is None and not args.allowed_hosts:  # listening everywhere, answering locally
         print(f"note: only the Host names {', '.join(LOCAL_HOSTS)} are answered; name this machine's with "

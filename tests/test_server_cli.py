@@ -10,7 +10,7 @@ import pytest
 
 from profiling import bench_serving
 from runtime.serve import parse_args
-from tests.server_utils import REPO, serve_subprocess, write_tiny_model
+from tests.server_utils import REPO, serve_subprocess, wait_for_chat_page, write_tiny_model
 
 SMALL_KV = ["--kv-cache-memory", "8MiB"]
 
@@ -51,6 +51,7 @@ def test_serve_starts_shows_ledger_and_serves_the_openai_client(tiny_model):
                                            max_tokens=4, extra_body={"ignore_eos": True})
         assert r.usage.completion_tokens == 4
         key = {"Authorization": "Bearer k"}
+        wait_for_chat_page(url)
         page = httpx.get(url + "/", headers=key, follow_redirects=False)  # the chat UI is mounted at /
         assert page.status_code == 200 and "gradio" in page.text.lower()
         assert httpx.get(url + "/").status_code == 401  # behind the key too
