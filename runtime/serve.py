@@ -133,7 +133,8 @@ def build_engine(args: argparse.Namespace, chat_template: str | None = None) -> 
         engine = LLMEngine(config, model_config, tensors, tokenizer)
         bar.update()
         bar.set_postfix_str("warm-up")
-        LLM.from_engine(engine).generate([[tokenizer.bos_token_id or 0]], SamplingParams(max_tokens=2, ignore_eos=True),
+        # one step: a one-token prompt already takes the decode path a second step would repeat
+        LLM.from_engine(engine).generate([[tokenizer.bos_token_id or 0]], SamplingParams(max_tokens=1, ignore_eos=True),
                                          use_tqdm=False)
         engine.reset_stats()  # /metrics counts what clients asked for, not the warm-up
         bar.update()
