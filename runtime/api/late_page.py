@@ -49,7 +49,6 @@ class LatePage:
         self.reason = ""
         self.page: Any = None  # the mounted page's ASGI app
         self.route: Mount | None = None  # where the app routes to this page; create_app sets it
-        self._stop = asyncio.Event()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.page is not None:
@@ -69,24 +68,25 @@ class LatePage:
     @contextlib.asynccontextmanager
     async def running(self, app: FastAPI) -> AsyncIterator[None]:
         """The app's lifespan: load the page in the background while the server serves."""
-        task = asyncio.create_task(self._load(app))
+        stop = asyncio.Event()
+        task = asyncio.create_task(self._load(app, stop))
         try:
             yield
         finally:
-            self._stop.set()
+            stop.set()
             if self.page is None:  # still preparing: stop waiting for the thread (a daemon)
                 task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    async def _load(self, app: FastAPI) -> None:
+    async def _load(self, app: FastAPI, stop: asyncio.Event) -> None:
         try:
             mount = await on_thread(self.prepare, app, self.engine)
             page, lifespan = self._mount(app, mount)
             async with lifespan(app):
                 self.page, self.status = page, "ready"
                 log.info("chat page ready")
-                await self._stop.wait()
+                await stop.wait()
         except Exception as exc:  # noqa: BLE001 - the API keeps serving; the page says why it is missing
             log.exception("the chat page failed to load; the API keeps serving")
             self.status, self.reason = "failed", " ".join(str(exc).split())[:300] or type(exc).__name__
