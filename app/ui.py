@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 
 import gradio as gr
+from fastapi import FastAPI
 
 from app.block_map import STATE_COLORS, STATE_NAMES
 from app.chat import ChatSessions, ChatSettings, reply
@@ -12,6 +13,7 @@ from app.ladder_summary import ladder_markdown
 from app.latency_chart import X_LIM, latency_frame
 from app.panel import LivePanel
 from runtime.api.async_engine import AsyncEngine
+from runtime.api.late_page import MountPage
 from runtime.api.metrics import ServerMetrics
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
@@ -98,10 +100,15 @@ def build_ui(engine: AsyncEngine, metrics: ServerMetrics) -> gr.Blocks:
     return demo
 
 
-def mount_chat_ui(app, engine: AsyncEngine):
-    """runtime.api.app.create_app's mount_ui hook: the page at "/", API routes keep precedence. The
-    app's middleware (API key, Host check, CORS, body caps) guards the page's routes too."""
+def prepare_chat_ui(app: FastAPI, engine: AsyncEngine) -> MountPage:
+    """runtime.api.app.create_app's UI hook, run on a thread once the server answers: builds the page
+    and returns what mounts it at "/" on the event loop. The app's middleware (API key, Host check,
+    CORS, body caps) guards the page's routes too."""
     demo = build_ui(engine, app.state.server.metrics)
     quiet_input_errors(demo)
-    refuse_uploads(app)
-    return gr.mount_gradio_app(app, demo, path="/", ssr_mode=False)
+
+    def mount(app: FastAPI) -> FastAPI:
+        refuse_uploads(app)
+        return gr.mount_gradio_app(app, demo, path="/", ssr_mode=False)
+
+    return mount

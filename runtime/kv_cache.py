@@ -1,9 +1,10 @@
 """Per-layer paged K/V cache tensors and the memory ledger that sizes them."""
 from __future__ import annotations
 
+import math
+import mmap
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from runtime.errors import UserError
@@ -66,9 +67,15 @@ def allocate_kv_cache(cfg: ModelConfig, ledger: KVLedger, device: torch.device |
 
 
 def _zeros_on_touch(shape: tuple[int, ...], device: torch.device | str, dtype: torch.dtype) -> torch.Tensor:
-    """Zeros from calloc: a large cache is fresh mapped pages the OS zeroes when first touched, so
-    start-up does not write gigabytes (torch.zeros writes every page: seconds for the default 2 GiB
-    cache on 2 cores) and resident memory grows with use. Zeros still matter: a reference kernel
-    multiplies masked-out rows by 0."""
-    size = int(np.prod(shape)) * torch.empty((), dtype=dtype).element_size()
-    return torch.from_numpy(np.zeros(size, dtype=np.uint8)).view(dtype).view(shape)
+    """Zeros from an anonymous memory map: fresh pages the OS zeroes when first touched, so start-up
+    does not write gigabytes (torch.zeros writes every page: seconds for the default 2 GiB cache on
+    2 cores) and resident memory grows with use. Not calloc: under the engine's malloc settings
+    (runtime/host_allocator.py) blocks up to 32 MiB come from the heap, which calloc clears by hand,
+    and the per-layer K or V of the default cache drops below that when free memory does (the
+    budget follows it): the whole cache was then written at start-up, 8 s on a busy machine.
+    Zeros still matter: a reference kernel multiplies masked-out rows by 0."""
+    size = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    if size == 0:
+        return torch.zeros(shape, device=device, dtype=dtype)
+    pages = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return torch.frombuffer(pages, dtype=torch.uint8).view(dtype).view(shape)  # the tensor keeps the map

@@ -6,14 +6,16 @@ memory ledger, and the URLs to open.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import gc
 import importlib
 import logging
 import os
 import socket
 import sys
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 from tqdm import tqdm
 
@@ -31,7 +33,10 @@ from runtime.engine_config import add_engine_args, config_from_args
 from runtime.errors import UserError
 
 if TYPE_CHECKING:
+    from fastapi import FastAPI
+
     from runtime.api.async_engine import AsyncEngine
+    from runtime.api.late_page import MountPage
 
 DEFAULT_MAX_QUEUE = 1024
 DEFAULT_SHUTDOWN_GRACE = 5.0
@@ -120,7 +125,12 @@ def build_engine(args: argparse.Namespace, chat_template: str | None = None) -> 
 
     config = config_from_args(args)
     config.log_ledger = False  # printed below, after the bar
-    with tqdm(total=3, desc="loading", unit="stage", file=sys.stderr) as bar:
+    # Loading is small torch copies and one warm-up step: one thread does them as fast on an idle
+    # machine, while on a busy one each parallel region waits for a second core to be free (the
+    # engine build took 0.3-2.3 s on 2 threads at load average ~5, 0.09 s on one). Tensor
+    # parallelism sets its ranks' threads itself.
+    with intra_op_threads(1 if config.tensor_parallel_size == 1 else None), \
+            tqdm(total=3, desc="loading", unit="stage", file=sys.stderr) as bar:
         bar.set_postfix_str("weights and tokenizer")
         model_config, tensors, tokenizer, path = load_model(args.model)
         tokenizer = tokenizer.with_chat_template(chat_template) if chat_template else tokenizer
@@ -130,11 +140,27 @@ def build_engine(args: argparse.Namespace, chat_template: str | None = None) -> 
         engine = LLMEngine(config, model_config, tensors, tokenizer)
         bar.update()
         bar.set_postfix_str("warm-up")
-        LLM.from_engine(engine).generate([[tokenizer.bos_token_id or 0]], SamplingParams(max_tokens=2, ignore_eos=True),
+        # one step: a one-token prompt already takes the decode path a second step would repeat
+        LLM.from_engine(engine).generate([[tokenizer.bos_token_id or 0]], SamplingParams(max_tokens=1, ignore_eos=True),
                                          use_tqdm=False)
         engine.reset_stats()  # /metrics counts what clients asked for, not the warm-up
         bar.update()
     return AsyncEngine(engine, max_queue=args.max_queue), path, defaults
+
+
+@contextlib.contextmanager
+def intra_op_threads(n: int | None) -> Iterator[None]:
+    """torch's intra-op threads (and so the C kernels') set to n inside, restored after; None: as they are."""
+    import torch
+
+    before = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        if n is not None:
+            torch.set_num_threads(before)
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -155,9 +181,8 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def import_in_background(*modules: str) -> threading.Thread:
-    """Start importing `modules` on a thread. gradio's import is seconds of Python; the model load
-    beside it is mostly torch and C work that releases the GIL, so on 2 cores they overlap.
-    A failed import is left for the main thread's own import to report."""
+    """Start importing `modules` on a thread. A failed import is left for the code that uses the
+    module to report."""
     def run() -> None:
         for module in modules:
             try:
@@ -170,9 +195,25 @@ def import_in_background(*modules: str) -> threading.Thread:
     return thread
 
 
+def prepare_chat_page(app: "FastAPI", async_engine: "AsyncEngine") -> "MountPage":
+    """create_app's UI hook, on the page's thread once /health answers: gradio's import (seconds of
+    Python that holds the GIL) no longer delays the API."""
+    from app.ui import prepare_chat_ui
+
+    mount = prepare_chat_ui(app, async_engine)
+    # structured output's, else paid by the first request with a grammar; after gradio's, so no two
+    # threads import one package
+    import_in_background("xgrammar")
+    return mount
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     setup_logging(getattr(logging, args.log_level.upper()))
+    # Start-up makes ~350k objects the cyclic collector tracks, nearly all living as long as the
+    # server (modules, classes, the vocabulary): it would scan them again and again, ~8% of a warm
+    # start's CPU time. Off until the app is built, then they are frozen out of its reach.
+    gc.disable()
     import uvicorn
 
     from runtime.api.app import create_app
@@ -182,15 +223,11 @@ def main(argv: list[str] | None = None) -> int:
 
     template = load_chat_template(args.chat_template) if args.chat_template else None
     sock = bind(args.host, args.port)
-    ui_import = import_in_background("gradio")  # after the web stack's: no two threads import one package
     async_engine, path, defaults = build_engine(args, template)
-    ui_import.join()
-    import_in_background("xgrammar")  # structured output's, else paid by the first request with a grammar
-    from app.ui import mount_chat_ui
 
     name = args.served_model_name or model_name(path)
     options = dataclasses.replace(server_options(args), sampling_defaults=defaults)
-    app = create_app(async_engine, name, options, mount_chat_ui)
+    app = create_app(async_engine, name, options, prepare_chat_page)
     about = async_engine.describe()
     host = "127.0.0.1" if args.host in ("0.0.0.0", "") else f"[{args.host}]" if ":" in args.host else args.host
     base = f"http://{host}:{sock.getsockname()[1]}"
@@ -200,12 +237,14 @@ def main(argv: list[str] | None = None) -> int:
     if defaults:
         print(f"sampling defaults from generation_config.json, for requests that set none: {describe(defaults)} "
               f"(--generation-config vllm: none)", file=sys.stderr)
-    print(f"chat page: {base}/   API: {base}/v1   docs: {base}/docs   metrics: {base}/metrics", file=sys.stderr,
+    print(f"chat page: {base}/ (in a few seconds)   API: {base}/v1   docs: {base}/docs   metrics: {base}/metrics", file=sys.stderr,
           flush=True)
     if host_header_name(args.host) is None and not args.allowed_hosts:  # listening everywhere, answering locally
         print(f"note: only the Host names {', '.join(LOCAL_HOSTS)} are answered; name this machine's with "
               f"--allowed-hosts", file=sys.stderr, flush=True)
     server = GracefulServer(uvicorn.Config(app, log_level=args.log_level), async_engine, args.shutdown_grace)
+    gc.freeze()
+    gc.enable()
     with async_engine:
         server.run(sockets=[sock])
     return 0

@@ -11,12 +11,14 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
+import httpx
 import openai
 import uvicorn
 
 from profiling.bench_serving import BenchError, start_server, stop_server
-from runtime.api.app import MountUI, create_app
+from runtime.api.app import create_app
 from runtime.api.async_engine import AsyncEngine
+from runtime.api.late_page import PrepareUI
 from runtime.api.options import ServerOptions
 from runtime.engine import LLMEngine
 
@@ -78,18 +80,36 @@ def serve_app(app, timeout: float = 20.0) -> Iterator[str]:
         server.should_exit = True
         thread.join(timeout)
         sock.close()
+        if thread.is_alive():
+            raise RuntimeError(f"uvicorn did not stop within {timeout:g} s")
 
 
 @contextlib.contextmanager
 def live_server(engine: LLMEngine, max_queue: int | None = None, model_name: str = TINY_MODEL,
-                mount_ui: MountUI | None = None, **options) -> Iterator[LiveServer]:
+                ui: PrepareUI | None = None, wait_for_page: bool = True, **options) -> Iterator[LiveServer]:
     """An AsyncEngine over engine, its app (options: ServerOptions' fields), and uvicorn; everything
-    stopped on exit."""
+    stopped on exit. With a ui, once its page is mounted unless wait_for_page is False."""
     with AsyncEngine(engine, max_queue=max_queue) as async_engine:
-        app = create_app(async_engine, model_name, ServerOptions(**options), mount_ui)
+        app = create_app(async_engine, model_name, ServerOptions(**options), ui)
         with serve_app(app) as url:
+            if ui is not None and wait_for_page:
+                wait_for_chat_page(url)
             yield LiveServer(url, async_engine)
         app.state.server.metrics.close()
+
+
+def settled_chat_page(url: str, timeout: float = 120.0) -> str:
+    """The chat page's status in /health once it is no longer "loading" ("ready" or "failed")."""
+    deadline = time.monotonic() + timeout
+    while (status := httpx.get(url + "/health").json().get("chat_page")) == "loading":
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the chat page still loads after {timeout:.0f} s")
+        time.sleep(0.05)
+    return status
+
+
+def wait_for_chat_page(url: str) -> None:
+    assert (status := settled_chat_page(url)) == "ready", f"chat page: {status}"
 
 
 def write_tiny_model(folder: str) -> str:

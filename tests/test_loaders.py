@@ -4,6 +4,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import struct
 
 import gguf
 import numpy as np
@@ -16,6 +17,7 @@ from tests.model_files import (llama_cpp_rope_freqs, random_tensors, tiny_config
                                write_tiny_hf)
 from weights.checkpoint import expected_shapes
 from weights.load import load_checkpoint
+from weights.gguf_file import ValueType, _Cursor
 from weights.gguf_quants import dequantize_gguf
 from weights.load_gguf import llama3_divisors
 
@@ -248,6 +250,15 @@ def test_truncated_gguf_last_tensor(tmp_path):
         f.truncate(last.data_offset + last.n_bytes - 1)
     # gguf's reader already fails here; the loader's own past-EOF check backs it up.
     _raises(str(path), "not a valid GGUF", "m.gguf")
+
+
+def test_gguf_string_arrays_read_whole_and_refuse_truncation():
+    words = ["a", "h\u00e9llo", "", "\u0120the"]
+    raw = struct.pack("<IQ", ValueType.STRING, len(words))
+    raw += b"".join(struct.pack("<Q", len(w.encode())) + w.encode() for w in words)
+    assert _Cursor(memoryview(raw)).array() == words
+    with pytest.raises(ValueError, match="runs past the end"):
+        _Cursor(memoryview(raw[:-1])).array()
 
 
 def test_unsupported_quant_type(tmp_path):

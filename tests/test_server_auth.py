@@ -6,7 +6,7 @@ import logging
 import httpx
 import pytest
 
-from app.ui import mount_chat_ui
+from app.ui import prepare_chat_ui
 from runtime.api.auth import COOKIE
 from tests.server_utils import live_server
 from tests.tiny_engine import tiny_engine
@@ -24,7 +24,7 @@ GUARDED = [("GET", "/v1/models"), ("POST", "/v1/completions"), ("GET", "/metrics
 
 @pytest.fixture(scope="module")
 def server():
-    with live_server(tiny_engine(), mount_ui=mount_chat_ui, api_key=KEY) as srv:
+    with live_server(tiny_engine(), ui=prepare_chat_ui, api_key=KEY) as srv:
         yield srv
 
 

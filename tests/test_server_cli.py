@@ -9,8 +9,8 @@ import openai
 import pytest
 
 from profiling import bench_serving
-from runtime.serve import parse_args
-from tests.server_utils import REPO, serve_subprocess, write_tiny_model
+from runtime.serve import intra_op_threads, parse_args
+from tests.server_utils import REPO, serve_subprocess, wait_for_chat_page, write_tiny_model
 
 SMALL_KV = ["--kv-cache-memory", "8MiB"]
 
@@ -27,6 +27,22 @@ def test_help_and_defaults():
         assert flag in res.stdout
     args = parse_args([])
     assert args.host == "127.0.0.1" and args.port == 8000  # never all interfaces unless asked
+
+
+def test_loading_threads_are_set_inside_and_restored_after():
+    import torch
+
+    before = torch.get_num_threads()
+    with intra_op_threads(1):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+    with pytest.raises(RuntimeError), intra_op_threads(1):
+        raise RuntimeError("a failed load")
+    assert torch.get_num_threads() == before
+    with intra_op_threads(None):  # tensor parallelism sets its own
+        torch.set_num_threads(1)
+    assert torch.get_num_threads() == 1
+    torch.set_num_threads(before)
 
 
 def test_taken_port_is_one_line_error_before_loading(tiny_model):
@@ -51,6 +67,7 @@ def test_serve_starts_shows_ledger_and_serves_the_openai_client(tiny_model):
                                            max_tokens=4, extra_body={"ignore_eos": True})
         assert r.usage.completion_tokens == 4
         key = {"Authorization": "Bearer k"}
+        wait_for_chat_page(url)
         page = httpx.get(url + "/", headers=key, follow_redirects=False)  # the chat UI is mounted at /
         assert page.status_code == 200 and "gradio" in page.text.lower()
         assert httpx.get(url + "/").status_code == 401  # behind the key too

@@ -4,7 +4,7 @@ from the Gradio page (which on its own grants any http://localhost:* origin, cre
 import httpx
 import pytest
 
-from app.ui import mount_chat_ui
+from app.ui import prepare_chat_ui
 from runtime.api.options import LOCAL_HOSTS
 from tests.server_utils import live_server
 from tests.tiny_engine import tiny_engine
@@ -14,7 +14,7 @@ PATHS = ["/v1/models", "/health", "/", "/gradio_api/info", "/docs"]
 
 @pytest.fixture(scope="module")
 def server():
-    with live_server(tiny_engine(), mount_ui=mount_chat_ui, allowed_hosts=(*LOCAL_HOSTS, "box.lan"),
+    with live_server(tiny_engine(), ui=prepare_chat_ui, allowed_hosts=(*LOCAL_HOSTS, "box.lan"),
                      allowed_origins=("http://tools.test",)) as srv:
         yield srv
 

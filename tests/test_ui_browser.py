@@ -7,7 +7,7 @@ import time
 import httpx
 import pytest
 
-from tests.server_utils import REPO, serve_subprocess
+from tests.server_utils import REPO, serve_subprocess, wait_for_chat_page
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -75,6 +75,7 @@ def test_chat_streams_shows_metrics_and_stop_frees_blocks():
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         page.set_default_timeout(60_000)
+        wait_for_chat_page(url)
         page.goto(url + "/")
         page.locator("#msg textarea").wait_for(timeout=120_000)
         page.get_by_text("About this engine").click()

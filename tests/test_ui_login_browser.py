@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from app.ui import mount_chat_ui
+from app.ui import prepare_chat_ui
 from tests.server_utils import live_server
 from tests.test_ui_browser import ARGS, CHROMIUM, last_bot, send
 from tests.tiny_engine import tiny_engine
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM), reason="needs Debi
 def test_sign_in_then_chat():
     from playwright.sync_api import expect, sync_playwright
 
-    with live_server(tiny_engine(), mount_ui=mount_chat_ui, api_key="k3y") as srv, sync_playwright() as p:
+    with live_server(tiny_engine(), ui=prepare_chat_ui, api_key="k3y") as srv, sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         page = browser.new_page()
         page.goto(srv.url + "/")

@@ -39,8 +39,14 @@ def _cpu_signature() -> str:
     return platform.machine() + flags
 
 
+@functools.cache
+def _compiler_version(compiler: str) -> str:
+    """Asked once per process: each ask is a process start (~40 ms), and a warm start loads ~7 kernels."""
+    return subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False).stdout
+
+
 def _build(source: Path, compiler: str, extra_flags: tuple[str, ...] = ()) -> Path:
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False).stdout
+    version = _compiler_version(compiler)
     compile_flags = [*COMPILE_FLAGS, *extra_flags]
     headers = [h.read_text() for h in sorted(source.parent.glob("*.h"))]  # what a source may #include
     key = hashlib.sha256("\0".join([source.read_text(), *headers, compiler, version, *compile_flags, *LINK_FLAGS,

@@ -1,19 +1,18 @@
 """create_app: the FastAPI app over one AsyncEngine: OpenAI routes, /health, /metrics, docs, UI hook."""
 from __future__ import annotations
 
-from typing import Callable
-
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import RedirectResponse
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.routing import Match, Mount
-from starlette.types import Scope
+from starlette.types import ASGIApp, Scope
 
 from runtime.api import chat, completions, info, login, tokenize_routes
 from runtime.api.auth import ApiKeyMiddleware
 from runtime.api.body_limit import BodyLimitMiddleware
 from runtime.api.errors import install_error_handlers
+from runtime.api.late_page import LatePage, PrepareUI
 from runtime.api.logprobs import LogprobFormatter
 from runtime.api.openapi import extend_openapi
 from runtime.api.options import ServerOptions
@@ -21,20 +20,19 @@ from runtime.api.state import ServerState
 from runtime.api.async_engine import AsyncEngine
 from runtime.api.metrics import ServerMetrics
 
-MountUI = Callable[[FastAPI, AsyncEngine], FastAPI]
-
-
 def create_app(async_engine: AsyncEngine, model_name: str = "default", options: ServerOptions | None = None,
-               mount_ui: MountUI | None = None) -> FastAPI:
+               ui: PrepareUI | None = None) -> FastAPI:
     """The server's app; the engine's lifecycle (start/shutdown) stays with the caller.
 
-    mount_ui(app, async_engine) -> app mounts the chat UI at "/" (e.g. gr.mount_gradio_app); it is
-    called after the API routes exist, so they keep precedence. Without it "/" redirects to /docs.
+    ui(app, async_engine) prepares the chat UI once the server runs and returns what mounts it at "/"
+    (runtime/api/late_page.py); the API routes keep precedence. Without it "/" redirects to /docs.
     """
-    app = FastAPI(title="cute-serve", summary="OpenAI-compatible LLM server", version="0.1.0")
+    page = LatePage(ui, async_engine) if ui is not None else None
+    app = FastAPI(title="cute-serve", summary="OpenAI-compatible LLM server", version="0.1.0",
+                  lifespan=page.running if page is not None else None)
     options = options or ServerOptions()
     app.state.server = ServerState(async_engine, model_name, ServerMetrics(async_engine),
-                                   LogprobFormatter(async_engine.limits.tokenizer), options)
+                                   LogprobFormatter(async_engine.limits.tokenizer), options, page)
     install_error_handlers(app)
     add_guards(app, options)
     modules = (completions, chat, info, tokenize_routes, *([login] if options.api_key else []))
@@ -42,12 +40,10 @@ def create_app(async_engine: AsyncEngine, model_name: str = "default", options: 
     for router in routers:
         app.include_router(router)
     extend_openapi(app, async_engine.limits.vocab_size)
-    if mount_ui is not None:
+    if page is not None:
         own = [r.path for r in app.routes if hasattr(r, "path")]  # docs and schema; routers come included
-        api_roots = {_root(p) for p in own + [r.path for router in routers for r in router.routes]}
-        app = mount_ui(app, async_engine)
-        app.router.routes = [PageMount(r, api_roots) if isinstance(r, Mount) and r.path == "" else r
-                             for r in app.router.routes]
+        page.route = PageMount(page, {_root(p) for p in own + [r.path for router in routers for r in router.routes]})
+        app.router.routes.append(page.route)
         return app
     app.add_api_route("/", lambda: RedirectResponse("/docs"), include_in_schema=False)
     return app
@@ -75,8 +71,8 @@ class PageMount(Mount):
     path in full, which outranks an API route's method-only (partial) match: GET /v1/completions
     would get the page's 404 instead of the API's 405, and /v1/unknown a 404 in the page's shape."""
 
-    def __init__(self, mount: Mount, api_roots: set[str]) -> None:
-        super().__init__("", app=mount.app, name=mount.name)
+    def __init__(self, page: ASGIApp, api_roots: set[str]) -> None:
+        super().__init__("", app=page)
         self.api_roots = api_roots
 
     def matches(self, scope: Scope) -> tuple[Match, Scope]:

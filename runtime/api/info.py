@@ -24,7 +24,8 @@ async def health(state: ServerState = Depends(server_state)) -> Response:
     unavailable = state.engine.unavailable_error()
     if unavailable is not None:
         return error_response(as_api_error(unavailable))
-    return JSONResponse({"status": "ok"})
+    # the chat page mounts after the API answers: clients that want it wait for "ready"
+    return JSONResponse({"status": "ok", **({"chat_page": state.page.status} if state.page else {})})
 
 
 @router.get("/metrics", response_class=Response,

@@ -279,6 +279,8 @@ class ModelList(BaseModel):
 
 class HealthStatus(BaseModel):
     status: Literal["ok"] = "ok"
+    chat_page: Literal["loading", "ready", "failed"] | None = Field(
+        None, description="the chat page at /: 'loading' for seconds after start-up, then 'ready'; absent without one")
 
 
 class ErrorDetail(BaseModel):

@@ -8,6 +8,7 @@ from fastapi import Request
 
 from runtime.api.async_engine import AsyncEngine
 from runtime.api.errors import APIError
+from runtime.api.late_page import LatePage
 from runtime.api.logprobs import LogprobFormatter
 from runtime.api.metrics import ServerMetrics
 from runtime.api.options import ServerOptions
@@ -20,6 +21,7 @@ class ServerState:
     metrics: ServerMetrics
     formatter: LogprobFormatter
     options: ServerOptions = field(default_factory=ServerOptions)
+    page: LatePage | None = None  # the chat page, mounted after start-up
     created: int = field(default_factory=lambda: int(time.time()))
 
     def check_model(self, name: str | None) -> None:
