@@ -10,11 +10,13 @@ from cute_kernels.cpu.quant_blocks import QK, dequantize
 
 
 def quantize_activations_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """x [rows, k] -> (q int8 [rows, k], d [rows, k/32], s = d * sum(q) [rows, k/32])."""
+    """x [rows, k] -> (q int8 [rows, k], d [rows, k/32], s = d * sum(q) [rows, k/32]); d at fp16 precision."""
     b = x.float().reshape(x.shape[0], -1, QK)
-    d = b.abs().amax(dim=2) / 127.0
-    inv = torch.where(d != 0, 1.0 / d, torch.zeros_like(d))
+    amax = b.abs().amax(dim=2)
+    # a true division, as the C kernel's 127.f / amax (a scalar / tensor is reciprocal() * 127 in torch)
+    inv = torch.where(amax != 0, torch.full_like(amax, 127.0).div(amax), torch.zeros_like(amax))
     q = (b * inv.unsqueeze(2)).round()
+    d = (amax / 127.0).half().float()  # at fp16 precision, as ggml's block_q8_1 holds it
     return q.to(torch.int8).reshape(x.shape), d, d * q.sum(dim=2)
 
 

@@ -19,8 +19,7 @@
 #include "quant_dot.h"
 #include "column_tiles.h"
 
-
-/* Per block: q = round(x / d) with d = amax / 127 (ties to even, as torch.round), s = d * sum(q). */
+/* Every row's 32-value blocks by quantize_block_q8 (quant_dot.h). */
 void quantize_rows_q8(const float *x, int64_t rows, int64_t k, int8_t *q, float *d, float *s, int nthreads) {
     const int64_t nb = k / QK, total = rows * nb;
 #pragma omp parallel for schedule(static) num_threads(nthreads) if (total >= 512)

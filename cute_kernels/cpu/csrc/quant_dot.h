@@ -17,19 +17,20 @@ static const int64_t QS_AT[] = {2, 4, 2, 6, 8}; /* where the nibbles (Q8_0: the 
 #define HAS_MIN(type) ((type) == Q4_1 || (type) == Q5_1) /* an f16 m after d */
 #define FIVE_BITS(type) ((type) == Q5_0 || (type) == Q5_1) /* 4 bytes qh before the nibbles */
 
-/* Per block: q = round(x / d) with d = amax / 127 (ties to even, as torch.round), s = d * sum(q). */
+/* Per block, as ggml's quantize_row_q8_1: q = round(x * 127 / amax) (ties to even), d = amax / 127 and
+ * s = d * sum(q), d kept at fp16 precision (block_q8_1 stores it as fp16). */
 static inline void quantize_block_q8(const float *xb, int8_t *q, float *d, float *s) {
     float amax = 0.f;
     for (int j = 0; j < QK; j++) amax = fmaxf(amax, fabsf(xb[j]));
-    const float scale = amax / 127.f, inv = scale != 0.f ? 1.f / scale : 0.f;
+    const float scale = amax / 127.f, inv = amax != 0.f ? 127.f / amax : 0.f;
     int sum = 0;
     for (int j = 0; j < QK; j++) {
         const int v = (int)nearbyintf(xb[j] * inv);
         q[j] = (int8_t)v;
         sum += v;
     }
-    *d = scale;
-    *s = scale * (float)sum;
+    *d = f16_round(scale);
+    *s = *d * (float)sum;
 }
 
 /* A weight block's scale and offset term: y += d_w * d_x * dot(q_w, q_x) + offset * s_x. */

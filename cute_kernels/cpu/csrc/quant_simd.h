@@ -7,6 +7,7 @@
 #ifndef QUANT_SIMD_H
 #define QUANT_SIMD_H
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(QUANT_PORTABLE)
@@ -32,6 +33,23 @@ static inline float f16_to_f32(uint16_t h) {
     float f;
     memcpy(&f, &bits, 4);
     return f;
+#endif
+}
+
+/* x rounded to the nearest fp16 value (ties to even), as a float: activation scales are held at
+ * ggml's precision (block_q8_1 stores d and s as fp16), so the products match llama.cpp's. */
+static inline float f16_round(float x) {
+#ifdef QUANT_SIMD
+    return _cvtsh_ss(_cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT));
+#else
+    const float ax = fabsf(x);
+    if (ax != ax) return x;
+    if (ax >= 65520.f) return x > 0 ? INFINITY : -INFINITY; /* past fp16's largest value's halfway point */
+    if (ax < 0x1p-14f) return nearbyintf(x * 0x1p24f) * 0x1p-24f; /* subnormal: one 2^-24 step */
+    int e;
+    frexpf(ax, &e); /* ax in [2^(e-1), 2^e): 11 significant bits leave a step of 2^(e-11) */
+    const float step = ldexpf(1.f, e - 11);
+    return nearbyintf(x / step) * step;
 #endif
 }
 
