@@ -1,5 +1,9 @@
 """cute-serve runtime. `from runtime import LLM, SamplingParams, GuidedDecodingParams` is the offline API."""
-from runtime.sampling_params import SamplingParams
+from runtime import omp_wait
+
+omp_wait.apply()  # before anything loads torch
+
+from runtime.sampling_params import SamplingParams  # noqa: E402
 
 __all__ = ["GuidedDecodingParams", "LLM", "SamplingParams"]
 
