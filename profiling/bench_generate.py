@@ -1,8 +1,9 @@
 """Batch-1 greedy decode speed (W1-style): our engine with the GGUF's quantized weights as shipped and
-with fp32 weights (--quantization none), transformers' generate, and llama.cpp (llama-cpp-python, when
-this Python imports it) on the same GGUF; same model and prompt, one run.
+with fp32 weights (--quantization none), transformers' generate, llama.cpp (llama-cpp-python, when
+this Python imports it) on the same GGUF, and vLLM's CPU build (in the Python --vllm-python names, on the
+same weights in fp32, after the others); same model and prompt, one run.
 
-    python profiling/bench_generate.py [--model PATH] [--new-tokens 128] [--repeats 3]
+    python profiling/bench_generate.py [--model PATH] [--new-tokens 128] [--repeats 3] [--vllm-python PY]
 
 Prints TTFT and decode tokens/s of each and the ratios against our quantized path ("per-layer": the
 same weights without the fused decode step, runtime/model/cpu_decode_step.py).
@@ -22,6 +23,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import runtime  # noqa: E402,F401  first: it sets OpenMP's barrier spin before torch loads (runtime/omp_wait.py)
+from profiling.vllm_peer import vllm_python  # noqa: E402
 
 
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
@@ -78,6 +80,48 @@ def llama_cpp_model(path: str):
     return Llama(model_path=path, n_threads=torch.get_num_threads(), n_ctx=2048, verbose=False)
 
 
+# Runs in vLLM's Python (profiling/vllm_peer.py): the same measurement as transformers_run, repeats times.
+VLLM_SCRIPT = r"""
+import json, sys, time
+
+
+def main():  # vLLM starts its engine core with spawn: everything runs under the main guard
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    spec = json.load(open(sys.argv[1]))
+    llm = LLM(model=spec["model"], dtype="float32", max_model_len=2048, seed=0)
+    prompt = TokensPrompt(prompt_token_ids=spec["ids"])
+
+    def generate(n):
+        params = SamplingParams(temperature=0, max_tokens=n, min_tokens=n, ignore_eos=True)
+        return llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids
+
+    generate(8)  # warm-up
+    runs = []
+    for _ in range(spec["repeats"]):
+        t0 = time.perf_counter()
+        generate(1)
+        ttft = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        tokens = generate(spec["n"])
+        total = time.perf_counter() - t0
+        runs.append([ttft, (spec["n"] - 1) / max(total - ttft, 1e-9), list(tokens)])
+    json.dump({"engine": "vllm-cpu", "runs": runs}, open(sys.argv[2], "w"))
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def vllm_rows(python: str, path: str, ids: list[int], n: int, repeats: int) -> tuple[str, list]:
+    from profiling.vllm_peer import run_vllm_script
+
+    result = run_vllm_script(python, path, VLLM_SCRIPT, {"ids": ids, "n": n, "repeats": repeats})
+    return result["engine"], result["runs"]
+
+
 # label -> (--quantization, fused CPU decode step on): "per-layer" is the path before the fused step
 ENGINES = {"ours q (shipped)": (None, True), "ours q per-layer": (None, False), "ours fp32": ("none", True)}
 
@@ -101,6 +145,8 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="write results here")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--dry-run", action="store_true", help="--device cuda: list the cases, run nothing")
+    ap.add_argument("--vllm-python", default=None, help="a Python with vLLM's CPU build (default: this one, when it "
+                    "imports vllm); vLLM runs after the others, in its own process, on the fp32 weights")
     args = ap.parse_args()
     if args.device == "cuda":
         return gpu_main(args)
@@ -123,6 +169,9 @@ def main() -> None:
     for _ in range(args.repeats):  # interleaved so drifts in machine load hit all
         for k, (run, model) in runners.items():
             rows[k].append(run(model, ids, n))
+    if (python := vllm_python(args.vllm_python)) is not None:
+        label, runs = vllm_rows(python, path, ids, n, args.repeats)
+        rows[label] = runs
     res = {k: {"ttft_ms": 1000 * statistics.median(r[0] for r in v), "decode_tok_s": statistics.median(r[1] for r in v)}
            for k, v in rows.items()}
     same = rows["ours fp32"][0][2] == rows["transformers"][0][2]
@@ -132,8 +181,11 @@ def main() -> None:
     q = res["ours q (shipped)"]["decode_tok_s"]
     for k, v in res.items():
         print(f"{k:<18}{v['ttft_ms']:>10.1f}{v['decode_tok_s']:>14.1f}{q / v['decode_tok_s']:>14.2f}x")
+    vllm_same = {k: v[0][2] == rows["ours fp32"][0][2] for k, v in rows.items() if k.startswith("vllm")}
     print(f"identical tokens, ours fp32 and transformers: {same}; ours q fused and per-layer: "
-          f"{rows['ours q (shipped)'][0][2] == rows['ours q per-layer'][0][2]}")
+          f"{rows['ours q (shipped)'][0][2] == rows['ours q per-layer'][0][2]}"
+          + "".join(f"; ours fp32 and {k}: {v}" for k, v in vllm_same.items())
+          + ("" if vllm_same else "; vLLM: not installed here (--vllm-python PATH)"))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({**res, "identical_tokens_fp32": same, "prompt_tokens": len(ids), "new_tokens": n}, f, indent=2)

@@ -16,12 +16,9 @@ pressure: static reserves prompt + max_tokens up front, continuous takes blocks 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -29,6 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import runtime  # noqa: E402,F401  first: it sets OpenMP's barrier spin before torch loads (runtime/omp_wait.py)
 import torch  # noqa: E402
 
+from profiling.vllm_peer import run_vllm_script, vllm_python  # noqa: E402
 from profiling.workloads import offline_workload, percentile  # noqa: E402
 from runtime.engine import LLMEngine  # noqa: E402
 from runtime.engine_config import EngineConfig  # noqa: E402
@@ -140,43 +138,8 @@ if __name__ == "__main__":
 
 
 def run_vllm(python: str, model_path: str, workload, temperature: float, top_p: float) -> dict:
-    """vLLM in its own process and environment, on an HF folder exported from the same weights."""
-    from profiling.hf_export import export_hf_folder
-    from weights.load import load_checkpoint
-
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = os.path.join(tmp, "hf")
-        export_hf_folder(load_checkpoint(model_path), None, folder)
-        _write_tokenizer(model_path, folder)
-        spec, out, script = (os.path.join(tmp, n) for n in ("spec.json", "out.json", "run_vllm.py"))
-        json.dump({"model": folder, "requests": [[r.prompt_ids, r.max_tokens] for r in workload],
-                   "temperature": temperature, "top_p": top_p}, open(spec, "w"))
-        open(script, "w").write(VLLM_SCRIPT)
-        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_CPU_OMP_THREADS_BIND": "0-1"}
-        preload = vllm_preload(python)
-        if preload:  # vLLM's own CPU recipe: tcmalloc and Intel OpenMP, worth +4-13% (PEERS.md)
-            env["LD_PRELOAD"] = ":".join([*preload, *filter(None, [os.environ.get("LD_PRELOAD")])])
-        print(f"  vLLM LD_PRELOAD: {env.get('LD_PRELOAD', 'none (apt-get install libtcmalloc-minimal4)')}", flush=True)
-        subprocess.run([python, script, spec, out], check=True, env=env)
-        result = json.load(open(out))
-        result["engine"] += "+preload" if preload else ""
-        return result
-
-
-def vllm_preload(python: str) -> list[str]:
-    """tcmalloc (Debian's libtcmalloc-minimal4) and the vLLM venv's libiomp5, those that exist."""
-    venv_lib = os.path.join(os.path.dirname(os.path.dirname(python)), "lib", "libiomp5.so")
-    libs = ["/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4", venv_lib]
-    return [p for p in libs if os.path.exists(p)]
-
-
-def _write_tokenizer(model_path: str, folder: str) -> None:
-    from runtime.tokenizer.tokenizer import Tokenizer
-
-    tok = Tokenizer.from_gguf(model_path)
-    tok.backend.save(os.path.join(folder, "tokenizer.json"))
-    json.dump({"chat_template": tok.chat_template, "eos_token": "<|im_end|>", "bos_token": "<|im_start|>"},
-              open(os.path.join(folder, "tokenizer_config.json"), "w"))
+    spec = {"requests": [[r.prompt_ids, r.max_tokens] for r in workload], "temperature": temperature, "top_p": top_p}
+    return run_vllm_script(python, model_path, VLLM_SCRIPT, spec)
 
 
 def print_table(results: list[dict], base: dict | None) -> None:
@@ -227,9 +190,8 @@ def main() -> None:
         extra = (f" ({r['preemptions']} preemptions, {r['computed_prefill_tokens']} prefill tokens computed)"
                  if "preemptions" in r else "")
         print(f"  done: {r['engine']} {r['useful_tok_s']:.1f} useful tok/s{extra}", flush=True)
-    vllm_python = args.vllm_python or (sys.executable if importlib.util.find_spec("vllm") else None)
-    if vllm_python:
-        results.append(run_vllm(vllm_python, path, workload, args.temperature, args.top_p))
+    if (python := vllm_python(args.vllm_python)) is not None:
+        results.append(run_vllm(python, path, workload, args.temperature, args.top_p))
     else:
         print("  vLLM: not installed here; --vllm-python PATH runs it from another environment", flush=True)
     base = next((r for r in results if r["engine"] == "continuous"), None)
