@@ -95,3 +95,26 @@ def test_loading_the_kernel_keeps_denormals_for_everyone_else():
     assert unavailable_reason() is None
     tiny = torch.tensor([1e-38]) * 1e-3  # a denormal: flush-to-zero mode (crtfastmath) would make it 0
     assert tiny.item() != 0.0
+
+
+@pytest.mark.parametrize("heads,kv_heads,d", [(9, 3, 64), (8, 1, 128), (16, 2, 40)])
+def test_a_bf16_cache_reads_as_its_widened_fp32_copy(heads, kv_heads, d):
+    """bf16 -> fp32 is exact and the kernel widens a block's rows before the same fp32 loops, so a bf16
+    cache gives bit for bit the fp32 kernel's result on cache.float(); the reference (the same math on
+    the rounded cache) differs by summation order only, hence the fp32 tolerance above."""
+    lens = [1, 15, 16, 17, 200, 517]
+    q, k_cache, v_cache, tables, ctx = paged_case(lens, heads, kv_heads, d)
+    k16, v16 = k_cache.bfloat16(), v_cache.bfloat16()
+    got = decode_attention_cpu(DecodeArgs(q, k16, v16, tables, ctx, d ** -0.5))
+    assert torch.equal(got, decode_attention_cpu(DecodeArgs(q, k16.float(), v16.float(), tables, ctx, d ** -0.5)))
+    want = decode_attention_ref(DecodeArgs(q, k16.float(), v16.float(), tables, ctx, d ** -0.5))
+    torch.testing.assert_close(got, want, rtol=0, atol=2e-5)
+    assert torch.equal(decode_attention_ref(DecodeArgs(q, k16, v16, tables, ctx, d ** -0.5)), want)
+
+
+def test_mixed_cache_dtypes_are_refused():
+    q, k_cache, v_cache, tables, ctx = paged_case([20], 4, 2, 64)
+    with pytest.raises(ValueError):
+        decode_attention_cpu(DecodeArgs(q, k_cache.bfloat16(), v_cache, tables, ctx, 0.125))
+    with pytest.raises(ValueError):
+        decode_attention_cpu(DecodeArgs(q, k_cache.half(), v_cache.half(), tables, ctx, 0.125))

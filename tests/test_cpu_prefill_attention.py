@@ -136,3 +136,18 @@ def test_the_engine_plans_a_step_once_for_all_layers(monkeypatch):
     engine.step()  # both prompts in one prefill step through every layer
     assert len(engine.runner.model.layers) > 1 and len(calls) == 1
     assert len(plans) == len(engine.runner.model.layers) and all(plan is plans[0] for plan in plans)
+
+
+@pytest.mark.parametrize("heads,kv_heads,d", [(9, 3, 64), (8, 1, 128), (64, 1, 16)])
+def test_a_bf16_prefix_reads_as_its_widened_fp32_copy(heads, kv_heads, d):
+    """The prefix's bf16 rows are widened (exactly) into scratch before the fp32 tiles: bit for bit the
+    fp32 kernel on cache.float(); against the reference on the rounded cache, the fp32 tolerance above."""
+    q, k, v, cu, k_cache, v_cache, tables, prefix = varlen_case(Q_LENS, PREFIXES, heads, kv_heads, d)
+    k16, v16 = k_cache.bfloat16(), v_cache.bfloat16()
+    head = (q, k, v, cu, cu, d ** -0.5, True)
+    got = prefill_attention_cpu(PrefillArgs(*head, k16, v16, tables, prefix))
+    assert torch.equal(got, prefill_attention_cpu(PrefillArgs(*head, k16.float(), v16.float(), tables, prefix)))
+    want = prefill_attention_ref(PrefillArgs(*head, k16.float(), v16.float(), tables, prefix))
+    torch.testing.assert_close(got, want, rtol=0, atol=2e-5)
+    torch.testing.assert_close(prefill_attention_ref(PrefillArgs(*head, k16, v16, tables, prefix)), want,
+                               rtol=0, atol=0)

@@ -13,12 +13,13 @@ import torch
 
 from cute_kernels.attention_args import DecodeArgs
 from cute_kernels.cpu import build
+from cute_kernels.cpu.kv_elem import KV_KINDS, kv_kind
 from cute_kernels.paged_tables import as_int32, check_block_ids
 
 
 @functools.lru_cache(maxsize=1)
 def _library() -> tuple[ctypes.CDLL | None, str | None]:
-    args = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6 + [ctypes.c_float]
+    args = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_int]
     return build.load_with_signatures("cpu_decode_attention", {"paged_decode_attention_f32": (args, ctypes.c_int)})
 
 
@@ -28,8 +29,8 @@ def unavailable_reason() -> str | None:
 
 
 def supports(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
-    """The kernel takes fp32 CPU tensors and whole GQA groups."""
-    return (q.device.type == "cpu" and q.dtype == k_cache.dtype == torch.float32
+    """The kernel takes fp32 CPU queries, an fp32 or bf16 cache and whole GQA groups."""
+    return (q.device.type == "cpu" and q.dtype == torch.float32 and k_cache.dtype in KV_KINDS
             and q.shape[1] % k_cache.shape[2] == 0 and unavailable_reason() is None)
 
 
@@ -57,7 +58,8 @@ def prepare_tables(block_tables: torch.Tensor, context_lens: torch.Tensor, num_b
 
 
 def decode_attention_cpu(args: DecodeArgs) -> torch.Tensor:
-    """q [B, H, d] over each sequence's first context_lens[b] cached tokens -> [B, H, d] (fp32).
+    """q [B, H, d] over each sequence's first context_lens[b] cached tokens -> [B, H, d] (fp32; the
+    cache fp32 or bf16).
 
     args.plan: the DecodeTables of prepare_tables(block_tables, context_lens, *k_cache.shape[:2]),
     when the caller already made them; else they are made here."""
@@ -65,7 +67,7 @@ def decode_attention_cpu(args: DecodeArgs) -> torch.Tensor:
     lib, reason = _library()
     if lib is None:
         raise RuntimeError(reason)
-    if not supports(q, k_cache) or v_cache.dtype != torch.float32:
+    if not supports(q, k_cache) or v_cache.dtype != k_cache.dtype:
         raise ValueError(f"unsupported decode attention inputs: {q.dtype} q {tuple(q.shape)}, "
                          f"{k_cache.dtype} cache {tuple(k_cache.shape)}")
     if not (k_cache.is_contiguous() and v_cache.is_contiguous() and v_cache.shape == k_cache.shape):
@@ -79,7 +81,7 @@ def decode_attention_cpu(args: DecodeArgs) -> torch.Tensor:
     status = lib.paged_decode_attention_f32(
         q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), tables.block_tables.data_ptr(),
         tables.context_lens.data_ptr(), out.data_ptr(), batch, heads, k_cache.shape[2], d, tables.block_size,
-        tables.block_tables.shape[1], args.scale)
+        tables.block_tables.shape[1], args.scale, kv_kind(k_cache, v_cache))
     if status:
         raise RuntimeError("CPU decode attention: " + ("bad sizes" if status == 1 else "out of memory"))
     return out

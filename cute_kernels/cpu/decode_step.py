@@ -1,5 +1,6 @@
 """A whole decode step in one C call: csrc/cpu_decode_step.c over block-quantized weights (quant_blocks.py),
-fp32 activations and fp32 paged KV caches, for up to max_rows() rows of one new token each.
+fp32 activations and fp32 or bf16 paged KV caches (kv_elem.py), for up to max_rows() rows of one new
+token each.
 
 The table of every layer's pointers (DecodeStepTable) is checked and built once; a step then passes
 only its small per-row arrays. The per-op kernels (quant_gemm, decode_attention, fused_ops) compute
@@ -16,6 +17,7 @@ import torch
 
 from cute_kernels.cpu import build
 from cute_kernels.cpu.decode_attention import DecodeTables
+from cute_kernels.cpu.kv_elem import kv_kind
 from cute_kernels.cpu.quant_blocks import BLOCK_BYTES, QK, TYPE_IDS
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
@@ -30,8 +32,8 @@ class _Layer(ctypes.Structure):
 class _Model(ctypes.Structure):
     _fields_ = [("layers", _P), *((name, _I) for name in ("num_layers", "hidden", "heads", "kv_heads", "head_dim",
                                                           "inter", "num_blocks", "block_size", "max_positions")),
-                ("eps", ctypes.c_float), ("scale", ctypes.c_float), ("final_norm", _P), ("cos_table", _P),
-                ("sin_table", _P)]
+                ("eps", ctypes.c_float), ("scale", ctypes.c_float), ("kv_kind", ctypes.c_int32), ("final_norm", _P),
+                ("cos_table", _P), ("sin_table", _P)]
 
 
 @functools.lru_cache(maxsize=2)
@@ -75,9 +77,9 @@ class LayerTensors:
     v_cache: torch.Tensor
 
 
-def _fp32(t: torch.Tensor, shape: tuple[int, ...], what: str) -> torch.Tensor:
-    if t.dtype != torch.float32 or t.device.type != "cpu" or not t.is_contiguous() or tuple(t.shape) != shape:
-        raise ValueError(f"{what}: expected a contiguous float32 CPU tensor of shape {shape}, got "
+def _fp32(t: torch.Tensor, shape: tuple[int, ...], what: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    if t.dtype != dtype or t.device.type != "cpu" or not t.is_contiguous() or tuple(t.shape) != shape:
+        raise ValueError(f"{what}: expected a contiguous {dtype} CPU tensor of shape {shape}, got "
                          f"{t.dtype} {tuple(t.shape)} on {t.device}")
     return t
 
@@ -106,6 +108,7 @@ class DecodeStepTable:
             raise RuntimeError(reason)
         self.shape, self.kept = shape, [layers, final_norm, cos_table, sin_table]
         self.cache_shape = tuple(layers[0].k_cache.shape)
+        kind, cache_dtype = kv_kind(layers[0].k_cache), layers[0].k_cache.dtype
         q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
         dims = {"qkv": (q + 2 * kv, s.hidden), "o_proj": (s.hidden, q), "gate_up": (2 * s.inter, s.hidden),
                 "down": (s.hidden, s.inter)}
@@ -120,11 +123,12 @@ class DecodeStepTable:
             c.post_norm = _fp32(layer.post_norm, (s.hidden,), f"layer {n} post norm").data_ptr()
             if len(self.cache_shape) != 4 or self.cache_shape[2:] != (s.kv_heads, s.head_dim):
                 raise ValueError(f"KV caches of shape {self.cache_shape} do not hold {s.kv_heads} heads of {s.head_dim}")
-            c.k_cache = _fp32(layer.k_cache, self.cache_shape, f"layer {n} K cache").data_ptr()
-            c.v_cache = _fp32(layer.v_cache, self.cache_shape, f"layer {n} V cache").data_ptr()
+            c.k_cache = _fp32(layer.k_cache, self.cache_shape, f"layer {n} K cache", cache_dtype).data_ptr()
+            c.v_cache = _fp32(layer.v_cache, self.cache_shape, f"layer {n} V cache", cache_dtype).data_ptr()
         positions = cos_table.shape[0]
         self.model = _Model(ctypes.addressof(self.c_layers), len(layers), s.hidden, s.heads, s.kv_heads, s.head_dim,
                             s.inter, self.cache_shape[0], self.cache_shape[1], positions, s.eps, s.head_dim**-0.5,
+                            kind,
                             _fp32(final_norm, (s.hidden,), "final norm").data_ptr(),
                             _fp32(cos_table, (positions, s.head_dim // 2), "rope cos").data_ptr(),
                             _fp32(sin_table, (positions, s.head_dim // 2), "rope sin").data_ptr())

@@ -9,6 +9,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "kv_elem.h"
+
 static inline float dot(const float *restrict a, const float *restrict b, int64_t d) {
     float s = 0.f;
 #pragma omp simd reduction(+ : s)
@@ -71,19 +73,40 @@ static inline void weigh_rows_avx2(float *acc, const float *p, const float *v, i
 }
 #endif
 
+/* A layer's K and V caches of one element type; stage: the calling thread's scratch of
+ * block_size * head_dim floats, into which a bf16 block's rows of one KV head are widened. */
+typedef struct {
+    const void *k, *v;
+    int kind; /* KV_F32 or KV_BF16 */
+    float *stage;
+} KVCache;
+
+/* KV head kvh's first n rows of block blk as fp32, *row apart: in place for fp32 (row hkv * d),
+ * widened into kc->stage for bf16 (row d; once per block and head, reused by the group's heads). */
+static inline const float *block_rows_f32(const KVCache *kc, const void *cache, int32_t blk, int64_t kvh, int64_t n,
+                                          int64_t hkv, int64_t d, int64_t bs, int64_t *row) {
+    const int64_t at = ((int64_t)blk * bs * hkv + kvh) * d;
+    if (kc->kind == KV_F32) {
+        *row = hkv * d;
+        return (const float *)cache + at;
+    }
+    *row = d;
+    for (int64_t j = 0; j < n; j++) bf16_row_to_f32(kc->stage + j * d, (const uint16_t *)cache + at + j * hkv * d, d);
+    return kc->stage;
+}
+
 /* scores[h * len + t] = scale * q_h . k_t for the task's query heads h (those of KV heads kv0..kv1)
  * over its whole context. Blocks are the outer loop, so each block's K rows are streamed from
  * memory once, contiguously, and reused from cache by every head of the task. */
-static inline void score_rows(const float *q, const float *k_cache, const int32_t *table, int64_t len, int64_t g_n,
+static inline void score_rows(const float *q, const KVCache *kc, const int32_t *table, int64_t len, int64_t g_n,
                        int64_t kv0, int64_t kv1, int64_t hkv, int64_t d, int64_t bs, float scale, float *scores) {
-    const int64_t row = hkv * d;
     for (int64_t t0 = 0, blk = 0; t0 < len; t0 += bs, blk++) {
-        const float *base = k_cache + (int64_t)table[blk] * bs * row;
         const int64_t n = len - t0 < bs ? len - t0 : bs;
-        for (int64_t kvh = kv0; kvh < kv1; kvh++)
+        for (int64_t kvh = kv0; kvh < kv1; kvh++) {
+            int64_t row;
+            const float *k = block_rows_f32(kc, kc->k, table[blk], kvh, n, hkv, d, bs, &row);
             for (int64_t g = 0; g < g_n; g++) {
                 const int64_t h = (kvh - kv0) * g_n + g;
-                const float *k = base + kvh * d;
 #ifdef __AVX2__
                 if (d % 8 == 0) {
                     dot_rows_avx2(q + h * d, k, row, n, d, scale, scores + h * len + t0);
@@ -92,6 +115,7 @@ static inline void score_rows(const float *q, const float *k_cache, const int32_
 #endif
                 for (int64_t j = 0; j < n; j++) scores[h * len + t0 + j] = scale * dot(q + h * d, k + j * row, d);
             }
+        }
     }
 }
 
@@ -111,17 +135,16 @@ static inline void softmax_rows(float *scores, int64_t len, int64_t n, float *in
 }
 
 /* acc[h] = sum_t probs[h, t] * v_t for the task's heads, blocks outermost as in score_rows. */
-static inline void weigh_values(const float *v_cache, const int32_t *table, const float *probs, int64_t len,
+static inline void weigh_values(const KVCache *kc, const int32_t *table, const float *probs, int64_t len,
                          int64_t g_n, int64_t kv0, int64_t kv1, int64_t hkv, int64_t d, int64_t bs, float *acc) {
-    const int64_t row = hkv * d;
     memset(acc, 0, sizeof(float) * (kv1 - kv0) * g_n * d);
     for (int64_t t0 = 0, blk = 0; t0 < len; t0 += bs, blk++) {
-        const float *base = v_cache + (int64_t)table[blk] * bs * row;
         const int64_t n = len - t0 < bs ? len - t0 : bs;
-        for (int64_t kvh = kv0; kvh < kv1; kvh++)
+        for (int64_t kvh = kv0; kvh < kv1; kvh++) {
+            int64_t row;
+            const float *v = block_rows_f32(kc, kc->v, table[blk], kvh, n, hkv, d, bs, &row);
             for (int64_t g = 0; g < g_n; g++) {
                 const int64_t h = (kvh - kv0) * g_n + g;
-                const float *v = base + kvh * d;
 #ifdef __AVX2__
                 if (d % 8 == 0) {
                     weigh_rows_avx2(acc + h * d, probs + h * len + t0, v, row, n, d);
@@ -130,18 +153,19 @@ static inline void weigh_values(const float *v_cache, const int32_t *table, cons
 #endif
                 for (int64_t j = 0; j < n; j++) axpy(acc + h * d, probs[h * len + t0 + j], v + j * row, d);
             }
+        }
     }
 }
 
 /* out[h] = softmax(scale * q_h . K) V for the task's query heads (those of KV heads kv0..kv1) over the
  * first len cached tokens; scores [heads * len], acc [heads * d] and inv_sum [heads] are work space. */
-static inline void attend_heads(const float *q, const float *k_cache, const float *v_cache, const int32_t *table,
+static inline void attend_heads(const float *q, const KVCache *kc, const int32_t *table,
                                 int64_t len, int64_t g_n, int64_t kv0, int64_t kv1, int64_t hkv, int64_t d,
                                 int64_t bs, float scale, float *scores, float *acc, float *inv_sum, float *out) {
     const int64_t task_heads = (kv1 - kv0) * g_n;
-    score_rows(q, k_cache, table, len, g_n, kv0, kv1, hkv, d, bs, scale, scores);
+    score_rows(q, kc, table, len, g_n, kv0, kv1, hkv, d, bs, scale, scores);
     softmax_rows(scores, len, task_heads, inv_sum);
-    weigh_values(v_cache, table, scores, len, g_n, kv0, kv1, hkv, d, bs, acc);
+    weigh_values(kc, table, scores, len, g_n, kv0, kv1, hkv, d, bs, acc);
     for (int64_t h = 0; h < task_heads; h++)
         for (int64_t i = 0; i < d; i++) out[h * d + i] = acc[h * d + i] * inv_sum[h];
 }

@@ -1,4 +1,5 @@
-/* Paged decode attention for the CPU backend: one query token per sequence, fp32.
+/* Paged decode attention for the CPU backend: one query token per sequence, fp32 with an fp32 or
+ * bf16 cache (kv_elem.h).
  *
  * Why it exists: the torch reference gathers every sequence's K/V rows into a padded batch before
  * its matmuls, so each step moves the whole context three times (read, write, read again). Here
@@ -18,11 +19,11 @@
 /* Returns 0 on success, 1 on bad sizes, 2 when a work buffer could not be allocated.
  * A task is one sequence (all its KV heads: whole blocks stream contiguously), or, for batches too
  * small to keep every thread busy, one (sequence, KV head) pair. */
-int paged_decode_attention_f32(const float *q, const float *k_cache, const float *v_cache,
+int paged_decode_attention_f32(const float *q, const void *k_cache, const void *v_cache,
                                const int32_t *block_tables, const int32_t *context_lens, float *out,
                                int64_t batch, int64_t heads, int64_t hkv, int64_t d, int64_t bs,
-                               int64_t max_blocks, float scale) {
-    if (hkv <= 0 || heads % hkv || d <= 0 || bs <= 0) return 1;
+                               int64_t max_blocks, float scale, int kv_kind) {
+    if (hkv <= 0 || heads % hkv || d <= 0 || bs <= 0 || (kv_kind != KV_F32 && kv_kind != KV_BF16)) return 1;
     const int64_t g_n = heads / hkv;
     const int64_t kv_per_task = batch >= 4 * omp_get_max_threads() ? hkv : 1;
     const int64_t tasks_per_seq = hkv / kv_per_task, task_heads = kv_per_task * g_n;
@@ -31,6 +32,7 @@ int paged_decode_attention_f32(const float *q, const float *k_cache, const float
     {
         float *scores = NULL, *acc = malloc(sizeof(float) * task_heads * d);
         float *inv_sum = malloc(sizeof(float) * task_heads);
+        KVCache kc = {k_cache, v_cache, kv_kind, kv_kind == KV_F32 ? NULL : malloc(sizeof(float) * bs * d)};
         int64_t capacity = 0;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < batch * tasks_per_seq; task++) {
@@ -41,19 +43,20 @@ int paged_decode_attention_f32(const float *q, const float *k_cache, const float
                 capacity = len + 1024;
                 scores = malloc(sizeof(float) * task_heads * capacity);
             }
-            if (scores == NULL || acc == NULL || inv_sum == NULL) {
+            if (scores == NULL || acc == NULL || inv_sum == NULL || (kv_kind != KV_F32 && kc.stage == NULL)) {
                 capacity = 0;
 #pragma omp atomic write
                 status = 2;
                 continue;
             }
             const int64_t at = (b * heads + kv0 * g_n) * d;
-            attend_heads(q + at, k_cache, v_cache, block_tables + b * max_blocks, len, g_n, kv0, kv1, hkv, d, bs,
+            attend_heads(q + at, &kc, block_tables + b * max_blocks, len, g_n, kv0, kv1, hkv, d, bs,
                          scale, scores, acc, inv_sum, out + at);
         }
         free(scores);
         free(acc);
         free(inv_sum);
+        free(kc.stage);
     }
     return status;
 }

@@ -1,4 +1,5 @@
-/* Varlen prefill attention for the CPU backend: new query rows over [paged prefix ; new keys], fp32,
+/* Varlen prefill attention for the CPU backend: new query rows over [paged prefix ; new keys], fp32
+ * (the paged prefix fp32 or bf16: a tile's bf16 rows are widened into per-thread scratch, kv_elem.h),
  * FlashAttention-style (key tiles with an online softmax, nothing of size q_len x k_len in memory).
  *
  * Why it exists: torch's CPU SDPA reaches ~45-65 GFLOP/s on these short causal sequences (2 cores,
@@ -20,6 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kv_elem.h"
+
 #define TK 48      /* keys per tile (a multiple of the score tile's 6) */
 #define MV 64      /* query vectors per task (rows x GQA group), at most */
 #define MAX_D 256  /* head_dim bound of the per-thread scratch */
@@ -37,12 +40,13 @@ typedef struct {
 } Task;
 
 typedef struct {
-    const float *q, *k, *v, *k_cache, *v_cache;
+    const float *q, *k, *v;
+    const void *k_cache, *v_cache; /* of element type kv_kind */
     const int32_t *tables, *cu_q, *cu_k, *prefix;
     float *out;
     int64_t heads, hkv, d, bs, max_blocks, g;
     float scale;
-    int causal;
+    int causal, kv_kind;
 } Problem;
 
 #ifdef __AVX2__
@@ -147,7 +151,7 @@ static void online_softmax(float *st, int64_t n, int64_t mp, int64_t d, float *m
 }
 
 /* One task: rows r0..r1 of sequence b, the G query heads of KV head kvh. */
-static void run_task(const Problem *p, const Task *task, float *qt, float *st, float *ot) {
+static void run_task(const Problem *p, const Task *task, float *qt, float *st, float *ot, float *stage) {
     const int64_t b = task->b, kvh = task->kvh, r0 = task->r0, g = p->g, d = p->d;
     const int64_t q_len = p->cu_q[b + 1] - p->cu_q[b], prefix = p->prefix[b];
     const int64_t k_len = prefix + p->cu_k[b + 1] - p->cu_k[b];
@@ -171,8 +175,9 @@ static void run_task(const Problem *p, const Task *task, float *qt, float *st, f
         for (int64_t j = 0; j < n6; j++) {
             int in_cache;
             const int64_t off = key_offset(p, b, t0 + (j < n ? j : 0), prefix, kvh, &in_cache);
-            kp[j] = (in_cache ? p->k_cache : p->k) + off;
-            vp[j] = (in_cache ? p->v_cache : p->v) + off;
+            float *k_stage = stage + 2 * j * d, *v_stage = k_stage + d; /* a bf16 row's fp32 copy */
+            kp[j] = in_cache ? kv_row_f32(p->k_cache, p->kv_kind, off, d, k_stage) : p->k + off;
+            vp[j] = in_cache ? kv_row_f32(p->v_cache, p->kv_kind, off, d, v_stage) : p->v + off;
         }
         /* m-blocks outermost: a 16-column block of qt (or st) stays in L1 while the tile's rows stream */
         for (int64_t m0 = 0; m0 < mp; m0 += 16)
@@ -205,14 +210,15 @@ static void run_task(const Problem *p, const Task *task, float *qt, float *st, f
 
 /* Returns 0 on success, 1 on bad sizes, 2 when work buffers could not be allocated. The caller
  * has checked lengths, offsets and block ids against the tensors (this code reads raw memory). */
-int paged_prefill_attention_f32(const float *q, const float *k, const float *v, const float *k_cache,
-                                const float *v_cache, const int32_t *block_tables, const int32_t *cu_q,
+int paged_prefill_attention_f32(const float *q, const float *k, const float *v, const void *k_cache,
+                                const void *v_cache, const int32_t *block_tables, const int32_t *cu_q,
                                 const int32_t *cu_k, const int32_t *prefix_lens, float *out, int64_t batch,
                                 int64_t heads, int64_t hkv, int64_t d, int64_t bs, int64_t max_blocks, float scale,
-                                int causal) {
+                                int causal, int kv_kind) {
     if (hkv <= 0 || heads % hkv || d <= 0 || d % 16 || d > MAX_D || bs <= 0 || heads / hkv > MV) return 1;
+    if (kv_kind != KV_F32 && kv_kind != KV_BF16) return 1;
     const Problem p = {q, k, v, k_cache, v_cache, block_tables, cu_q, cu_k, prefix_lens, out,
-                       heads, hkv, d, bs, max_blocks, heads / hkv, scale, causal};
+                       heads, hkv, d, bs, max_blocks, heads / hkv, scale, causal, kv_kind};
     const int64_t rows_per_task = MV / p.g;
     int64_t num_tasks = 0;
     for (int64_t b = 0; b < batch; b++) num_tasks += (cu_q[b + 1] - cu_q[b] + rows_per_task - 1) / rows_per_task * hkv;
@@ -228,17 +234,18 @@ int paged_prefill_attention_f32(const float *q, const float *k, const float *v, 
 #pragma omp parallel
     {
         float *qt = malloc(sizeof(float) * MAX_D * MV), *st = malloc(sizeof(float) * TK * MV);
-        float *ot = malloc(sizeof(float) * MAX_D * MV);
-        if (qt == NULL || st == NULL || ot == NULL) {
+        float *ot = malloc(sizeof(float) * MAX_D * MV), *stage = malloc(sizeof(float) * 2 * TK * d);
+        if (qt == NULL || st == NULL || ot == NULL || stage == NULL) {
 #pragma omp atomic write
             status = 2;
         }
 #pragma omp for schedule(dynamic, 1)
         for (int64_t i = 0; i < num_tasks; i++)
-            if (qt != NULL && st != NULL && ot != NULL) run_task(&p, &tasks[i], qt, st, ot);
+            if (qt != NULL && st != NULL && ot != NULL && stage != NULL) run_task(&p, &tasks[i], qt, st, ot, stage);
         free(qt);
         free(st);
         free(ot);
+        free(stage);
     }
     free(tasks);
     return status;
