@@ -18,9 +18,10 @@ from cute_kernels.attention_args import DecodeArgs, PrefillArgs
 def write_kv(
     k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
 ) -> None:
-    """Scatter new k/v [tokens, kv_heads, d] into the caches at flat slots (block * bs + offset)."""
-    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, k)
-    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, v)
+    """Scatter new k/v [tokens, kv_heads, d] into the caches at flat slots (block * bs + offset), rounded
+    to the caches' dtype (nearest even) where it differs."""
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
 
 
 def gather_paged(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:

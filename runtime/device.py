@@ -26,6 +26,17 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
+def resolve_kv_dtype(name: str, dtype: torch.dtype, device: torch.device, tensor_parallel_size: int = 1) -> torch.dtype:
+    """The KV cache's element type for --kv-cache-dtype; UserError where no kernel reads that cache."""
+    kv_dtype = dtype if name == "auto" else {"float32": torch.float32, "bf16": torch.bfloat16}[name]
+    if kv_dtype == dtype:
+        return kv_dtype
+    if device.type != "cpu" or dtype != torch.float32 or tensor_parallel_size > 1:
+        raise UserError(f"--kv-cache-dtype {name} differs from the compute dtype ({dtype}): only float32 compute "
+                        "on the CPU with one process reads a cache of another type (use --kv-cache-dtype auto)")
+    return kv_dtype
+
+
 def kv_budget(config: EngineConfig, device: torch.device) -> int:
     """Bytes for one rank's KV cache; read once the weights are resident, so free memory no longer counts them."""
     if config.kv_cache_memory is not None:

@@ -14,7 +14,7 @@ import torch
 
 import runtime.nvtx as nvtx
 from runtime.batching import SchedulerOutput
-from runtime.device import kv_budget, resolve_device, resolve_dtype
+from runtime.device import kv_budget, resolve_device, resolve_dtype, resolve_kv_dtype
 from runtime.distributed.plan import check_tp_size
 from runtime.engine_config import EngineConfig
 from runtime.engine_stats import EngineStats
@@ -49,6 +49,7 @@ class LLMEngine:
         self.tokenizer = tokenizer
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
+        self.kv_dtype = resolve_kv_dtype(config.kv_cache_dtype, self.dtype, self.device, config.tensor_parallel_size)
         if (reason := quantization_unavailable(config.quantization, self.device)) is not None:
             raise UserError(reason)
         self.max_model_len = min(model_config.max_position_embeddings, config.max_model_len or 1 << 62)
@@ -80,7 +81,7 @@ class LLMEngine:
         budget = lambda: kv_budget(config, self.device)  # noqa: E731
         if config.tensor_parallel_size == 1:
             return make_runner(model_config, tensors, budget, config.block_size, self.device, self.dtype,
-                               config.backend, config.quantization)
+                               config.backend, config.quantization, self.kv_dtype)
         from runtime.distributed.runner import make_tp_runner
 
         return make_tp_runner(model_config, tensors, budget, config.block_size, self.device, self.dtype,

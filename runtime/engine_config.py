@@ -30,6 +30,7 @@ def flag(default: Any, help: str, **add_argument: Any) -> Any:
 
 
 SCHEDULERS = ("continuous", "static")
+KV_CACHE_DTYPES = ("auto", "float32", "bf16")
 GENERATION_CONFIGS = ("auto", "vllm")
 
 
@@ -47,6 +48,9 @@ class EngineConfig:
         None, "how linear weights are held (default: a GGUF's Q4_0/Q4_1/Q8_0 weights stay quantized on the CPU, "
         f"float checkpoints stay float); {FLOAT_MODE}: dequantize everything to float; "
         + "; ".join(f"{k}: {v}" for k, v in QUANTIZATION_MODES.items()), choices=QUANTIZATION_CHOICES)
+    kv_cache_dtype: str = flag("auto", "KV cache element type (auto: the compute dtype); bf16 on the CPU halves the "
+                               "bytes a token takes, so twice the tokens fit the budget (the C attention kernels "
+                               "widen it to fp32 on load)", choices=KV_CACHE_DTYPES)
     block_size: int = flag(16, "tokens per KV block (default: %(default)s)")
     kv_cache_memory: int | None = flag(None, "KV cache budget, e.g. 2GiB (default: sized from free memory)",
                                        type=parse_bytes)  # bytes
@@ -84,6 +88,8 @@ class EngineConfig:
             raise UserError(f"kv_cache_memory must be >= 0 bytes, got {self.kv_cache_memory}")
         if not 0.0 < self.kv_cache_fraction <= 1.0:
             raise UserError(f"kv_cache_fraction must be in (0, 1], got {self.kv_cache_fraction}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise UserError(f"unknown kv_cache_dtype {self.kv_cache_dtype!r} (choose from {', '.join(KV_CACHE_DTYPES)})")
         if self.scheduler not in SCHEDULERS:
             raise UserError(f"unknown scheduler {self.scheduler!r} ({' or '.join(SCHEDULERS)})")
         if self.generation_config not in GENERATION_CONFIGS:

@@ -23,6 +23,7 @@ class KVLedger:
     weight_bytes: int = 0  # the model's resident weights (packed copies included), for the ledger line
     tensor_parallel_size: int = 1  # >1: every figure is one rank's (its weight shard, its KV heads)
     quantization: str = ""  # how the linear weights are held, e.g. "Q4_1 x 120, Q8_0 x 1"
+    kv_dtype: str = "float32"  # the cache's element type
 
     @property
     def max_tokens(self) -> int:
@@ -43,7 +44,7 @@ class KVLedger:
         held = f" ({self.quantization})" if self.quantization else ""
         return (f"tensor parallel {tp}, per rank: " if tp > 1 else "") + (
                 f"weights {self.weight_bytes / 2**20:.1f} MiB{held}; "
-                f"KV cache: {self.bytes_per_token_per_layer} B/token/layer, {self.bytes_per_token / 1024:.1f} KiB/token "
+                f"KV cache ({self.kv_dtype}): {self.bytes_per_token_per_layer} B/token/layer, {self.bytes_per_token / 1024:.1f} KiB/token "
                 f"over all layers; {self.num_blocks} blocks x {self.block_size} tokens = {self.max_tokens} tokens "
                 f"in {self.total_bytes / 2**20:.1f} MiB (budget {self.budget_bytes / 2**20:.1f} MiB)")
 
@@ -54,7 +55,7 @@ def plan_kv_cache(cfg: ModelConfig, budget_bytes: int, block_size: int, dtype: t
     per_token = per_layer * cfg.num_layers
     num_blocks = max(budget_bytes, 0) // (per_token * block_size)
     return KVLedger(per_layer, per_token, block_size, int(num_blocks), int(budget_bytes), int(weight_bytes),
-                    quantization=quantization)
+                    quantization=quantization, kv_dtype=str(dtype).removeprefix("torch."))
 
 
 def allocate_kv_cache(cfg: ModelConfig, ledger: KVLedger, device: torch.device | str,

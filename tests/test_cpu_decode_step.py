@@ -28,13 +28,13 @@ TOL = dict(rtol=1e-4, atol=1e-4)
 BLOCKS_PER_SEQ = 6
 
 
-def tiny_runner(quantization: str, arch: str = "llama", fused: bool = True):
+def tiny_runner(quantization: str, arch: str = "llama", fused: bool = True, kv_dtype: torch.dtype | None = None):
     if arch == "llama":
         cfg, tensors = tiny_weights(arch)
     else:
         hf = tiny_hf_model(arch)
         cfg, tensors = our_config(hf, arch), state_dict(hf)
-    runner = make_runner(cfg, tensors, 4 << 20, backend="torch", quantization=quantization)[0]
+    runner = make_runner(cfg, tensors, 4 << 20, backend="torch", quantization=quantization, kv_dtype=kv_dtype)[0]
     if not fused:
         runner.model.decode_step = None
     return runner
@@ -81,6 +81,22 @@ def test_fused_step_matches_the_per_layer_path(quantization, arch, rows, fused_s
         torch.testing.assert_close(g, w, **TOL)
     for (k, v), (k2, v2) in zip(fused.kv_caches, per_layer.kv_caches):
         assert torch.equal(k, k2) and torch.equal(v, v2)
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_fused_step_over_a_bf16_cache_matches_the_per_layer_path(rows, fused_steps):
+    """The fused step rounds its K/V rows to bf16 in C (nearest even): the caches must equal the per-layer
+    path's torch rounding bit for bit; the outputs then differ by float summation order only (TOL)."""
+    fused = tiny_runner("q4", kv_dtype=torch.bfloat16)
+    per_layer = tiny_runner("q4", fused=False, kv_dtype=torch.bfloat16)
+    got, got_tokens = greedy(fused, PROMPTS[rows], 32)
+    assert fused_steps == [rows] * 32
+    want, want_tokens = greedy(per_layer, PROMPTS[rows], 32)
+    assert got_tokens == want_tokens
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, **TOL)
+    for (k, v), (k2, v2) in zip(fused.kv_caches, per_layer.kv_caches):
+        assert k.dtype == torch.bfloat16 and torch.equal(k, k2) and torch.equal(v, v2)
 
 
 def test_only_small_decode_only_steps_take_the_fused_path(fused_steps):

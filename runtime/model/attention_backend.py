@@ -57,6 +57,8 @@ class AttentionBackend(ABC):
         nd = batch.num_decode_tokens
         if nd == q.shape[0]:
             return self.decode(batch.decode_args(q, k_cache, v_cache, scale))
+        if k.dtype != k_cache.dtype:  # new keys as the cache holds them: a prefix hit then computes the same
+            k, v = k.to(k_cache.dtype).to(k.dtype), v.to(v_cache.dtype).to(v.dtype)
         out = torch.empty_like(q)
         if nd:
             out[:nd] = self.decode(batch.decode_args(q[:nd], k_cache, v_cache, scale))

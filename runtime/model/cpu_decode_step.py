@@ -1,6 +1,6 @@
 """The fused CPU decode step (cute_kernels/cpu/decode_step.py) behind LlamaModel.forward: a decode-only
 step of at most decode_step.max_rows() rows runs every layer in one C call, when every linear holds
-block-quantized weights (BlockQuantLinear) and the KV caches are fp32 on the CPU. Anything else
+block-quantized weights (BlockQuantLinear) and the KV caches are fp32 or bf16 on the CPU. Anything else
 (prefill or mixed steps, more rows, Qwen3's qk_norm, float or fp8 weights, tensor-parallel ranks,
 whose linears are wrapped in collectives) takes the per-layer path.
 """
@@ -53,7 +53,7 @@ class CpuDecodeStep:
                                         cfg.intermediate_size, cfg.rms_norm_eps)
         try:
             return decode_step.DecodeStepTable(shape, layers, m.norm.data, m.rope.cos, m.rope.sin)
-        except ValueError:  # a shape or layout the kernel does not read (e.g. a KV cache in bf16)
+        except ValueError:  # a shape or layout the kernel does not read (e.g. a KV cache in float16)
             return None
 
     def accepts(self, batch: AttentionBatch, rows: int, kv_caches: KVCaches) -> bool:

@@ -19,13 +19,16 @@ def default_dtype(device: torch.device) -> torch.dtype:
 
 def make_runner(cfg: ModelConfig, tensors: dict[str, torch.Tensor], kv_budget_bytes: int | Callable[[], int],
                 block_size: int = 16, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-                backend: str = "auto", quantization: str | None = None) -> tuple[ModelRunner, KVLedger]:
+                backend: str = "auto", quantization: str | None = None,
+                kv_dtype: torch.dtype | None = None) -> tuple[ModelRunner, KVLedger]:
     """A callable budget is asked only once the weights are in place, so free memory it reads excludes them.
-    quantization: see runtime/model/quantization.py (None: a GGUF's quantized weights as shipped)."""
+    quantization: see runtime/model/quantization.py (None: a GGUF's quantized weights as shipped).
+    kv_dtype: the KV cache's element type (None: dtype; bfloat16 under float32 compute on the CPU)."""
     device = torch.device(device)
     dtype = dtype or default_dtype(device)
     model = build_model(cfg, tensors, select_backend(backend, device, dtype), device, dtype, quantization)
     budget = kv_budget_bytes() if callable(kv_budget_bytes) else kv_budget_bytes
-    ledger = plan_kv_cache(cfg, budget, block_size, dtype, model.weight_bytes(), model.quantization())
-    caches = allocate_kv_cache(cfg, ledger, device, dtype)
+    kv_dtype = kv_dtype or dtype
+    ledger = plan_kv_cache(cfg, budget, block_size, kv_dtype, model.weight_bytes(), model.quantization())
+    caches = allocate_kv_cache(cfg, ledger, device, kv_dtype)
     return ModelRunner(model, caches, block_size, device), ledger
