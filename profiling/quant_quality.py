@@ -5,9 +5,10 @@ float path on the same weights.
     python profiling/quant_quality.py [--model PATH] [--positions 512] [--llama-cpp-python PY]
         [--json profiling/out/quant_quality.json] [--smoke]
 
-Paths: float (--quantization none), the GGUF's blocks as shipped (the default, for a GGUF), and each
-mode of runtime.model.quantization.QUANTIZATION_MODES the device runs (a mode added there is picked up
-here). Per path, over the text's first --positions tokens, teacher-forced in steps of 64 tokens
+Paths: float (--quantization none), the GGUF's blocks as shipped (the default, for a GGUF) with the
+float32 KV cache and with --kv-cache-dtype bf16 ("+ bf16 KV"; also its top-1 agreement with as shipped),
+and each mode of runtime.model.quantization.QUANTIZATION_MODES the device runs (a mode added there is
+picked up here). Per path, over the text's first --positions tokens, teacher-forced in steps of 64 tokens
 (so the quantized linears run their decode path, int8 activations, throughout): perplexity of the next
 tokens, its change against the float path (target: within 2%), and top-1 agreement with the float
 path (the next token greedy decoding would pick). With llama-cpp-python (importable here, or in the
@@ -60,22 +61,27 @@ np.save(sys.argv[3], np.array(llm.scores[:len(ids)], dtype=np.float32))
 """
 
 
-def paths(tensors: dict, device: torch.device) -> list[tuple[str, str | None]]:
-    """(label, --quantization value) for every path to measure, the float one first."""
-    out = [("float", FLOAT_MODE)]
+BF16_KV = "as shipped + bf16 KV"
+
+
+def paths(tensors: dict, device: torch.device) -> list[tuple[str, str | None, torch.dtype | None]]:
+    """(label, --quantization value, KV cache dtype) for every path to measure, the float one first."""
+    out = [("float", FLOAT_MODE, None)]
     if any(isinstance(t, QuantizedTensor) for t in tensors.values()):
-        out.append(("as shipped", None))
-    return out + [(m, m) for m in QUANTIZATION_MODES if unavailable_reason(m, device) is None]
+        out += [("as shipped", None, None), (BF16_KV, None, torch.bfloat16)]
+    return out + [(m, m, None) for m in QUANTIZATION_MODES if unavailable_reason(m, device) is None]
 
 
-def all_logits(cfg, tensors: dict, quantization: str | None, ids: list[int], edit=None) -> torch.Tensor:
+def all_logits(cfg, tensors: dict, quantization: str | None, ids: list[int], edit=None,
+               kv_dtype: torch.dtype | None = None) -> torch.Tensor:
     """Every position's logits, fed CHUNK tokens per step: below the quantized linear's
     DEQUANT_MIN_ROWS, so each product takes its decode path (int8 activations), the one that differs
     most from float; a long prefill would take the dequantized-weight path instead. edit(model), when
-    given, changes the built model before it runs (profiling/fp8_quality_sweep.py swaps linears)."""
+    given, changes the built model before it runs (profiling/fp8_quality_sweep.py swaps linears); kv_dtype:
+    the KV cache's (None: float32), read by the chunks' prefill attention over the cached prefix."""
     blocks = math.ceil(len(ids) / BLOCK)
     budget = blocks * BLOCK * 2 * cfg.num_kv_heads * cfg.head_dim * 4 * cfg.num_layers
-    runner, _ = make_runner(cfg, dict(tensors), budget, BLOCK, quantization=quantization)
+    runner, _ = make_runner(cfg, dict(tensors), budget, BLOCK, quantization=quantization, kv_dtype=kv_dtype)
     if edit is not None:
         edit(runner.model)
     table = list(range(blocks))
@@ -149,18 +155,22 @@ def main() -> None:
     cfg, tensors, ids, path = load(args)
     print(f"{os.path.basename(path)}; {len(ids)} positions of {os.path.basename(TEXT)} in {CHUNK}-token steps (the "
           f"int8-activation path); torch threads: {torch.get_num_threads()}")
-    logits = {label: all_logits(cfg, tensors, q, ids) for label, q in paths(tensors, torch.device("cpu"))}
+    logits = {label: all_logits(cfg, tensors, q, ids, kv_dtype=kv)
+              for label, q, kv in paths(tensors, torch.device("cpu"))}
     base = logits["float"]
     base_ppl = perplexity(base, ids)
     rows = []
-    print(f"{'path':<12}{'perplexity':>11}{'vs float':>10}{'top-1 = float':>15}   target (ppl within {PPL_TARGET:.0%})")
+    print(f"{'path':<22}{'perplexity':>11}{'vs float':>10}{'top-1 = float':>15}   target (ppl within {PPL_TARGET:.0%})")
     for label, lg in logits.items():
         ppl = perplexity(lg, ids)
         change, agree = ppl / base_ppl - 1, top1_agreement(lg, base)
         rows.append({"path": label, "perplexity": ppl, "ppl_change": change, "top1_agreement_vs_float": agree})
         ok = "" if label == "float" else ("met" if abs(change) <= PPL_TARGET else "MISSED")
-        print(f"{label:<12}{ppl:>11.3f}{change:>+10.2%}{agree:>15.1%}   {ok}")
+        print(f"{label:<22}{ppl:>11.3f}{change:>+10.2%}{agree:>15.1%}   {ok}")
     report = {"model": path, "positions": len(ids), "text": os.path.basename(TEXT), "paths": rows}
+    if BF16_KV in logits:
+        report["bf16_kv_top1_agreement_vs_as_shipped"] = agree = top1_agreement(logits[BF16_KV], logits["as shipped"])
+        print(f"{BF16_KV} vs as shipped: top-1 agreement {agree:.1%}")
     python = llama_cpp_python(args)
     why_not = ("the smoke model is not a file llama.cpp loads (no tokenizer)" if args.smoke
                else "no quantized GGUF weights" if "as shipped" not in logits
