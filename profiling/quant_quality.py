@@ -169,8 +169,10 @@ def main() -> None:
         print(f"{label:<22}{ppl:>11.3f}{change:>+10.2%}{agree:>15.1%}   {ok}")
     report = {"model": path, "positions": len(ids), "text": os.path.basename(TEXT), "paths": rows}
     if BF16_KV in logits:
-        report["bf16_kv_top1_agreement_vs_as_shipped"] = agree = top1_agreement(logits[BF16_KV], logits["as shipped"])
-        print(f"{BF16_KV} vs as shipped: top-1 agreement {agree:.1%}")
+        agree, clear = (top1_agreement(logits[BF16_KV], logits["as shipped"], m) for m in (0.0, CLEAR_MARGIN))
+        report.update(bf16_kv_top1_agreement_vs_as_shipped=agree, bf16_kv_top1_agreement_vs_as_shipped_clear=clear)
+        print(f"{BF16_KV} vs as shipped: top-1 agreement {agree:.1%}, {clear:.1%} where as shipped's top two "
+              f"logits lie more than {CLEAR_MARGIN} apart")
     python = llama_cpp_python(args)
     why_not = ("the smoke model is not a file llama.cpp loads (no tokenizer)" if args.smoke
                else "no quantized GGUF weights" if "as shipped" not in logits
