@@ -29,7 +29,7 @@ import torch  # noqa: E402
 from profiling.vllm_peer import run_vllm_script, vllm_python  # noqa: E402
 from profiling.workloads import offline_workload, percentile  # noqa: E402
 from runtime.engine import LLMEngine  # noqa: E402
-from runtime.engine_config import EngineConfig  # noqa: E402
+from runtime.engine_config import KV_CACHE_DTYPES, EngineConfig  # noqa: E402
 from runtime.llm import LLM  # noqa: E402
 from runtime.load import load_model  # noqa: E402
 from runtime.sampling_params import SamplingParams  # noqa: E402
@@ -42,7 +42,8 @@ def run_ours(model_path, workload, name: str, args) -> dict:
     engine = LLMEngine(EngineConfig(device="cpu", backend="torch", kv_cache_memory=args.kv_bytes, scheduler=policy,
                                     max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                                     log_ledger=False, enable_prefix_caching=args.enable_prefix_caching,
-                                    quantization={"fp32": "none"}.get(weights, weights or None)), cfg, tensors, tok)
+                                    quantization={"fp32": "none"}.get(weights, weights or None),
+                                    kv_cache_dtype=args.kv_cache_dtype), cfg, tensors, tok)
     llm = LLM.from_engine(engine)
     llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)  # warm-up
     engine.stats.times.__init__()
@@ -162,6 +163,8 @@ def main() -> None:
     ap.add_argument("--max-num-batched-tokens", type=int, default=4096,
                     help="step token budget of our engines (default 4096, what vLLM's offline LLM uses)")
     ap.add_argument("--kv-bytes", type=int, default=3 << 30)
+    ap.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES,
+                    help="our engines' KV cache element type (default: auto, the compute dtype)")
     ap.add_argument("--temperature", type=float, default=0.0,
                     help="0 (default): greedy; above 0 every engine samples (ours seeded per request)")
     ap.add_argument("--top-p", type=float, default=1.0)

@@ -11,6 +11,7 @@ from cute_kernels.attention_args import DecodeArgs
 from cute_kernels.cpu.decode_attention import (
     decode_attention_cpu,
     prepare_tables,
+    round_to_bf16,
     supports,
     unavailable_reason,
 )
@@ -118,3 +119,13 @@ def test_mixed_cache_dtypes_are_refused():
         decode_attention_cpu(DecodeArgs(q, k_cache.bfloat16(), v_cache, tables, ctx, 0.125))
     with pytest.raises(ValueError):
         decode_attention_cpu(DecodeArgs(q, k_cache.half(), v_cache.half(), tables, ctx, 0.125))
+
+
+def test_the_c_bf16_rounding_is_torchs():
+    """Nearest even on exact ties (both directions), carries into the exponent, infinities, NaN, denormals."""
+    ties = torch.tensor([0x3F808000, 0x3F818000, 0xBF808000, 0x3F7FFFFF, 0x7F7FFFFF, 0x00008000, 0x00018000],
+                        dtype=torch.int64).to(torch.int32).view(torch.float32)
+    special = torch.tensor([0.0, -0.0, 1.0, float("inf"), -float("inf"), 1e-40, -3.3e38, 65504.0])
+    x = torch.cat([ties, special, torch.randn(10_000, generator=torch.Generator().manual_seed(1)) * 100])
+    assert torch.equal(round_to_bf16(x).view(torch.int16), x.bfloat16().view(torch.int16))
+    assert round_to_bf16(torch.tensor([float("nan")])).isnan().all()

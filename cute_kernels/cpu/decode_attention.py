@@ -20,7 +20,9 @@ from cute_kernels.paged_tables import as_int32, check_block_ids
 @functools.lru_cache(maxsize=1)
 def _library() -> tuple[ctypes.CDLL | None, str | None]:
     args = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_int]
-    return build.load_with_signatures("cpu_decode_attention", {"paged_decode_attention_f32": (args, ctypes.c_int)})
+    return build.load_with_signatures("cpu_decode_attention", {
+        "paged_decode_attention_f32": (args, ctypes.c_int),
+        "round_to_bf16": ([ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64], None)})
 
 
 def unavailable_reason() -> str | None:
@@ -55,6 +57,17 @@ def prepare_tables(block_tables: torch.Tensor, context_lens: torch.Tensor, num_b
             raise ValueError("context lengths out of range of the block tables / cache")
         check_block_ids(tables, int(lens.max()), num_blocks, block_size, "context lengths")
     return DecodeTables(tables, lens, block_size, num_blocks)
+
+
+def round_to_bf16(x: torch.Tensor) -> torch.Tensor:
+    """x (fp32) rounded to bf16 by the C code that stores the fused decode step's K/V rows."""
+    lib, reason = _library()
+    if lib is None:
+        raise RuntimeError(reason)
+    x = x.contiguous().float()
+    out = torch.empty(x.shape, dtype=torch.bfloat16)
+    lib.round_to_bf16(x.data_ptr(), out.data_ptr(), x.numel())
+    return out
 
 
 def decode_attention_cpu(args: DecodeArgs) -> torch.Tensor:
