@@ -44,7 +44,8 @@ class KVLedger:
         held = f" ({self.quantization})" if self.quantization else ""
         return (f"tensor parallel {tp}, per rank: " if tp > 1 else "") + (
                 f"weights {self.weight_bytes / 2**20:.1f} MiB{held}; "
-                f"KV cache ({self.kv_dtype}): {self.bytes_per_token_per_layer} B/token/layer, {self.bytes_per_token / 1024:.1f} KiB/token "
+                f"KV cache ({self.kv_dtype}): {self.bytes_per_token_per_layer} B/token/layer, "
+                f"{self.bytes_per_token / 1024:.1f} KiB/token "
                 f"over all layers; {self.num_blocks} blocks x {self.block_size} tokens = {self.max_tokens} tokens "
                 f"in {self.total_bytes / 2**20:.1f} MiB (budget {self.budget_bytes / 2**20:.1f} MiB)")
 

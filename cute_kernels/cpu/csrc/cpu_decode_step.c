@@ -1,5 +1,6 @@
 /* One whole decode step of a Llama-family model with block-quantized weights, fp32 activations and
- * an fp32 or bf16 paged KV cache (kv_elem.h): every layer for a few rows (one new token per sequence) in one call.
+ * an fp32 or bf16 paged KV cache (kv_elem.h): every layer for a few rows (one new token per sequence)
+ * in one call.
  *
  * Why: at batch 1 the weights (~67 MB of Q4_1 for SmolLM2-135M) stream from memory in ~10 ms, so a
  * step is bandwidth-bound only if nothing else costs time. Per layer the per-op path makes ~10 ctypes
