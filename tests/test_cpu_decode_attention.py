@@ -1,4 +1,5 @@
-"""The C paged decode attention against its torch reference, and in the engine.
+"""The C paged decode attention against its torch reference on every SIMD route this machine runs
+(the `cpu_route` fixture), and in the engine.
 
 Tolerance: both sides are fp32 with an fp32 softmax; only the summation order differs (the C
 kernel sums head_dim products in SIMD lanes and the context in token order, BLAS in tiles), so
@@ -8,6 +9,7 @@ import pytest
 import torch
 
 from cute_kernels.attention_args import DecodeArgs
+from cute_kernels.cpu import build
 from cute_kernels.cpu.decode_attention import (
     decode_attention_cpu,
     prepare_tables,
@@ -36,13 +38,14 @@ def paged_case(lens, heads, kv_heads, d, bs=16, seed=0):
     return q, k_cache, v_cache, tables.int(), torch.tensor(lens, dtype=torch.int32)
 
 
-def test_the_kernel_builds_here():
+def test_the_kernel_builds_here(cpu_route):
     assert unavailable_reason() is None  # CI machines have a C compiler: the fast path must not silently vanish
+    assert build.isa(build.load("cpu_decode_attention")[0]) == cpu_route
 
 
 @pytest.mark.parametrize("heads,kv_heads,d", [(9, 3, 64), (4, 4, 64), (8, 1, 128), (16, 2, 32)])
 @pytest.mark.parametrize("bs", [16, 8])
-def test_matches_reference(heads, kv_heads, d, bs):
+def test_matches_reference(heads, kv_heads, d, bs, cpu_route):
     lens = [1, bs - 1, bs, bs + 1, 3 * bs, 200, 517]
     q, k_cache, v_cache, tables, ctx = paged_case(lens, heads, kv_heads, d, bs)
     scale = d ** -0.5
@@ -53,7 +56,7 @@ def test_matches_reference(heads, kv_heads, d, bs):
     torch.testing.assert_close(decode_attention_cpu(DecodeArgs(q, k_cache, v_cache, tables, ctx, scale, prepared)), got)
 
 
-def test_reads_only_its_own_blocks_and_length():
+def test_reads_only_its_own_blocks_and_length(cpu_route):
     q, k_cache, v_cache, tables, ctx = paged_case([20, 33], 6, 2, 64)
     before = decode_attention_cpu(DecodeArgs(q, k_cache, v_cache, tables, ctx, 0.125))
     used = set(tables[0, :2].tolist()) | set(tables[1, :3].tolist())
@@ -64,7 +67,7 @@ def test_reads_only_its_own_blocks_and_length():
     torch.testing.assert_close(decode_attention_cpu(DecodeArgs(q, k_cache, v_cache, tables, ctx, 0.125)), before)
 
 
-def test_bad_inputs_raise_instead_of_reading_stray_memory():
+def test_bad_inputs_raise_instead_of_reading_stray_memory(cpu_route):
     q, k_cache, v_cache, tables, ctx = paged_case([20, 33], 6, 2, 64)
     with pytest.raises(ValueError, match="out of range"):
         decode_attention_cpu(DecodeArgs(q, k_cache, v_cache, tables, torch.tensor([20, 33 + 16], dtype=torch.int32), 0.1))
@@ -99,7 +102,7 @@ def test_loading_the_kernel_keeps_denormals_for_everyone_else():
 
 
 @pytest.mark.parametrize("heads,kv_heads,d", [(9, 3, 64), (8, 1, 128), (16, 2, 40)])
-def test_a_bf16_cache_reads_as_its_widened_fp32_copy(heads, kv_heads, d):
+def test_a_bf16_cache_reads_as_its_widened_fp32_copy(heads, kv_heads, d, cpu_route):
     """bf16 -> fp32 is exact and the kernel widens a block's rows before the same fp32 loops, so a bf16
     cache gives bit for bit the fp32 kernel's result on cache.float(); the reference (the same math on
     the rounded cache) differs by summation order only, hence the fp32 tolerance above."""
@@ -113,7 +116,7 @@ def test_a_bf16_cache_reads_as_its_widened_fp32_copy(heads, kv_heads, d):
     assert torch.equal(decode_attention_ref(DecodeArgs(q, k16, v16, tables, ctx, d ** -0.5)), want)
 
 
-def test_mixed_cache_dtypes_are_refused():
+def test_mixed_cache_dtypes_are_refused(cpu_route):
     q, k_cache, v_cache, tables, ctx = paged_case([20], 4, 2, 64)
     with pytest.raises(ValueError):
         decode_attention_cpu(DecodeArgs(q, k_cache.bfloat16(), v_cache, tables, ctx, 0.125))
@@ -121,7 +124,7 @@ def test_mixed_cache_dtypes_are_refused():
         decode_attention_cpu(DecodeArgs(q, k_cache.half(), v_cache.half(), tables, ctx, 0.125))
 
 
-def test_the_c_bf16_rounding_is_torchs():
+def test_the_c_bf16_rounding_is_torchs(cpu_route):
     """Nearest even on exact ties (both directions), carries into the exponent, infinities, NaN, denormals."""
     ties = torch.tensor([0x3F808000, 0x3F818000, 0xBF808000, 0x3F7FFFFF, 0x7F7FFFFF, 0x00008000, 0x00018000],
                         dtype=torch.int64).to(torch.int32).view(torch.float32)

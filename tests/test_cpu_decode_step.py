@@ -1,5 +1,6 @@
 """The fused CPU decode step (csrc/cpu_decode_step.c, runtime/model/cpu_decode_step.py) against the
-per-layer path it replaces, on tiny random models quantized at load and on the default model.
+per-layer path it replaces, on tiny random models quantized at load (on every SIMD route this machine
+runs: the `cpu_route` fixture) and on the default model.
 
 Tolerance: both paths run the same code per op (quant_dot.h, attention_rows.h, fused_rows.h) on the
 same int8 activations, so every integer dot product is identical and only the order of float sums
@@ -14,8 +15,8 @@ import dataclasses
 import pytest
 import torch
 
+from cute_kernels.cpu import build
 from cute_kernels.cpu import decode_step as ds
-from cute_kernels.cpu import quant_gemm
 from cute_kernels.cpu.decode_attention import prepare_tables
 from runtime.distributed.layers import RowParallelLinear
 from runtime.model.attention_batch import AttentionBatch
@@ -71,7 +72,7 @@ def fused_steps(monkeypatch) -> list[int]:
 
 @pytest.mark.parametrize("rows", [1, 3])
 @pytest.mark.parametrize("quantization,arch", [("q4", "llama"), ("int8", "llama"), ("q4", "qwen2")])
-def test_fused_step_matches_the_per_layer_path(quantization, arch, rows, fused_steps):
+def test_fused_step_matches_the_per_layer_path(quantization, arch, rows, fused_steps, cpu_route):
     fused, per_layer = tiny_runner(quantization, arch), tiny_runner(quantization, arch, fused=False)
     got, got_tokens = greedy(fused, PROMPTS[rows], 32)
     assert fused_steps == [rows] * 32
@@ -84,7 +85,7 @@ def test_fused_step_matches_the_per_layer_path(quantization, arch, rows, fused_s
 
 
 @pytest.mark.parametrize("rows", [1, 3])
-def test_fused_step_over_a_bf16_cache_matches_the_per_layer_path(rows, fused_steps):
+def test_fused_step_over_a_bf16_cache_matches_the_per_layer_path(rows, fused_steps, cpu_route):
     """The fused step rounds its K/V rows to bf16 in C (nearest even): the caches must equal the per-layer
     path's torch rounding bit for bit; the outputs then differ by float summation order only (TOL)."""
     fused = tiny_runner("q4", kv_dtype=torch.bfloat16)
@@ -135,16 +136,18 @@ def kernel_inputs(runner, rows: int = 2):
     return t, x, torch.full((rows,), 3), slots, tables
 
 
-def test_portable_build_matches_the_native_one():
-    runner = tiny_runner("q4")
-    t, x, positions, slots, tables = kernel_inputs(runner)
-    native = t.run(x.clone(), positions, slots, tables, 2)
+def test_every_route_matches_the_native_build(cpu_route):
+    with build.using_route(None):
+        runner = tiny_runner("q4")
+        t, x, positions, slots, tables = kernel_inputs(runner)
+        native = t.run(x.clone(), positions, slots, tables, 2)
     layers, final_norm, cos, sin = t.kept
-    portable = ds.DecodeStepTable(t.shape, layers, final_norm, cos, sin, quant_gemm.PORTABLE_FLAGS)
-    torch.testing.assert_close(portable.run(x.clone(), positions, slots, tables, 2), native, **TOL)
+    routed = ds.DecodeStepTable(t.shape, layers, final_norm, cos, sin)
+    assert build.isa(routed.lib) == cpu_route
+    torch.testing.assert_close(routed.run(x.clone(), positions, slots, tables, 2), native, **TOL)
 
 
-def test_bad_tables_and_steps_raise_value_errors():
+def test_bad_tables_and_steps_raise_value_errors(cpu_route):
     runner = tiny_runner("q4")
     t, x, positions, slots, tables = kernel_inputs(runner)
     layers, final_norm, cos, sin = t.kept

@@ -1,4 +1,6 @@
-"""The C fused elementwise ops against their torch references, and in the model.
+"""The C fused elementwise ops against their torch references on every SIMD route this machine runs
+(the `cpu_route` fixture: no intrinsics here, but each route vectorizes the loops its own way), and in
+the model.
 
 Tolerance: fp32 on both sides; the C code sums squares in SIMD lanes and computes silu as
 x / (1 + exp(-x)) with libmvec's expf, so results agree to a few ulps: 1e-5 relative plus 1e-5
@@ -8,18 +10,20 @@ import pytest
 import torch
 
 from cute_kernels import reference as ref
+from cute_kernels.cpu import build
 from cute_kernels.cpu import fused_ops as fused
 from tests.tiny_engine import tiny_engine
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 
 
-def test_the_library_builds_here():
+def test_the_library_builds_here(cpu_route):
     assert fused.unavailable_reason() is None  # CI machines have a C compiler: the fast path must not vanish
+    assert build.isa(build.load("cpu_fused_ops")[0]) == cpu_route
 
 
 @pytest.mark.parametrize("rows,dim", [(1, 576), (7, 64), (300, 33), (4096, 576)])
-def test_add_rms_norm(rows, dim):
+def test_add_rms_norm(rows, dim, cpu_route):
     g = torch.Generator().manual_seed(rows)
     x, residual, weight = (torch.randn(rows, dim, generator=g) * 3, torch.randn(rows, dim, generator=g),
                            torch.randn(dim, generator=g))
@@ -30,7 +34,7 @@ def test_add_rms_norm(rows, dim):
 
 
 @pytest.mark.parametrize("rows,inter", [(1, 1536), (9, 40), (2048, 1536)])
-def test_silu_and_mul(rows, inter):
+def test_silu_and_mul(rows, inter, cpu_route):
     gate_up = torch.randn(rows, 2 * inter, generator=torch.Generator().manual_seed(rows)) * 30
     gate_up[0, :4] = torch.tensor([-200.0, -88.0, 88.0, 200.0])  # where a plain exp over- or underflows
     got = fused.silu_and_mul(gate_up)
@@ -39,7 +43,7 @@ def test_silu_and_mul(rows, inter):
 
 
 @pytest.mark.parametrize("tokens", [1, 5, 1000])
-def test_rope_in_place_on_the_fused_qkv_rows(tokens):
+def test_rope_in_place_on_the_fused_qkv_rows(tokens, cpu_route):
     g = torch.Generator().manual_seed(tokens)
     heads, kv, d = 9, 3, 64
     qkv = torch.randn(tokens, (heads + 2 * kv) * d, generator=g)

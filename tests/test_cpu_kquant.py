@@ -1,5 +1,5 @@
 """K-quant blocks (Q4_K, Q5_K, Q6_K): the torch dequantization against the gguf package's, bit for bit,
-and csrc/cpu_kquant_gemm.c (SIMD and portable builds) against its torch reference.
+and csrc/cpu_kquant_gemm.c against its torch reference on every SIMD route this machine runs.
 
 Blocks are random bytes with finite fp16 scales, so every bit of the packed 6-bit scales, high bits
 and nibbles is exercised, not only what a quantizer happens to produce.
@@ -21,7 +21,6 @@ from cute_kernels.cpu.quant_reference import quant_linear_ref
 from tests.kquant_quantize import quantize_kquant
 
 TYPES = ("Q4_K", "Q5_K", "Q6_K")
-VARIANTS = {"native": (), "portable": qg.PORTABLE_FLAGS}
 SCALE_AT = {"Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,)}  # fp16 d (and dmin) in each super-block
 
 
@@ -43,24 +42,22 @@ def gguf_dequantize(blocks: torch.Tensor, type_name: str) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("type_name", TYPES)
-def test_dequantize_matches_gguf_bit_for_bit(type_name):
+def test_dequantize_matches_gguf_bit_for_bit(type_name, cpu_route):
     blocks = random_blocks(type_name, 24, 512)
     want = gguf_dequantize(blocks, type_name)
     assert torch.equal(qb.dequantize(blocks, type_name, 512), want)
-    for flags in VARIANTS.values():  # the prefill path's C dequantizer gives the same values
-        assert torch.equal(qg.dequantize_c(blocks, type_name, 512, extra_flags=flags), want)
+    assert torch.equal(qg.dequantize_c(blocks, type_name, 512), want)  # the prefill path's C dequantizer too
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("type_name", TYPES)
 @pytest.mark.parametrize("rows", [1, 3, 5, 133])  # GEMV rows, partial row tiles, several row blocks
-def test_kernel_matches_reference(type_name, rows, variant, monkeypatch):
+def test_kernel_matches_reference(type_name, rows, monkeypatch, cpu_route):
     monkeypatch.setattr(qg, "DEQUANT_MIN_ROWS", 1 << 30)  # the int8 path at every row count
     g = torch.Generator().manual_seed(rows)
     blocks, bias = random_blocks(type_name, 37, 512, seed=rows), torch.randn(37, generator=g)  # 37: a partial tile
     x = torch.randn(rows, 512, generator=g) * 3
     x[0, :32] = 0.0  # an all-zero activation block: scale 0 must not divide by zero
-    got = qg.quant_linear(x, blocks, type_name, bias, VARIANTS[variant])
+    got = qg.quant_linear(x, blocks, type_name, bias)
     want = quant_linear_ref(x, blocks, type_name, bias)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
 
@@ -91,10 +88,3 @@ def test_test_quantizer_writes_what_gguf_reads_back(type_name, step):
     back = gguf.quants.dequantize(quantize_kquant(w, type_name), gguf.GGMLQuantizationType[type_name])
     amax = np.abs(w).max()
     assert back.shape == w.shape and np.abs(back - w).max() < 1.3 * amax * step
-
-
-def test_vnni_variant_builds():
-    """This machine may lack AVX-512 VNNI: the variant is only built (and asked which path it holds),
-    never run here, so at least its code compiles wherever the tests do."""
-    flags = ("-mavx512f", "-mavx512vl", "-mavx512vnni")
-    assert qg.unavailable_reason(flags) is None and qg.isa(flags) == "avx512-vnni"

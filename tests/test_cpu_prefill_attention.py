@@ -1,4 +1,5 @@
-"""The C varlen prefill attention against its torch reference, and in the engine.
+"""The C varlen prefill attention against its torch reference on every SIMD route this machine runs
+(the `cpu_route` fixture), and in the engine.
 
 Tolerance: both sides are fp32 with an fp32 softmax; only the summation order differs (the C
 kernel sums in key tiles with an online softmax, SDPA in its own blocks), so results agree to a
@@ -8,6 +9,7 @@ import pytest
 import torch
 
 from cute_kernels.attention_args import PrefillArgs
+from cute_kernels.cpu import build
 from cute_kernels.cpu import prefill_attention as cpu_prefill
 from cute_kernels.cpu.prefill_attention import (
     prefill_attention_cpu,
@@ -37,8 +39,9 @@ def varlen_case(q_lens, prefixes, heads, kv_heads, d, bs=16, seed=0):
     return q, k, v, cu, k_cache, v_cache, tables, torch.tensor(prefixes, dtype=torch.int32)
 
 
-def test_the_kernel_builds_here():
+def test_the_kernel_builds_here(cpu_route):
     assert unavailable_reason() is None  # CI machines have a C compiler: the fast path must not silently vanish
+    assert build.isa(build.load("cpu_prefill_attention")[0]) == cpu_route
 
 
 # lengths cross the kernel's row tiles (64 // group rows), key tiles (48) and cache blocks
@@ -48,7 +51,7 @@ PREFIXES = [0, 17, 0, 16, 100, 0, 333]
 
 @pytest.mark.parametrize("heads,kv_heads,d", [(9, 3, 64), (4, 4, 64), (8, 1, 128), (16, 2, 32), (64, 1, 16)])
 @pytest.mark.parametrize("bs", [16, 8])
-def test_matches_reference(heads, kv_heads, d, bs):
+def test_matches_reference(heads, kv_heads, d, bs, cpu_route):
     q, k, v, cu, k_cache, v_cache, tables, prefix = varlen_case(Q_LENS, PREFIXES, heads, kv_heads, d, bs)
     args = (q, k, v, cu, cu, d ** -0.5, True, k_cache, v_cache, tables, prefix)
     got = prefill_attention_cpu(PrefillArgs(*args))
@@ -57,14 +60,14 @@ def test_matches_reference(heads, kv_heads, d, bs):
     torch.testing.assert_close(prefill_attention_cpu(PrefillArgs(*args, plan=prepared)), got)
 
 
-def test_without_a_prefix_and_without_causality():
+def test_without_a_prefix_and_without_causality(cpu_route):
     q, k, v, cu, *_ = varlen_case([3, 70, 129], [0, 0, 0], 6, 2, 64)
     for causal in (True, False):
         args = PrefillArgs(q, k, v, cu, cu, 0.125, causal)
         torch.testing.assert_close(prefill_attention_cpu(args), prefill_attention_ref(args), rtol=0, atol=2e-5)
 
 
-def test_reads_only_its_own_blocks_and_prefix():
+def test_reads_only_its_own_blocks_and_prefix(cpu_route):
     q, k, v, cu, k_cache, v_cache, tables, prefix = varlen_case([7, 40], [20, 33], 6, 2, 64)
     args = PrefillArgs(q, k, v, cu, cu, 0.125, True, k_cache, v_cache, tables, prefix)
     before = prefill_attention_cpu(args)
@@ -77,7 +80,7 @@ def test_reads_only_its_own_blocks_and_prefix():
     torch.testing.assert_close(prefill_attention_cpu(args), before)
 
 
-def test_bad_inputs_raise_instead_of_reading_stray_memory():
+def test_bad_inputs_raise_instead_of_reading_stray_memory(cpu_route):
     q, k, v, cu, k_cache, v_cache, tables, prefix = varlen_case([7, 40], [20, 33], 6, 2, 64)
     zeros = torch.zeros(2, dtype=torch.int32)
     cases = {  # (cu_seqlens_k, prefix_lens, block_tables, rows of k and v)
@@ -139,7 +142,7 @@ def test_the_engine_plans_a_step_once_for_all_layers(monkeypatch):
 
 
 @pytest.mark.parametrize("heads,kv_heads,d", [(9, 3, 64), (8, 1, 128), (64, 1, 16)])
-def test_a_bf16_prefix_reads_as_its_widened_fp32_copy(heads, kv_heads, d):
+def test_a_bf16_prefix_reads_as_its_widened_fp32_copy(heads, kv_heads, d, cpu_route):
     """The prefix's bf16 rows are widened (exactly) into scratch before the fp32 tiles: bit for bit the
     fp32 kernel on cache.float(); against the reference on the rounded cache, the fp32 tolerance above."""
     q, k, v, cu, k_cache, v_cache, tables, prefix = varlen_case(Q_LENS, PREFIXES, heads, kv_heads, d)

@@ -1,5 +1,6 @@
 """The quantized CPU linear (csrc/cpu_quant_gemm.c) against its torch reference, and the block
-formats against the gguf package's own quantizers and dequantizers.
+formats against the gguf package's own quantizers and dequantizers, on every SIMD route this machine
+runs (the `cpu_route` fixture, tests/conftest.py).
 
 Tolerance: both sides quantize the activations identically (same float ops, ties to even) and every
 per-block integer dot product is exact, so they differ only in the order float32 block results are
@@ -18,7 +19,6 @@ from cute_kernels.cpu.quant_reference import quant_linear_ref, quantize_activati
 
 TOL = dict(rtol=1e-5, atol=2e-4)
 TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
-VARIANTS = {"native": (), "portable": qg.PORTABLE_FLAGS}  # native: AVX-512 VNNI or AVX2, as this CPU has
 
 
 def gguf_blocks(w: torch.Tensor, type_name: str) -> torch.Tensor:
@@ -40,22 +40,20 @@ def random_q5_blocks(type_name: str, rows: int, cols: int, seed: int) -> torch.T
 
 
 @pytest.mark.parametrize("type_name", ["Q5_0", "Q5_1"])
-def test_five_bit_blocks_of_random_bytes(type_name, monkeypatch):
-    """Torch and C dequantization bit-exact with gguf's; both kernel builds against the reference."""
+def test_five_bit_blocks_of_random_bytes(type_name, monkeypatch, cpu_route):
+    """Torch and C dequantization bit-exact with gguf's; the kernel against the reference."""
     blocks = random_q5_blocks(type_name, 37, 192, seed=11)
     want = torch.from_numpy(gguf.quants.dequantize(blocks.numpy(), gguf.GGMLQuantizationType[type_name]).copy())
     assert torch.equal(qb.dequantize(blocks, type_name, 192), want)
     monkeypatch.setattr(qg, "DEQUANT_MIN_ROWS", 1 << 30)
     x = torch.randn(3, 192, generator=torch.Generator().manual_seed(11)) * 3
-    for flags in VARIANTS.values():
-        assert torch.equal(qg.dequantize_c(blocks, type_name, 192, extra_flags=flags), want)
-        torch.testing.assert_close(qg.quant_linear(x, blocks, type_name, None, flags),
-                                   quant_linear_ref(x, blocks, type_name), **TOL)
+    assert torch.equal(qg.dequantize_c(blocks, type_name, 192), want)
+    torch.testing.assert_close(qg.quant_linear(x, blocks, type_name, None), quant_linear_ref(x, blocks, type_name),
+                               **TOL)
 
 
-def test_the_library_builds_here_in_both_variants():
-    assert qg.unavailable_reason() is None and qg.unavailable_reason(qg.PORTABLE_FLAGS) is None
-    assert qg.isa() in ("avx512-vnni", "avx2") and qg.isa(qg.PORTABLE_FLAGS) == "portable-c"
+def test_the_library_builds_for_the_route(cpu_route):
+    assert qg.unavailable_reason() is None and qg.isa() == cpu_route
 
 
 @pytest.mark.parametrize("type_name", TYPES)
@@ -66,21 +64,20 @@ def test_dequantize_matches_gguf(type_name):
     assert torch.equal(qb.dequantize(blocks, type_name, 96), torch.from_numpy(want.copy()))
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("type_name", TYPES)
 @pytest.mark.parametrize("rows", [1, 3, 5, 64, 133])  # GEMV rows, partial row tiles, several row blocks
-def test_kernel_matches_reference(type_name, rows, variant):
+def test_kernel_matches_reference(type_name, rows, cpu_route):
     g = torch.Generator().manual_seed(rows)
     w = torch.randn(37, 192, generator=g)  # 37: a partial column tile
     blocks, bias = gguf_blocks(w, type_name), torch.randn(37, generator=g)
     x = torch.randn(rows, 192, generator=g) * 3
     x[0, :32] = 0.0  # an all-zero block: scale 0 must not divide by zero
     for b in (bias, None):
-        got = qg.quant_linear(x, blocks, type_name, b, VARIANTS[variant], path="gemv")  # at every row count
+        got = qg.quant_linear(x, blocks, type_name, b, path="gemv")  # at every row count
         torch.testing.assert_close(got, quant_linear_ref(x, blocks, type_name, b), **TOL)
 
 
-def test_dequantized_path_slices_the_weight_and_matches_the_float_product(monkeypatch):
+def test_dequantized_path_slices_the_weight_and_matches_the_float_product(monkeypatch, cpu_route):
     """From DEQUANT_MIN_ROWS rows on, x (unquantized) times the dequantized weight, slice by slice."""
     monkeypatch.setattr(qg, "DEQUANT_SLICE_ROWS", 16)
     g = torch.Generator().manual_seed(7)

@@ -1,5 +1,5 @@
-"""The register-blocked int8 GEMM (csrc/cpu_quant_tiles.c) against the torch oracle, in its SIMD
-build and the -DQUANT_PORTABLE one, and quant_linear's choice of path.
+"""The register-blocked int8 GEMM (csrc/cpu_quant_tiles.c) against the torch oracle on every SIMD route
+this machine runs (the `cpu_route` fixture), and quant_linear's choice of path.
 
 Tolerance (as tests/test_cpu_quant_gemm.py): the activations are quantized by the same C function
 the reference mirrors, every per-block integer dot product is exact, so the kernel and the reference
@@ -10,26 +10,22 @@ O(0.1) or more).
 import pytest
 import torch
 
+from cute_kernels.cpu import build, quant_tiles
 from cute_kernels.cpu import quant_gemm as qg
-from cute_kernels.cpu import quant_tiles
 from cute_kernels.cpu.quant_blocks import BLOCK_BYTES
 from cute_kernels.cpu.quant_reference import quant_linear_ref
 from cute_kernels.cpu.quant_tiles import TILE_TYPES as TYPES
-from tests.test_cpu_quant_gemm import TOL, VARIANTS, gguf_blocks
+from tests.test_cpu_quant_gemm import TOL, gguf_blocks
 
 
-def test_every_variant_builds_and_says_its_isa():
-    """The AVX-512 VNNI variant is only built here (this machine may not run it)."""
-    assert quant_tiles.isa() in ("avx512-vnni", "avx2")
-    assert quant_tiles.isa(qg.PORTABLE_FLAGS) == "portable-c"
-    assert quant_tiles.isa(("-mavx512f", "-mavx512vl", "-mavx512vnni")) == "avx512-vnni"
+def test_the_route_builds_and_says_its_isa(cpu_route):
+    assert quant_tiles.isa() == cpu_route
     assert not quant_tiles.available("Q6_K")
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("type_name", TYPES)
 @pytest.mark.parametrize("rows, cols", [(1, 37), (3, 8), (5, 45), (17, 77), (129, 37), (300, 40)])
-def test_tiles_match_reference(type_name, rows, cols, variant):
+def test_tiles_match_reference(type_name, rows, cols, cpu_route):
     """Partial row tiles (rows not a multiple of 4), partial 8-row groups and 32-row panels (cols),
     two row chunks (300 > 256 rows), an all-zero activation block, with and without bias."""
     g = torch.Generator().manual_seed(rows * cols)
@@ -38,18 +34,17 @@ def test_tiles_match_reference(type_name, rows, cols, variant):
     x = torch.randn(rows, 192, generator=g) * 3
     x[0, :32] = 0.0
     for b in (bias, None):
-        got = qg.quant_linear(x, blocks, type_name, b, VARIANTS[variant], path="tiles")
+        got = qg.quant_linear(x, blocks, type_name, b, path="tiles")
         torch.testing.assert_close(got, quant_linear_ref(x, blocks, type_name, b), **TOL)
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
-def test_long_k_narrows_the_panel_and_still_matches(variant):
+def test_long_k_narrows_the_panel_and_still_matches(cpu_route):
     """k = 6144: a 32-row panel would pass PANEL_BYTES, so panels of 24 rows (not a multiple of 32).
     192 block terms per output (std ~80): atol 1e-3 for their float32 summation order."""
     g = torch.Generator().manual_seed(11)
     blocks = gguf_blocks(torch.randn(45, 6144, generator=g), "Q4_1")
     x = torch.randn(6, 6144, generator=g)
-    torch.testing.assert_close(qg.quant_linear(x, blocks, "Q4_1", None, VARIANTS[variant], path="tiles"),
+    torch.testing.assert_close(qg.quant_linear(x, blocks, "Q4_1", None, path="tiles"),
                                quant_linear_ref(x, blocks, "Q4_1"), rtol=1e-5, atol=1e-3)
 
 
@@ -75,9 +70,8 @@ def extreme_blocks(type_name: str, rows: int, cols: int) -> torch.Tensor:
     return blocks.reshape(rows, nb * bb)
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("type_name", TYPES)
-def test_integer_sums_at_their_ceiling_do_not_saturate(type_name, variant):
+def test_integer_sums_at_their_ceiling_do_not_saturate(type_name, cpu_route):
     """Activations of +-127 everywhere against the largest weights: a Q4 block sums eight maddubs
     lanes of 3810 in int16 (30480), a Q8 lane is 128 * 127 + 127 * 127 (32385); a saturating or
     overflowing step would be off by thousands."""
@@ -87,7 +81,7 @@ def test_integer_sums_at_their_ceiling_do_not_saturate(type_name, variant):
     x[1::2] *= -1.0  # and rows of the other sign
     blocks = extreme_blocks(type_name, 16, 256)
     want = quant_linear_ref(x, blocks, type_name)
-    torch.testing.assert_close(qg.quant_linear(x, blocks, type_name, None, VARIANTS[variant], path="tiles"),
+    torch.testing.assert_close(qg.quant_linear(x, blocks, type_name, None, path="tiles"),
                                want, **TOL)
 
 
@@ -104,5 +98,6 @@ def test_quant_linear_picks_the_tiles_path_from_its_crossover(monkeypatch):
 
 
 def test_portable_build_keeps_the_dequantized_route_for_many_rows():
-    assert qg.choose_path("Q4_1", 4096, qg.PORTABLE_FLAGS) == "dequant"
-    assert qg.choose_path("Q4_1", 1, qg.PORTABLE_FLAGS) == "gemv"
+    with build.using_route("portable-c"):
+        assert qg.choose_path("Q4_1", 4096) == "dequant"
+        assert qg.choose_path("Q4_1", 1) == "gemv"

@@ -5,9 +5,16 @@ A built library is cached per source (and the headers beside it), compiler, flag
 built with -march=native).
 Where no compiler is found, or CUTE_SERVE_CPU_KERNELS=0, `load` says why and callers keep the
 torch references.
+
+Routes (csrc/isa.h): every library is built for one SIMD route, by default the best this CPU runs.
+`using_route` (or CUTE_SERVE_CPU_ROUTE) builds the others on the same machine: AVX2 with the AVX-512
+features turned off, and the plain C that non-x86 machines compile, so one x86 test run covers the code
+an AVX2, an AVX-512 and an ARM machine take. CUTE_SERVE_CPU_SANITIZE=1 builds with ASan + UBSan
+(the process must preload their runtimes: see tests/test_cpu_sanitizers.py).
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -16,6 +23,8 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 CSRC = Path(__file__).parent / "csrc"
@@ -23,6 +32,61 @@ CSRC = Path(__file__).parent / "csrc"
 # linked with it, GCC adds crtfastmath.o, which would flush denormals for the whole process.
 COMPILE_FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math", "-fPIC", "-std=c11"]
 LINK_FLAGS = ["-shared", "-fopenmp", "-lm"]
+# The sanitizer build: no fast-math, so no finite-math assumption hides what UBSan would see.
+SANITIZE_COMPILE = ("-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer",
+                    "-fno-fast-math", "-g")
+SANITIZE_LINK = ("-fsanitize=address,undefined",)
+
+
+@dataclass(frozen=True)
+class Route:
+    """One SIMD route of the C kernels: the flags that select it and the CPU features it needs."""
+    name: str  # as csrc/isa.h's cpu_isa_name() reports it
+    flags: tuple[str, ...]
+    needs: frozenset[str]  # /proc/cpuinfo flags
+
+
+ROUTES = {r.name: r for r in (
+    Route("avx512-vnni", (), frozenset({"avx512f", "avx512vl", "avx512_vnni", "avx2", "fma", "f16c"})),
+    Route("avx2", ("-mno-avx512f", "-mno-avxvnni"), frozenset({"avx2", "fma", "f16c"})),
+    Route("portable-c", ("-DCPU_PORTABLE",), frozenset()),
+)}
+_active_route: list[str | None] = [os.environ.get("CUTE_SERVE_CPU_ROUTE") or None]  # None: -march=native
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    try:
+        with open("/proc/cpuinfo") as info:
+            return frozenset(next(line for line in info if line.startswith("flags")).split(":", 1)[1].split())
+    except (OSError, StopIteration):
+        return frozenset()
+
+
+def route_unavailable(name: str) -> str | None:
+    """Why this machine cannot run route `name` (None when it can)."""
+    if name not in ROUTES:
+        return f"unknown CPU kernel route {name!r} (known: {', '.join(ROUTES)})"
+    if ROUTES[name].needs and platform.machine() not in ("x86_64", "AMD64"):
+        return f"{name} is an x86 route; this is {platform.machine()}"
+    missing = sorted(ROUTES[name].needs - cpu_flags())
+    return f"this CPU lacks {', '.join(missing)}" if missing else None
+
+
+@contextlib.contextmanager
+def using_route(name: str | None) -> Iterator[None]:
+    """Libraries loaded inside are built for route `name` (None: the best this CPU runs)."""
+    if name is not None and (reason := route_unavailable(name)):
+        raise ValueError(reason)
+    saved, _active_route[0] = _active_route[0], name
+    try:
+        yield
+    finally:
+        _active_route[0] = saved
+
+
+def _sanitized() -> bool:
+    return os.environ.get("CUTE_SERVE_CPU_SANITIZE", "0") == "1"
 
 
 def cache_dir() -> Path:
@@ -31,12 +95,7 @@ def cache_dir() -> Path:
 
 
 def _cpu_signature() -> str:
-    try:
-        with open("/proc/cpuinfo") as info:
-            flags = next(line for line in info if line.startswith("flags"))
-    except (OSError, StopIteration):
-        flags = platform.processor()
-    return platform.machine() + flags
+    return platform.machine() + (" ".join(sorted(cpu_flags())) or platform.processor())
 
 
 @functools.cache
@@ -45,11 +104,11 @@ def _compiler_version(compiler: str) -> str:
     return subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False).stdout
 
 
-def _build(source: Path, compiler: str, extra_flags: tuple[str, ...] = ()) -> Path:
+def _build(source: Path, compiler: str, extra_flags: tuple[str, ...] = (), link_flags: tuple[str, ...] = ()) -> Path:
     version = _compiler_version(compiler)
-    compile_flags = [*COMPILE_FLAGS, *extra_flags]
+    compile_flags, link = [*COMPILE_FLAGS, *extra_flags], [*LINK_FLAGS, *link_flags]
     headers = [h.read_text() for h in sorted(source.parent.glob("*.h"))]  # what a source may #include
-    key = hashlib.sha256("\0".join([source.read_text(), *headers, compiler, version, *compile_flags, *LINK_FLAGS,
+    key = hashlib.sha256("\0".join([source.read_text(), *headers, compiler, version, *compile_flags, *link,
                                     _cpu_signature()]).encode())
     target = cache_dir() / f"{source.stem}-{key.hexdigest()[:16]}.so"
     if not target.exists():
@@ -57,25 +116,42 @@ def _build(source: Path, compiler: str, extra_flags: tuple[str, ...] = ()) -> Pa
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:  # build aside, then move: no torn file
             obj, built = Path(tmp) / "kernel.o", Path(tmp) / target.name
             for cmd in ([compiler, *compile_flags, "-c", str(source), "-o", str(obj)],
-                        [compiler, str(obj), *LINK_FLAGS, "-o", str(built)]):
+                        [compiler, str(obj), *link, "-o", str(built)]):
                 subprocess.run(cmd, check=True, capture_output=True, text=True)
             os.replace(built, target)
     return target
 
 
-def load_with_signatures(name: str, signatures: dict[str, tuple[list, object]],
-                         extra_flags: tuple[str, ...] = ()) -> tuple[ctypes.CDLL | None, str | None]:
-    """load(name, extra_flags), with each symbol's ctypes (argtypes, restype) set from `signatures`."""
-    lib, reason = load(name, extra_flags)
-    for symbol, (argtypes, restype) in signatures.items() if lib is not None else ():
-        getattr(lib, symbol).argtypes, getattr(lib, symbol).restype = argtypes, restype
+def load_with_signatures(name: str, signatures: dict[str, tuple[list, object]]) -> tuple[ctypes.CDLL | None, str | None]:
+    """load(name), with each symbol's ctypes (argtypes, restype) set from `signatures` on first load."""
+    lib, reason = load(name)
+    if lib is not None and not getattr(lib, "_cute_signed", False):
+        for symbol, (argtypes, restype) in signatures.items():
+            getattr(lib, symbol).argtypes, getattr(lib, symbol).restype = argtypes, restype
+        lib._cute_signed = True
     return lib, reason
 
 
+def load(name: str) -> tuple[ctypes.CDLL | None, str | None]:
+    """(library, None) for csrc/<name>.c built for the active route, built if needed; (None, reason) where
+    it cannot be."""
+    route = _active_route[0]
+    if route is not None and (reason := route_unavailable(route)):
+        return None, reason
+    flags = () if route is None else ROUTES[route].flags
+    if _sanitized():
+        return _load(name, (*flags, *SANITIZE_COMPILE), SANITIZE_LINK)
+    return _load(name, flags, ())
+
+
+def isa(lib: ctypes.CDLL) -> str:
+    """The route a loaded library was built for (csrc/isa.h): avx512-vnni, avx2 or portable-c."""
+    lib.cpu_kernel_isa.restype = ctypes.c_char_p
+    return lib.cpu_kernel_isa().decode()
+
+
 @functools.cache
-def load(name: str, extra_flags: tuple[str, ...] = ()) -> tuple[ctypes.CDLL | None, str | None]:
-    """(library, None) for csrc/<name>.c, built if needed; (None, reason) where it cannot be.
-    extra_flags (e.g. a -D selecting a portable variant) are added to the compile step."""
+def _load(name: str, extra_flags: tuple[str, ...], link_flags: tuple[str, ...]) -> tuple[ctypes.CDLL | None, str | None]:
     if os.environ.get("CUTE_SERVE_CPU_KERNELS", "1") == "0":
         return None, "disabled by CUTE_SERVE_CPU_KERNELS=0"
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
@@ -83,7 +159,7 @@ def load(name: str, extra_flags: tuple[str, ...] = ()) -> tuple[ctypes.CDLL | No
         return None, "no C compiler found (set CC)"
     source = CSRC / f"{name}.c"
     try:
-        return ctypes.CDLL(str(_build(source, compiler, tuple(extra_flags)))), None
+        return ctypes.CDLL(str(_build(source, compiler, extra_flags, link_flags))), None
     except subprocess.CalledProcessError as exc:
         return None, f"building {source.name} failed: {exc.stderr.strip()[-500:]}"
     except OSError as exc:

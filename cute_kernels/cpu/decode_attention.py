@@ -6,7 +6,6 @@ the C kernel cannot be built the reason is in `unavailable_reason()` and callers
 from __future__ import annotations
 
 import ctypes
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -17,7 +16,6 @@ from cute_kernels.cpu.kv_elem import KV_KINDS, kv_kind
 from cute_kernels.paged_tables import as_int32, check_block_ids
 
 
-@functools.lru_cache(maxsize=1)
 def _library() -> tuple[ctypes.CDLL | None, str | None]:
     args = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_int]
     return build.load_with_signatures("cpu_decode_attention", {

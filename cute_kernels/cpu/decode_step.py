@@ -10,7 +10,6 @@ tests; only the order of float sums differs.
 from __future__ import annotations
 
 import ctypes
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -36,16 +35,15 @@ class _Model(ctypes.Structure):
                 ("cos_table", _P), ("sin_table", _P)]
 
 
-@functools.lru_cache(maxsize=2)
-def _library(extra_flags: tuple[str, ...] = ()) -> tuple[ctypes.CDLL | None, str | None]:
+def _library() -> tuple[ctypes.CDLL | None, str | None]:
     return build.load_with_signatures("cpu_decode_step", {
         "decode_step_f32": ([_P, _P, _P, _I, _P, _P, _P, _I, _P, ctypes.c_int], ctypes.c_int),
-        "decode_step_max_rows": ([], ctypes.c_int)}, extra_flags)
+        "decode_step_max_rows": ([], ctypes.c_int)})
 
 
-def unavailable_reason(extra_flags: tuple[str, ...] = ()) -> str | None:
+def unavailable_reason() -> str | None:
     """None when the C library is built and loaded; otherwise why not."""
-    return _library(extra_flags)[1]
+    return _library()[1]
 
 
 def max_rows() -> int:
@@ -99,11 +97,11 @@ class DecodeStepTable:
     the tensors it points at."""
 
     def __init__(self, shape: DecodeShape, layers: list[LayerTensors], final_norm: torch.Tensor,
-                 cos_table: torch.Tensor, sin_table: torch.Tensor, extra_flags: tuple[str, ...] = ()) -> None:
+                 cos_table: torch.Tensor, sin_table: torch.Tensor) -> None:
         s = shape
         if s.kv_heads < 1 or s.heads % s.kv_heads or s.head_dim % 2 or not layers:
             raise ValueError(f"unsupported attention shape: {s.heads} heads, {s.kv_heads} KV heads, d {s.head_dim}")
-        self.lib, reason = _library(extra_flags)
+        self.lib, reason = _library()
         if self.lib is None:
             raise RuntimeError(reason)
         self.shape, self.kept = shape, [layers, final_norm, cos_table, sin_table]

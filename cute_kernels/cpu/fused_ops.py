@@ -7,7 +7,6 @@ laid out as the kernel reads them; otherwise it runs its reference, so callers n
 from __future__ import annotations
 
 import ctypes
-import functools
 
 import torch
 
@@ -17,7 +16,6 @@ from cute_kernels.reference import add_rms_norm_ref, rope_ref, silu_and_mul_ref
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 
 
-@functools.lru_cache(maxsize=1)
 def _library() -> tuple[ctypes.CDLL | None, str | None]:
     return build.load_with_signatures("cpu_fused_ops", {
         "add_rms_norm_f32": ([_P] * 5 + [_I, _I, _F], None),

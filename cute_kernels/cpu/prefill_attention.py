@@ -7,7 +7,6 @@ built the reason is in `unavailable_reason()` and callers keep the torch referen
 from __future__ import annotations
 
 import ctypes
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -21,7 +20,6 @@ MAX_HEAD_DIM = 256  # the kernel's per-thread scratch (MAX_D)
 MAX_GROUP = 64  # query heads per KV head (MV)
 
 
-@functools.lru_cache(maxsize=1)
 def _library() -> tuple[ctypes.CDLL | None, str | None]:
     args = [ctypes.c_void_p] * 10 + [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_int, ctypes.c_int]
     return build.load_with_signatures("cpu_prefill_attention", {"paged_prefill_attention_f32": (args, ctypes.c_int)})

@@ -17,18 +17,15 @@ at 128 rows on one AVX2 core.)
 from __future__ import annotations
 
 import ctypes
-import functools
 
 import torch
 import torch.nn.functional as F
 
-from cute_kernels.cpu import build, quant_tiles
-from cute_kernels.cpu import kquant_blocks
+from cute_kernels.cpu import build, kquant_blocks, quant_tiles
 from cute_kernels.cpu.quant_blocks import QK, TYPE_IDS, block_values, row_bytes
 from cute_kernels.cpu.quant_reference import quant_linear_ref
 
 _P, _I, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-PORTABLE_FLAGS = ("-DQUANT_PORTABLE",)  # the plain C variant, as machines without AVX2 build it
 DEQUANT_MIN_ROWS = 128
 # (tiles ISA, type) -> (first row count for quant_tiles' GEMM, first for dequantize + fp32 GEMM). From
 # profiling/bench_quant_gemm.py --threads 1 --clock cpu on a busy 2-core AVX2 machine (Zen 3) the GEMM
@@ -52,42 +49,39 @@ DEQUANT_SLICE_ROWS = 4096
 def _signatures() -> dict:
     return {"quantize_rows_q8": ([_P, _I, _I, _P, _P, _P, _C], None),
             "quant_gemm": ([_P, _C, _P, _P, _P, _P, _P, _I, _I, _I, _C], None),
-            "quant_gemm_isa": ([], ctypes.c_char_p),
             "dequantize_blocks": ([_P, _C, _I, _I, _P, _C], None)}
 
 
-@functools.lru_cache(maxsize=2)
-def _library(extra_flags: tuple[str, ...] = ()) -> tuple[ctypes.CDLL | None, str | None]:
-    return build.load_with_signatures("cpu_quant_gemm", _signatures(), extra_flags)
+def _library() -> tuple[ctypes.CDLL | None, str | None]:
+    return build.load_with_signatures("cpu_quant_gemm", _signatures())
 
 
-@functools.lru_cache(maxsize=2)
-def _kquant_library(extra_flags: tuple[str, ...] = ()) -> tuple[ctypes.CDLL | None, str | None]:
-    names = {"kquant_gemm": "quant_gemm", "kquant_gemm_isa": "quant_gemm_isa", "kquant_dequantize": "dequantize_blocks"}
-    return build.load_with_signatures("cpu_kquant_gemm", {k: _signatures()[v] for k, v in names.items()}, extra_flags)
+def _kquant_library() -> tuple[ctypes.CDLL | None, str | None]:
+    names = {"kquant_gemm": "quant_gemm", "kquant_dequantize": "dequantize_blocks"}
+    return build.load_with_signatures("cpu_kquant_gemm", {k: _signatures()[v] for k, v in names.items()})
 
 
-def _gemm_and_dequantize(type_name: str, extra_flags: tuple[str, ...] = ()) -> tuple | None:
+def _gemm_and_dequantize(type_name: str) -> tuple | None:
     """(gemm, dequantize, type id) of the library that reads type_name's blocks; None where it is not built."""
     if type_name in kquant_blocks.TYPE_IDS:
-        lib = _kquant_library(extra_flags)[0]
+        lib = _kquant_library()[0]
         return None if lib is None else (lib.kquant_gemm, lib.kquant_dequantize, kquant_blocks.TYPE_IDS[type_name])
-    lib = _library(extra_flags)[0]
+    lib = _library()[0]
     return None if lib is None else (lib.quant_gemm, lib.dequantize_blocks, TYPE_IDS[type_name])
 
 
-def unavailable_reason(extra_flags: tuple[str, ...] = ()) -> str | None:
+def unavailable_reason() -> str | None:
     """None when both C libraries are built and loaded; otherwise why not."""
-    return _library(extra_flags)[1] or _kquant_library(extra_flags)[1]
+    return _library()[1] or _kquant_library()[1]
 
 
-def isa(extra_flags: tuple[str, ...] = ()) -> str:
+def isa() -> str:
     """Which dot-product path the built libraries run: avx512-vnni, avx2 or portable-c."""
-    lib, klib = _library(extra_flags)[0], _kquant_library(extra_flags)[0]
+    lib, klib = _library()[0], _kquant_library()[0]
     if lib is None or klib is None:
         return "torch reference"
-    assert lib.quant_gemm_isa() == klib.kquant_gemm_isa()  # one header chooses for both
-    return lib.quant_gemm_isa().decode()
+    assert build.isa(lib) == build.isa(klib)  # one header chooses for both
+    return build.isa(lib)
 
 
 def supports(type_name: str, rows: int, cols: int) -> bool:
@@ -95,25 +89,25 @@ def supports(type_name: str, rows: int, cols: int) -> bool:
     return known and cols % block_values(type_name) == 0 and rows > 0
 
 
-def choose_path(type_name: str, rows: int, extra_flags: tuple[str, ...] = ()) -> str:
+def choose_path(type_name: str, rows: int) -> str:
     """gemv, tiles or dequant: the fastest measured path for this many activation rows on this build."""
-    if not quant_tiles.available(type_name, extra_flags):
+    if not quant_tiles.available(type_name):
         return "dequant" if rows >= DEQUANT_MIN_ROWS else "gemv"
-    tiles_from, dequant_from = TILES_ROWS[quant_tiles.isa(extra_flags), type_name]
+    tiles_from, dequant_from = TILES_ROWS[quant_tiles.isa(), type_name]
     return "dequant" if rows >= dequant_from else "tiles" if rows >= tiles_from else "gemv"
 
 
 def quant_linear(x: torch.Tensor, blocks: torch.Tensor, type_name: str, bias: torch.Tensor | None = None,
-                 extra_flags: tuple[str, ...] = (), path: str | None = None) -> torch.Tensor:
+                 path: str | None = None) -> torch.Tensor:
     """x [rows, k] float32 @ W^T (+ bias) for W given as blocks [n, row_bytes(type_name, k)] of type_name;
     path (gemv, tiles, dequant) overrides choose_path, for tests and benchmarks."""
-    lib, kernels = _library(extra_flags)[0], _gemm_and_dequantize(type_name, extra_flags)
+    lib, kernels = _library()[0], _gemm_and_dequantize(type_name)
     n, k = blocks.shape[0], x.shape[-1]
     if (lib is None or kernels is None or x.dtype != torch.float32 or x.device.type != "cpu" or x.dim() != 2
             or blocks.shape[1] != row_bytes(type_name, k) or not blocks.is_contiguous()):
         return quant_linear_ref(x, blocks, type_name, bias)
     x = x.contiguous()
-    path = path or choose_path(type_name, x.shape[0], extra_flags)
+    path = path or choose_path(type_name, x.shape[0])
     if path == "dequant":
         return _dequantized_linear(x, blocks, type_name, bias)
     m = x.shape[0]
@@ -124,7 +118,7 @@ def quant_linear(x: torch.Tensor, blocks: torch.Tensor, type_name: str, bias: to
     lib.quantize_rows_q8(x.data_ptr(), m, k, q.data_ptr(), d.data_ptr(), s.data_ptr(), 1 if m < 128 else threads)
     bias = None if bias is None else bias.float().contiguous()  # held: the kernel reads it
     if path == "tiles":
-        return quant_tiles.tiles_gemm(blocks, type_name, q, d, s, bias, threads, extra_flags)
+        return quant_tiles.tiles_gemm(blocks, type_name, q, d, s, bias, threads)
     y = torch.empty(m, n)
     bias_ptr = None if bias is None else bias.data_ptr()
     gemm, _, type_id = kernels
@@ -150,10 +144,9 @@ def _dequantized_linear(x: torch.Tensor, blocks: torch.Tensor, type_name: str,
     return y
 
 
-def dequantize_c(blocks: torch.Tensor, type_name: str, cols: int, out: torch.Tensor | None = None,
-                 extra_flags: tuple[str, ...] = ()) -> torch.Tensor:
+def dequantize_c(blocks: torch.Tensor, type_name: str, cols: int, out: torch.Tensor | None = None) -> torch.Tensor:
     """The float32 values [rows, cols] of blocks, by the C library (same values as quant_blocks.dequantize)."""
     out = torch.empty(blocks.shape[0], cols) if out is None else out
-    _, dequantize, type_id = _gemm_and_dequantize(type_name, extra_flags)
+    _, dequantize, type_id = _gemm_and_dequantize(type_name)
     dequantize(blocks.data_ptr(), type_id, blocks.shape[0], cols, out.data_ptr(), torch.get_num_threads())
     return out

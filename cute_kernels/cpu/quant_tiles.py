@@ -4,7 +4,6 @@ on here; quant_reference.quant_linear_ref is the oracle for both."""
 from __future__ import annotations
 
 import ctypes
-import functools
 
 import torch
 
@@ -15,33 +14,30 @@ _P, _I, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 TILE_TYPES = ("Q4_0", "Q4_1", "Q8_0")
 
 
-@functools.lru_cache(maxsize=4)
-def _library(extra_flags: tuple[str, ...] = ()) -> tuple[ctypes.CDLL | None, str | None]:
+def _library() -> tuple[ctypes.CDLL | None, str | None]:
     return build.load_with_signatures("cpu_quant_tiles", {
-        "quant_gemm_tiles": ([_P, _C, _P, _P, _P, _P, _P, _I, _I, _I, _C], _C),
-        "quant_tiles_isa": ([], ctypes.c_char_p)}, extra_flags)
+        "quant_gemm_tiles": ([_P, _C, _P, _P, _P, _P, _P, _I, _I, _I, _C], _C)})
 
 
-def available(type_name: str, extra_flags: tuple[str, ...] = ()) -> bool:
-    return type_name in TILE_TYPES and _library(extra_flags)[0] is not None
+def available(type_name: str) -> bool:
+    return type_name in TILE_TYPES and _library()[0] is not None
 
 
-@functools.lru_cache(maxsize=4)
-def isa(extra_flags: tuple[str, ...] = ()) -> str:
+def isa() -> str:
     """avx512-vnni, avx2 or portable-c: the micro-kernel this build runs."""
-    lib = _library(extra_flags)[0]
-    return "unavailable" if lib is None else lib.quant_tiles_isa().decode()
+    lib = _library()[0]
+    return "unavailable" if lib is None else build.isa(lib)
 
 
 def tiles_gemm(blocks: torch.Tensor, type_name: str, q: torch.Tensor, d: torch.Tensor, s: torch.Tensor,
-               bias: torch.Tensor | None, threads: int, extra_flags: tuple[str, ...] = ()) -> torch.Tensor:
+               bias: torch.Tensor | None, threads: int) -> torch.Tensor:
     """y [rows, n] from activations quantized by quantize_rows_q8 (q int8 [rows, k], d and s [rows, k/32])
     and weight blocks [n, k/32 * block bytes]; bias float32 contiguous or None."""
     if type_name not in TILE_TYPES:
         raise ValueError(f"the tiles GEMM reads {', '.join(TILE_TYPES)}, not {type_name}")
     m, k = q.shape
     y = torch.empty(m, blocks.shape[0])
-    rc = _library(extra_flags)[0].quant_gemm_tiles(
+    rc = _library()[0].quant_gemm_tiles(
         blocks.data_ptr(), TYPE_IDS[type_name], q.data_ptr(), d.data_ptr(), s.data_ptr(),
         None if bias is None else bias.data_ptr(), y.data_ptr(), m, blocks.shape[0], k, threads)
     if rc == 2:

@@ -23,8 +23,7 @@ static inline void axpy(float *restrict y, float a, const float *restrict x, int
     for (int64_t i = 0; i < d; i++) y[i] += a * x[i];
 }
 
-#ifdef __AVX2__
-#include <immintrin.h>
+#ifdef CPU_AVX2
 
 /* The four sums of s0..s3's lanes, in order. */
 static inline __m128 hsum4(__m256 s0, __m256 s1, __m256 s2, __m256 s3) {
@@ -107,7 +106,7 @@ static inline void score_rows(const float *q, const KVCache *kc, const int32_t *
             const float *k = block_rows_f32(kc, kc->k, table[blk], kvh, n, hkv, d, bs, &row);
             for (int64_t g = 0; g < g_n; g++) {
                 const int64_t h = (kvh - kv0) * g_n + g;
-#ifdef __AVX2__
+#ifdef CPU_AVX2
                 if (d % 8 == 0) {
                     dot_rows_avx2(q + h * d, k, row, n, d, scale, scores + h * len + t0);
                     continue;
@@ -145,7 +144,7 @@ static inline void weigh_values(const KVCache *kc, const int32_t *table, const f
             const float *v = block_rows_f32(kc, kc->v, table[blk], kvh, n, hkv, d, bs, &row);
             for (int64_t g = 0; g < g_n; g++) {
                 const int64_t h = (kvh - kv0) * g_n + g;
-#ifdef __AVX2__
+#ifdef CPU_AVX2
                 if (d % 8 == 0) {
                     weigh_rows_avx2(acc + h * d, probs + h * len + t0, v, row, n, d);
                     continue;

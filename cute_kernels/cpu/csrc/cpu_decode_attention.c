@@ -64,3 +64,6 @@ int paged_decode_attention_f32(const float *q, const void *k_cache, const void *
 /* dst[0:n] = src[0:n] rounded to bf16 as the fused decode step stores K/V rows (kv_elem.h), for the tests
  * that hold that rounding to torch's. */
 void round_to_bf16(const float *src, uint16_t *dst, int64_t n) { kv_store_row(dst, KV_BF16, 0, src, n); }
+
+/* The SIMD route this library was built for (isa.h), so tests and benchmarks can say which ran. */
+const char *cpu_kernel_isa(void) { return cpu_isa_name(); }

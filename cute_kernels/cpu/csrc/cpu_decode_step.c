@@ -194,3 +194,6 @@ int decode_step_f32(const DecodeModel *md, float *x, float *out, int64_t m, cons
     free(buf);
     return failed ? 2 : 0;
 }
+
+/* The SIMD route this library was built for (isa.h), so tests and benchmarks can say which ran. */
+const char *cpu_kernel_isa(void) { return cpu_isa_name(); }

@@ -40,3 +40,6 @@ void rope_f32(float *x, const float *cos_t, const float *sin_t, int64_t tokens, 
     for (int64_t t = 0; t < tokens; t++)
         for (int64_t h = 0; h < heads; h++) rope_head(x + t * token_stride + h * d, cos_t + t * half, sin_t + t * half, half);
 }
+
+/* The SIMD route this library was built for (isa.h), so tests and benchmarks can say which ran. */
+const char *cpu_kernel_isa(void) { return cpu_isa_name(); }

@@ -73,7 +73,7 @@ static inline void unpack_quants(const uint8_t *blk, int type, int8_t *q) {
     }
 }
 
-#ifdef QUANT_SIMD
+#ifdef CPU_AVX2
 static inline __m256i shift_right16(__m256i v, int n) {
     return _mm256_srl_epi16(v, _mm_cvtsi32_si128(n));
 }
@@ -200,7 +200,6 @@ void kquant_gemm(const uint8_t *w, int type, const int8_t *q, const float *d, co
     column_tiled_gemm(dot_tile, w, type, nsb, row_bytes, q, d, s, bias, y, m, n, k, nthreads);
 }
 
-const char *kquant_gemm_isa(void) { return quant_isa_name(); }
 
 /* out[N, K] = the float32 values of W (the prefill path dequantizes a slice at a time, see
  * quant_gemm.py). (d sc) q is exact in float32, so the one rounding is the minimum's, as in ggml. */
@@ -216,3 +215,6 @@ void kquant_dequantize(const uint8_t *w, int type, int64_t n, int64_t k, float *
         for (int j = 0; j < QK_K; j++) o[j] = ks.d * (float)ks.sc[j / 16] * (float)q[j] + ks.off[j / QK];
     }
 }
+
+/* The SIMD route this library was built for (isa.h), so tests and benchmarks can say which ran. */
+const char *cpu_kernel_isa(void) { return cpu_isa_name(); }

@@ -49,8 +49,7 @@ typedef struct {
     int causal, kv_kind;
 } Problem;
 
-#ifdef __AVX2__
-#include <immintrin.h>
+#ifdef CPU_AVX2
 
 /* st[j][m0:m0+16] = sum_i kp[j][i] * qt[i][m0:m0+16] for six keys j: twelve accumulators, enough
  * independent FMAs to cover their latency on two FMA pipes. */
@@ -250,3 +249,6 @@ int paged_prefill_attention_f32(const float *q, const float *k, const float *v, 
     free(tasks);
     return status;
 }
+
+/* The SIMD route this library was built for (isa.h), so tests and benchmarks can say which ran. */
+const char *cpu_kernel_isa(void) { return cpu_isa_name(); }

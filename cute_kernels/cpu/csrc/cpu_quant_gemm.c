@@ -33,8 +33,6 @@ void quant_gemm(const uint8_t *w, int type, const int8_t *q, const float *d, con
     column_tiled_gemm(dot_tile, w, type, nb, row_bytes, q, d, s, bias, y, m, n, k, nthreads);
 }
 
-/* The ISA this library was built for, so tests and benchmarks can say which path they measured. */
-const char *quant_gemm_isa(void) { return quant_isa_name(); }
 
 /* out[N, K] = the float32 values of W, for row counts where a float GEMM beats the int8 dot products
  * (see quant_gemm.py): callers dequantize a slice of W at a time into a reused buffer. */
@@ -59,3 +57,6 @@ void dequantize_blocks(const uint8_t *w, int type, int64_t n, int64_t k, float *
         }
     }
 }
+
+/* The SIMD route this library was built for (isa.h), so tests and benchmarks can say which ran. */
+const char *cpu_kernel_isa(void) { return cpu_isa_name(); }

@@ -21,8 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "quant_simd.h" /* QUANT_SIMD, f16_to_f32, load_u16, quant_isa_name */
-#if defined(QUANT_SIMD) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#include "quant_simd.h" /* CPU_AVX2, CPU_VNNI, f16_to_f32, load_u16 */
+#if defined(CPU_VNNI)
 #define TILES_VNNI 1 /* vpdpbusd: u8 x s8 products summed into int32 lanes in one instruction */
 #endif
 
@@ -47,7 +47,7 @@ static void unpack_block(const uint8_t *blk, int type, uint8_t vals[QK], float *
         return;
     }
     const uint8_t *qs = blk + (type == Q4_1 ? 4 : 2);
-#ifdef QUANT_SIMD
+#ifdef CPU_AVX2
     const __m128i raw = _mm_loadu_si128((const __m128i *)qs), m4 = _mm_set1_epi8(0x0f);
     _mm_storeu_si128((__m128i *)vals, _mm_and_si128(raw, m4));
     _mm_storeu_si128((__m128i *)(vals + 16), _mm_and_si128(_mm_srli_epi16(raw, 4), m4));
@@ -60,7 +60,7 @@ static void unpack_block(const uint8_t *blk, int type, uint8_t vals[QK], float *
 
 /* out step t = values 4t..4t+3 of each of the 8 rows: an 8 x 8 transpose of 4-byte units. */
 static void interleave_steps(uint8_t vals[LANES][QK], uint8_t *out) {
-#ifdef QUANT_SIMD
+#ifdef CPU_AVX2
     __m256 v[LANES], t[LANES], u[LANES];
     for (int l = 0; l < LANES; l++) v[l] = _mm256_loadu_ps((const float *)vals[l]);
     for (int i = 0; i < LANES; i += 2) {
@@ -102,7 +102,7 @@ static void pack_panel(const uint8_t *w, int type, int64_t c0, int64_t cols, int
     }
 }
 
-#ifdef QUANT_SIMD
+#ifdef CPU_AVX2
 static inline __m256i load_act4(const int8_t *p) { /* 4 activation bytes, broadcast to 8 lanes */
     int32_t v;
     memcpy(&v, p, 4);
@@ -177,11 +177,10 @@ static inline void micro_tile(const uint8_t *group, int type, int nr, const int8
                 const uint8_t *blk = group + b * GROUP_BLOCK_BYTES, *vals = blk + 2 * LANES * 4;
                 float scales[2 * LANES];
                 memcpy(scales, blk, sizeof scales);
-                int32_t isum = 0;
-                for (int j = 0; j < QK; j++) {
-                    const uint8_t v = vals[((j / 4) * LANES + l) * 4 + j % 4];
-                    isum += (type == Q8_0 ? (int32_t)(int8_t)v : (int32_t)v) * (int32_t)q[r * k + b * QK + j];
-                }
+                uint8_t v[QK]; /* weight column l's block, gathered from the interleaved panel */
+                for (int j = 0; j < QK; j++) v[j] = vals[((j / 4) * LANES + l) * 4 + j % 4];
+                const int8_t *x = q + r * k + b * QK;
+                const int32_t isum = type == Q8_0 ? dot32_s8((const int8_t *)v, x) : dot32_u8(v, x);
                 acc += scales[l] * d[r * nb + b] * (float)isum + scales[LANES + l] * s[r * nb + b];
             }
             out[r * LANES + l] = acc;
@@ -242,4 +241,5 @@ int quant_gemm_tiles(const uint8_t *w, int type, const int8_t *q, const float *d
     return failed ? -1 : 0;
 }
 
-const char *quant_tiles_isa(void) { return quant_isa_name(); }
+/* The SIMD route this library was built for (isa.h), so tests and benchmarks can say which ran. */
+const char *cpu_kernel_isa(void) { return cpu_isa_name(); }

@@ -6,6 +6,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "isa.h"
+
 /* h = rms_norm(x + residual) * w, and res_out = x + residual; residual NULL means zeros (the first
  * layer), and then res_out is not written. */
 static inline void add_rms_norm_row(const float *xr, const float *rr, const float *w, float *outr, float *hr,

@@ -6,6 +6,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "isa.h"
+
 enum { KV_F32 = 0, KV_BF16 = 1 };
 
 static inline float bf16_to_f32(uint16_t h) {
@@ -23,14 +25,11 @@ static inline uint16_t f32_to_bf16(float f) {
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
-#ifdef __AVX2__
-#include <immintrin.h>
-#endif
 
 /* dst[0:n] = the n bf16 values at src, as fp32. */
 static inline void bf16_row_to_f32(float *restrict dst, const uint16_t *restrict src, int64_t n) {
     int64_t i = 0;
-#ifdef __AVX2__
+#ifdef CPU_AVX2
     for (; i + 8 <= n; i += 8) {
         const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(src + i)));
         _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16)));

@@ -52,7 +52,7 @@ static inline void unsigned_pair(const uint8_t *qs, uint32_t qh, int j, uint8_t 
     *hi = (uint8_t)((qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4));
 }
 
-#ifdef QUANT_SIMD
+#ifdef CPU_AVX2
 static inline __m256i unpack_q4(const uint8_t *qs) { /* byte j: value j low nibble, value j+16 high */
     const __m128i raw = _mm_loadu_si128((const __m128i *)qs), m4 = _mm_set1_epi8(0x0f);
     return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), m4), _mm_and_si128(raw, m4));
@@ -108,15 +108,12 @@ static inline __attribute__((always_inline)) void dot_rows(const uint8_t *wrow, 
         const float dw = f16_to_f32(load_u16(blk)), off = block_offset(blk, type, dw);
         const uint8_t *qs = blk + QS_AT[type];
         const uint32_t qh = fifth_bits_u32(blk, type);
-        uint8_t w[QK]; /* Q8_0: the int8 bytes, read back signed below */
-        for (int j = 0; j < QK / 2; j++) {
-            if (type == Q8_0) w[j] = qs[j], w[j + 16] = qs[j + 16];
-            else unsigned_pair(qs, qh, j, &w[j], &w[j + 16]);
-        }
+        uint8_t w[QK];
+        if (type != Q8_0)
+            for (int j = 0; j < QK / 2; j++) unsigned_pair(qs, qh, j, &w[j], &w[j + 16]);
         for (int r = 0; r < nr; r++) {
             const int8_t *x = q + r * k + b * QK;
-            int32_t isum = 0;
-            for (int j = 0; j < QK; j++) isum += (type == Q8_0 ? (int32_t)(int8_t)w[j] : (int32_t)w[j]) * (int32_t)x[j];
+            const int32_t isum = type == Q8_0 ? dot32_s8((const int8_t *)qs, x) : dot32_u8(w, x);
             out[r] += dw * d[r * nb + b] * (float)isum + off * s[r * nb + b];
         }
     }

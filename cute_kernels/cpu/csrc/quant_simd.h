@@ -1,8 +1,6 @@
-/* What the quantized-linear kernels (cpu_quant_gemm.c, cpu_kquant_gemm.c) share: the ISA choice, fp16
- * scales, and the unsigned x signed int8 dot product on 256-bit lanes.
- * ISA: AVX-512 VNNI (vpdpbusd on 256-bit lanes) where the compiler targets it, AVX2 (maddubs + madd)
- * otherwise, and plain C anywhere else (or with -DQUANT_PORTABLE, which the tests build too);
- * -march=native picks at build time.
+/* What the quantized-linear kernels (cpu_quant_gemm.c, cpu_kquant_gemm.c, cpu_quant_tiles.c) share:
+ * fp16 scales and the unsigned x signed int8 dot product on 256-bit lanes (VNNI's vpdpbusd, or AVX2's
+ * maddubs + madd; plain C on the portable route, isa.h).
  */
 #ifndef QUANT_SIMD_H
 #define QUANT_SIMD_H
@@ -10,13 +8,10 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(QUANT_PORTABLE)
-#include <immintrin.h>
-#define QUANT_SIMD 1
-#endif
+#include "isa.h"
 
 static inline float f16_to_f32(uint16_t h) {
-#ifdef QUANT_SIMD
+#ifdef CPU_AVX2
     return _cvtsh_ss(h);
 #else
     const uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
@@ -39,7 +34,7 @@ static inline float f16_to_f32(uint16_t h) {
 /* x rounded to the nearest fp16 value (ties to even), as a float: activation scales are held at
  * ggml's precision (block_q8_1 stores d and s as fp16), so the products match llama.cpp's. */
 static inline float f16_round(float x) {
-#ifdef QUANT_SIMD
+#ifdef CPU_AVX2
     return _cvtsh_ss(_cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT));
 #else
     const float ax = fabsf(x);
@@ -59,20 +54,25 @@ static inline uint16_t load_u16(const uint8_t *p) {
     return v;
 }
 
-/* The ISA a library was built for, so tests and benchmarks can say which path they measured. */
-static inline const char *quant_isa_name(void) {
-#if defined(QUANT_SIMD) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    return "avx512-vnni";
-#elif defined(QUANT_SIMD)
-    return "avx2";
-#else
-    return "portable-c";
-#endif
+/* Exact dots of 32 int8 activations with 32 signed (Q8_0) or unsigned (4/5-bit) weight values, for the
+ * plain C paths. Signed weights are loaded through a signed pointer, never converted from uint8_t:
+ * GCC 12 vectorizes `(int32_t)(int8_t)u * (int32_t)x` over uint8_t u into vpdpbusd (unsigned x signed)
+ * on VNNI targets as if the cast were not there, which gave the portable build wrong sums on AVX-512. */
+static inline int32_t dot32_s8(const int8_t *w, const int8_t *x) {
+    int32_t sum = 0;
+    for (int j = 0; j < 32; j++) sum += (int32_t)w[j] * (int32_t)x[j];
+    return sum;
 }
 
-#ifdef QUANT_SIMD
+static inline int32_t dot32_u8(const uint8_t *w, const int8_t *x) {
+    int32_t sum = 0;
+    for (int j = 0; j < 32; j++) sum += (int32_t)w[j] * (int32_t)x[j];
+    return sum;
+}
+
+#ifdef CPU_AVX2
 static inline __m256i dot_u8_s8(__m256i u, __m256i v) { /* 8 int32 lanes, each a sum of 4 products */
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#ifdef CPU_VNNI
     return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, v);
 #else
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, v), _mm256_set1_epi16(1));
