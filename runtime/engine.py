@@ -18,7 +18,7 @@ from runtime.device import kv_budget, resolve_device, resolve_dtype, resolve_kv_
 from runtime.distributed.plan import check_tp_size
 from runtime.engine_config import EngineConfig
 from runtime.engine_stats import EngineStats
-from runtime.errors import RequestError
+from runtime.errors import RequestError, UserError
 from runtime.host_allocator import tune_host_allocator
 from runtime.kv.block_manager import BlockManager
 from runtime.kv.block_pool import BlockPool
