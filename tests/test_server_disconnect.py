@@ -1,6 +1,8 @@
 """A client that leaves (mid-stream, while waiting for a JSON body, or while queued) aborts its request,
 and every KV block comes back."""
 
+import threading
+
 import httpx
 import pytest
 
@@ -16,17 +18,23 @@ def server():
         yield srv
 
 
-def test_stream_cut_midway_aborts_and_frees_the_pool(server):
+def test_stream_cut_midway_aborts_and_frees_the_pool(server, monkeypatch):
     engine = server.engine
     aborts, generated = engine.stats.finished["abort"], engine.stats.generated_tokens
+    # Steps past the first few tokens wait until the client has gone: on a fast machine the tiny model
+    # would otherwise finish all 800 tokens before the client reads its second event.
+    client_gone, step = threading.Event(), engine.step
+    monkeypatch.setattr(engine, "step", lambda: (engine.stats.generated_tokens - generated < 4
+                                                 or client_gone.wait(30)) and step())
     with httpx.stream("POST", server.url + "/v1/completions", json={**LONG, "stream": True}, timeout=60) as r:
         events = 0
         for line in r.iter_lines():
             events += line.startswith("data: ")
-            if events == 2:  # early: a loaded machine may read slower than the engine decodes
+            if events == 2:
                 break
         assert engine.pool.num_used > 0
     # the connection is closed here, mid-stream
+    client_gone.set()
     server.wait_idle(timeout=5)
     assert engine.pool.num_free == engine.pool.num_blocks
     assert engine.stats.finished["abort"] == aborts + 1
