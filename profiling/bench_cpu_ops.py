@@ -29,8 +29,9 @@ import torch.nn.functional as F  # noqa: E402
 
 from cute_kernels.attention_args import DecodeArgs, PrefillArgs  # noqa: E402
 from cute_kernels.cpu import decode_attention as cpu_decode_attention  # noqa: E402
-from cute_kernels.cpu import prefill_attention as cpu_prefill_attention  # noqa: E402
 from cute_kernels.cpu import fused_ops as fused  # noqa: E402
+from cute_kernels.cpu import prefill_attention as cpu_prefill_attention  # noqa: E402
+from cute_kernels.cpu.decode_attention import decode_attention_cpu, prepare_tables  # noqa: E402
 from cute_kernels.reference import (  # noqa: E402
     add_rms_norm_ref,
     decode_attention_ref,
@@ -39,7 +40,6 @@ from cute_kernels.reference import (  # noqa: E402
     rope_ref,
     silu_and_mul_ref,
 )
-from cute_kernels.cpu.decode_attention import decode_attention_cpu, prepare_tables  # noqa: E402
 from runtime.host_allocator import tune_host_allocator  # noqa: E402
 from runtime.model.cpu_linear import pack_linear_weight, packed_linear  # noqa: E402
 

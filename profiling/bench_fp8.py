@@ -79,9 +79,8 @@ def bench_case(case: GemmCase, time_ms) -> dict:
 def run_fp8_bench(dry_run: bool, time_ms) -> list[dict]:
     """time_ms(fn) -> mean milliseconds of fn on the GPU (bench_kernels' timer)."""
     if dry_run:
-        from cute_kernels.toolchain.kernel_path import kernel_path
-
         from cute_kernels.hopper.fp8_gemm_spec import num_splits
+        from cute_kernels.toolchain.kernel_path import kernel_path
 
         return [{"case": c.name, "path": kernel_path(), "decode": c.decode, "gflop": round(c.flops() / 1e9, 1),
                  "splits": num_splits(c.m, c.n, c.k), "dry_run": True} for c in FP8_CASES]

@@ -25,7 +25,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import runtime  # noqa: E402,F401  first: it sets OpenMP's barrier spin before torch loads (runtime/omp_wait.py)
 from profiling.vllm_peer import vllm_python  # noqa: E402
 
-
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 
 
@@ -35,8 +34,7 @@ def ours(engine, ids: list[int], n: int) -> tuple[float, float, list[int]]:
     engine.add_request(f"bench-{time.perf_counter_ns()}", ids, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
     out = None
     while engine.has_unfinished_requests():
-        for out in engine.step():
-            pass
+        out = (engine.step() or [out])[-1]  # the last output holds the metrics
     m = out.metrics
     return m["ttft"], (n - 1) / (m["e2e"] - m["ttft"]), out.outputs[0].token_ids
 

@@ -24,6 +24,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import runtime  # noqa: E402,F401  first: it sets OpenMP's barrier spin before torch loads (runtime/omp_wait.py)
+
+# isort: split
 import torch  # noqa: E402
 
 from profiling.vllm_peer import run_vllm_script, vllm_python  # noqa: E402

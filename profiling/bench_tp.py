@@ -30,7 +30,6 @@ from runtime.engine_config import EngineConfig  # noqa: E402
 from runtime.errors import UserError  # noqa: E402
 from runtime.sampling_params import SamplingParams  # noqa: E402
 
-
 # SmolLM2-135M's sizes with 8 query / 4 KV heads of 72 (its 9 / 3 split only by 3): random weights
 EVEN_135M = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=8,
                  num_key_value_heads=4, head_dim=72)

@@ -22,7 +22,6 @@ from profiling.engine_workload import add_requests, build_engine, run, warm_up  
 from profiling.report_files import OUT, make_parents  # noqa: E402
 
 
-
 def label_phases() -> None:
     """Route the engine's NVTX hooks to torch.profiler ranges: the trace and the table then show schedule,
     prepare, attention, mlp, sample and output, and time spent in the C kernels (invisible to the profiler

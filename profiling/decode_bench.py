@@ -108,7 +108,6 @@ def _peer_columns(name: str, measure: Callable[[], float | None], gbs: Callable,
 
 
 def bench_decode_case(case: DecodeCase, copy_gbs: float, time_ms: Callable) -> dict:
-    import torch
 
     from cute_kernels.hopper.decode_host import prepare_decode_args
     from cute_kernels.hopper.decode_launch import launch_decode

@@ -23,7 +23,10 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from cute_kernels.fp8_quant import (  # noqa: E402
-    dequantize, quantize_activation_blocks, quantize_rowwise, quantize_weight_blocks,
+    dequantize,
+    quantize_activation_blocks,
+    quantize_rowwise,
+    quantize_weight_blocks,
 )
 from profiling.quant_quality import all_logits, load, perplexity  # noqa: E402
 from runtime.model.fp8_linear import Fp8Linear  # noqa: E402

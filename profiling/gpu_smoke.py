@@ -96,8 +96,10 @@ def _fp8_check(rnd) -> tuple[str, bool, str]:
 
 def main(argv: list[str]) -> int:
     if "--dry-run" in argv:  # the modules the smoke needs import here too (no CUDA needed)
-        import cute_kernels.hopper.decode_host, cute_kernels.hopper.decode_launch  # noqa: E401, F401
-        import cute_kernels.hopper.fp8_gemm_launch, cute_kernels.hopper.fused_ops  # noqa: E401, F401
+        import cute_kernels.hopper.decode_host  # noqa: E401, F401
+        import cute_kernels.hopper.decode_launch
+        import cute_kernels.hopper.fp8_gemm_launch  # noqa: E401, F401
+        import cute_kernels.hopper.fused_ops
         import cute_kernels.hopper.prefill_launch  # noqa: F401
         print("smoke checks: " + "; ".join(CHECKS))
         return 0

@@ -21,8 +21,16 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from profiling.report_files import OUT, write_report  # noqa: E402
-from profiling.roofline_model import (PUBLISHED, Chip, StepCost, decode, kv_bytes_per_token,  # noqa: E402
-                                      measure_cpu, prefill, run_cost)
+from profiling.roofline_model import (  # noqa: E402
+    PUBLISHED,
+    Chip,
+    StepCost,
+    decode,
+    kv_bytes_per_token,
+    measure_cpu,
+    prefill,
+    run_cost,
+)
 from profiling.roofline_plot import plot_roofline  # noqa: E402
 from weights.config import ModelConfig  # noqa: E402
 

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from runtime.sequence import Sequence, SeqStatus
+from runtime.sequence import SeqStatus, Sequence
 
 if TYPE_CHECKING:
     from runtime.scheduler import Scheduler

@@ -7,7 +7,6 @@ from typing import Callable
 
 from runtime.errors import UserError
 
-
 LOG_FORMAT = "%(levelname)s %(message)s"
 
 

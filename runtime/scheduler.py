@@ -12,7 +12,7 @@ from runtime.batching import ContinuousBatching, SchedulerOutput, StaticBatching
 from runtime.engine_config import EngineConfig
 from runtime.engine_stats import EngineStats
 from runtime.kv.block_manager import BlockManager, KVBlocks
-from runtime.sequence import Sequence, SeqStatus
+from runtime.sequence import SeqStatus, Sequence
 
 
 @dataclass

@@ -22,7 +22,11 @@ from cute_kernels.hopper.prefill_family import PREFILL
 from cute_kernels.hopper.prefill_host import prepare_prefill_args
 from cute_kernels.hopper.prefill_spec import KV_BLOCK_SIZE, PrefillSpec
 from cute_kernels.toolchain.aot_loader import (
-    AotPrefillKernels, AotUnavailable, PrefillArgsC, open_prefill_kernels, prefill_c_args,
+    AotPrefillKernels,
+    AotUnavailable,
+    PrefillArgsC,
+    open_prefill_kernels,
+    prefill_c_args,
 )
 from cute_kernels.toolchain.aot_manifest import ABI_VERSION, kernel_source_hash
 from tests.test_prefill_attention import make_batch
@@ -44,16 +48,6 @@ def c_fields(c: PrefillArgsC) -> dict:
 
 
 # ----------------------------------------------------------------------------- build (DSL + toolkit)
-@pytest.fixture(scope="module")
-def toolkit():
-    from cute_kernels.toolchain.aot_link import find_cuda_toolkit
-
-    kit = find_cuda_toolkit()
-    if kit is None:
-        pytest.skip("no CUDA 13 headers + cudart (CUDA_HOME, /usr/local/cuda or pip nvidia-cuda-runtime)")
-    return kit
-
-
 def build_aot(tmp_path_factory, variants: list, **build_kwargs) -> tuple[Path, dict]:
     """An AOT folder holding `variants` ((family, spec) pairs), built once for a test module."""
     pytest.importorskip("cutlass", reason="needs nvidia-cutlass-dsl (the hopper extra)")
@@ -356,8 +350,8 @@ gpu = pytest.mark.skipif(not _hopper(), reason="needs an sm_90 GPU")
 @gpu
 @pytest.mark.parametrize("dtype,head_dim,heads,kv_heads", [(torch.bfloat16, 128, 32, 8), (torch.float16, 64, 9, 3)])
 def test_aot_prefill_on_a_side_stream_matches_reference_gpu(monkeypatch, dtype, head_dim, heads, kv_heads):
-    from cute_kernels.toolchain.aot_loader import launch_prefill_aot
     from cute_kernels.reference import prefill_attention_ref
+    from cute_kernels.toolchain.aot_loader import launch_prefill_aot
 
     x = make_batch([1, 100, 700], [0, 40, 300], heads, kv_heads, head_dim, dtype=dtype, device="cuda")
     scale = head_dim ** -0.5
@@ -382,8 +376,8 @@ def test_aot_prefill_on_a_side_stream_matches_reference_gpu(monkeypatch, dtype, 
 def test_aot_and_jit_kernels_each_match_the_reference_gpu(path):
     """Each path against the torch reference on its own (not one cubin against itself): the AOT
     library's export and C shim, and the JIT's DLPack descriptors, can each break alone."""
-    from cute_kernels.toolchain.aot_loader import launch_prefill_aot
     from cute_kernels.hopper.prefill_launch import _launch_prefill_jit
+    from cute_kernels.toolchain.aot_loader import launch_prefill_aot
     from tests.test_prefill_attention import assert_matches_reference
 
     if path == "jit":

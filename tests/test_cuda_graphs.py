@@ -12,8 +12,14 @@ from cute_kernels import reference
 from cute_kernels.attention_args import DecodeArgs
 from cute_kernels.reference_static import decode_attention_static_ref
 from runtime.engine_config import EngineConfig
-from runtime.model.cuda_graphs import (MAX_GRAPH_CONTEXT, CudaGraphRunner, StaticDecodeInputs, capture_sizes,
-                                       padded_size, uses_graphs)
+from runtime.model.cuda_graphs import (
+    MAX_GRAPH_CONTEXT,
+    CudaGraphRunner,
+    StaticDecodeInputs,
+    capture_sizes,
+    padded_size,
+    uses_graphs,
+)
 from runtime.model_runner import SeqChunk
 from runtime.sampling_params import SamplingParams
 from tests.hf_tiny import our_config, state_dict, tiny_hf_model

@@ -18,7 +18,7 @@ from cute_kernels.hopper.decode_aot import AotDecodeKernels, decode_c_args
 from cute_kernels.hopper.decode_family import DECODE, DECODE_MERGE
 from cute_kernels.hopper.decode_host import prepare_decode_args
 from cute_kernels.hopper.decode_spec import DecodeMergeSpec, DecodeSpec
-from tests.test_aot import build_aot, toolkit  # noqa: F401  (toolkit: a fixture, CUDA 13 or skip)
+from tests.test_aot import build_aot
 from tests.test_decode_attention import decode_case
 
 REPO = Path(__file__).resolve().parents[1]

@@ -19,7 +19,13 @@ from cute_kernels.cpu.decode_attention import decode_attention_cpu
 from cute_kernels.hopper.decode_host import decode_attention, plan_decode, prepare_decode_args
 from cute_kernels.hopper.decode_reference import decode_split_ref, merge_splits_ref
 from cute_kernels.hopper.decode_spec import (
-    BLOCKS_PER_TILE, KEYS_PER_TILE, MAX_SPLITS, QUERY_ROWS, ceil_div, num_splits, split_tile_range,
+    BLOCKS_PER_TILE,
+    KEYS_PER_TILE,
+    MAX_SPLITS,
+    QUERY_ROWS,
+    ceil_div,
+    num_splits,
+    split_tile_range,
 )
 from cute_kernels.hopper.prefill_spec import KV_BLOCK_SIZE
 from cute_kernels.reference import decode_attention_ref

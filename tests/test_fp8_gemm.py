@@ -8,7 +8,13 @@ import pytest
 import torch
 
 from cute_kernels.fp8_quant import (
-    BLOCK, E4M3, E4M3_MAX, dequantize, expand_block_scales, quantize_activation_blocks, quantize_rowwise,
+    BLOCK,
+    E4M3,
+    E4M3_MAX,
+    dequantize,
+    expand_block_scales,
+    quantize_activation_blocks,
+    quantize_rowwise,
     quantize_weight_blocks,
 )
 from cute_kernels.hopper.fp8_gemm_host import check_splits, prepare_fp8_gemm

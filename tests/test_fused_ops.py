@@ -12,8 +12,7 @@ import torch
 
 from cute_kernels import reference
 from cute_kernels.hopper.fused_aot import AotFusedOps, FusedOpsArgsC, fused_c_args
-from cute_kernels.hopper.fused_host import (prepare_add_rms_norm, prepare_rope, prepare_silu_and_mul,
-                                            prepare_write_kv)
+from cute_kernels.hopper.fused_host import prepare_add_rms_norm, prepare_rope, prepare_silu_and_mul, prepare_write_kv
 from cute_kernels.hopper.fused_spec import FusedOpSpec, norm_size_class, runtime_variants
 from cute_kernels.toolchain.aot_manifest import ABI_VERSION
 

@@ -164,8 +164,8 @@ def test_pv_overlap_detector(middle, expected):
 
 
 def test_compile_cache_compiles_each_spec_once():
-    from cute_kernels.toolchain.compile_cache import CompileCache, CompiledKernel
     from cute_kernels.hopper.prefill_spec import PrefillSpec
+    from cute_kernels.toolchain.compile_cache import CompileCache, CompiledKernel
 
     calls = []
     cache = CompileCache(lambda spec: calls.append(spec) or CompiledKernel(object(), 0.0))
@@ -177,9 +177,9 @@ def test_compile_cache_compiles_each_spec_once():
 
 @pytest.mark.slow
 def test_real_compile_cache_reuses_the_kernel():
-    from cute_kernels.toolchain.compile_cache import CompileCache
     from cute_kernels.hopper.prefill_compile import compile_prefill
     from cute_kernels.hopper.prefill_spec import PrefillSpec
+    from cute_kernels.toolchain.compile_cache import CompileCache
 
     cache = CompileCache(compile_prefill)
     first = cache.get(PrefillSpec("float16", 64, 1))
@@ -200,10 +200,10 @@ def test_check_reports_and_fails_on_a_broken_variant(monkeypatch, capsys):
 
 def test_check_flags_missing_hgmma(monkeypatch):
     from cute_kernels.hopper import prefill_compile
-    from cute_kernels.toolchain import check, sass
-    from cute_kernels.toolchain.compile_cache import CompiledKernel
     from cute_kernels.hopper.prefill_family import PREFILL
     from cute_kernels.hopper.prefill_spec import PrefillSpec
+    from cute_kernels.toolchain import check, sass
+    from cute_kernels.toolchain.compile_cache import CompiledKernel
 
     monkeypatch.setattr(prefill_compile, "compile_prefill",
                         lambda spec, keep_artifacts=False: CompiledKernel(None, 0.1, {"cubin": b"", "ptx": ""}))
@@ -223,8 +223,8 @@ def test_check_cli_one_variant():
 
 
 def test_check_fails_a_variant_that_does_not_export(monkeypatch):
-    from cute_kernels.toolchain import aot_build, check
     from cute_kernels.hopper.prefill_spec import PrefillSpec
+    from cute_kernels.toolchain import aot_build, check
 
     def broken(family, spec, compiled, work):
         raise RuntimeError("Failed to dump object file with PIC relocation")

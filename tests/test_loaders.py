@@ -13,12 +13,11 @@ import torch
 
 from profiling.hf_export import export_hf_folder, hf_config_dict
 from runtime.errors import ModelLoadError
-from tests.model_files import (llama_cpp_rope_freqs, random_tensors, tiny_config, write_tiny_gguf,
-                               write_tiny_hf)
+from tests.model_files import llama_cpp_rope_freqs, random_tensors, tiny_config, write_tiny_gguf, write_tiny_hf
 from weights.checkpoint import expected_shapes
-from weights.load import load_checkpoint
 from weights.gguf_file import ValueType, _Cursor
 from weights.gguf_quants import dequantize_gguf
+from weights.load import load_checkpoint
 from weights.load_gguf import llama3_divisors
 
 QTYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1"]

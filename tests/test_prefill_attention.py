@@ -10,7 +10,12 @@ import torch
 from cute_kernels.attention_args import PrefillArgs
 from cute_kernels.hopper.prefill_host import prepare_prefill_args
 from cute_kernels.hopper.prefill_schedule import (
-    ceil_div, key_row_coords, kv_block_range, packed_row_token_head, query_key_position, tile_tokens,
+    ceil_div,
+    key_row_coords,
+    kv_block_range,
+    packed_row_token_head,
+    query_key_position,
+    tile_tokens,
 )
 from cute_kernels.hopper.prefill_spec import KV_BLOCK_SIZE, TileConfig
 from cute_kernels.reference import prefill_attention_ref

@@ -7,7 +7,7 @@ from runtime.kv.block_manager import BlockManager
 from runtime.kv.block_pool import BlockPool
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler import Scheduler, SeqUpdate
-from runtime.sequence import RequestMetrics, Sequence, SeqStatus
+from runtime.sequence import RequestMetrics, SeqStatus, Sequence
 
 BLOCK = 4
 _ids = itertools.count()

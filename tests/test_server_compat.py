@@ -6,7 +6,6 @@ import pytest
 from runtime.llm import LLM
 from runtime.sampling_params import SamplingParams
 from tests.server_utils import TINY_MODEL, live_server
-from tests.test_server_openai import client, server  # noqa: F401  (fixtures: a tiny-model server and its client)
 from tests.tiny_engine import BOS, CHATML, TINY_VOCAB, tiny_engine
 
 LONG = "a fairly long prompt that fills three KV blocks!!"  # 48 byte tokens: 3 blocks of 16

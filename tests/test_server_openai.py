@@ -6,21 +6,10 @@ import pytest
 
 from runtime.llm import LLM
 from runtime.sampling_params import SamplingParams
-from tests.server_utils import TINY_MODEL, live_server, openai_client, sse_payloads
+from tests.server_utils import TINY_MODEL, sse_payloads
 from tests.tiny_engine import tiny_engine
 
 CHAT = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello there"}]
-
-
-@pytest.fixture(scope="module")
-def server():
-    with live_server(tiny_engine()) as srv:
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai_client(server.url)
 
 
 @pytest.fixture(scope="module")

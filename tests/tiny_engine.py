@@ -1,13 +1,14 @@
 """Tiny random-weight engines for fast unit tests: a byte-level tokenizer and a 2-layer model."""
 from __future__ import annotations
 
-from tokenizers import AddedToken, Tokenizer as HFTokenizer, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer as HFTokenizer
 
 from runtime.engine import LLMEngine
 from runtime.engine_config import EngineConfig
 from runtime.tokenizer.tokenizer import Tokenizer
-from weights.gguf_vocab import bytes_to_unicode
 from tests.hf_tiny import our_config, state_dict, tiny_hf_model
+from weights.gguf_vocab import bytes_to_unicode
 
 BOS, EOS = 256, 257
 TINY_VOCAB = 260

@@ -26,7 +26,6 @@ Design: one CTA = one (split, KV head, sequence); 4 consumer warps (one warpgrou
 from __future__ import annotations
 
 import cuda.bindings.driver as cuda
-
 import cutlass
 import cutlass.cute as cute
 import cutlass.memory
@@ -37,8 +36,15 @@ from cutlass.cute.nvgpu import cpasync
 from .decode_spec import BLOCKS_PER_TILE, KEYS_PER_TILE, QUERY_ROWS, DecodeSpec
 from .prefill_spec import KV_BLOCK_SIZE
 from .warpgroup_ops import (
-    DTYPES, attention_tiled_mmas, copy_row_chunk, make_row_copy, online_softmax, quad_allreduce_sum, row_lse,
-    swizzled_rows_layout, wgmma,
+    DTYPES,
+    attention_tiled_mmas,
+    copy_row_chunk,
+    make_row_copy,
+    online_softmax,
+    quad_allreduce_sum,
+    row_lse,
+    swizzled_rows_layout,
+    wgmma,
 )
 from .wgmma_layouts import acc_as_operand_a, acc_as_rows_cols
 

@@ -10,6 +10,7 @@ import cutlass.cute as cute
 from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
 
 from cute_kernels.toolchain.compile_cache import CompileCache, CompiledKernel, compile_sm90
+
 from .decode_attention import DecodeAttentionSm90
 from .decode_merge import DecodeMergeSm90
 from .decode_spec import DecodeMergeSpec, DecodeSpec

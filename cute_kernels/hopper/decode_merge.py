@@ -9,7 +9,6 @@ is read once, coalesced. A few KiB per sequence: its cost is the launch, which C
 from __future__ import annotations
 
 import cuda.bindings.driver as cuda
-
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32

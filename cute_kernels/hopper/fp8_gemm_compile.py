@@ -10,6 +10,7 @@ import cutlass.cute as cute
 from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
 
 from cute_kernels.toolchain.compile_cache import CompileCache, CompiledKernel, compile_sm90
+
 from .fp8_gemm import Fp8GemmSm90
 from .fp8_gemm_spec import Fp8GemmSpec, Fp8QuantRowsSpec
 from .fp8_quant_rows import Fp8QuantRowsSm90

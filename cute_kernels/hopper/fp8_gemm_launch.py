@@ -11,7 +11,6 @@ from cute_kernels.toolchain.kernel_path import kernel_path
 from .fp8_gemm_host import Fp8GemmLaunch, check_quant_rows_input, prepare_fp8_gemm
 from .fp8_gemm_spec import Fp8QuantRowsSpec
 
-
 # Divisibility of each tensor's (rows, cols) as compiled (N and K are multiples of 16); None: a
 # static mode (the quantizer's scale is [M, 1] with the 1 compiled in).
 _DIVISIBILITY = ((1, 16), (16, 16), (1, 16), (1, 1), (1, 1))

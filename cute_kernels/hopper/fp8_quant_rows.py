@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import cuda.bindings.driver as cuda
 import cutlass
-import cutlass.memory
 import cutlass.cute as cute
+import cutlass.memory
 
 E4M3_MAX = 448.0
 THREADS = 128

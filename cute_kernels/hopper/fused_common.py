@@ -8,7 +8,6 @@ the others are placeholders it never touches.
 from __future__ import annotations
 
 import cuda.bindings.driver as cuda
-
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32

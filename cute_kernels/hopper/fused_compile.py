@@ -10,6 +10,7 @@ import cutlass.cute as cute
 from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream, make_fake_tensor
 
 from cute_kernels.toolchain.compile_cache import CompileCache, CompiledKernel, compile_sm90
+
 from .fused_common import DTYPES
 from .fused_norm import AddRmsNormSm90
 from .fused_rope import RopeSm90

@@ -11,8 +11,7 @@ import torch
 
 from cute_kernels.toolchain.kernel_path import kernel_path
 
-from .fused_host import (FusedLaunch, prepare_add_rms_norm, prepare_rope, prepare_silu_and_mul,
-                         prepare_write_kv)
+from .fused_host import FusedLaunch, prepare_add_rms_norm, prepare_rope, prepare_silu_and_mul, prepare_write_kv
 
 
 def launch_fused(launch: FusedLaunch) -> None:

@@ -27,16 +27,15 @@ Design (a tile = tile_m packed query rows of one KV head of one sequence against
 from __future__ import annotations
 
 import cuda.bindings.driver as cuda
-
 import cutlass
-import cutlass.memory
 import cutlass.cute as cute
+import cutlass.memory
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync
 
+from .prefill_epilogue import PrefillEpilogue
 from .prefill_loads import KeySource, PrefillLoads
 from .prefill_mma import PrefillMma
-from .prefill_epilogue import PrefillEpilogue
 from .prefill_schedule import kv_block_range, tile_coords, tile_tokens
 from .prefill_spec import PrefillSpec
 from .prefill_tma import packed_rows_partition, packed_rows_smem_layout, packed_rows_tma

@@ -10,6 +10,7 @@ import cutlass.cute as cute
 from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
 
 from cute_kernels.toolchain.compile_cache import CompileCache, CompiledKernel, compile_sm90
+
 from .prefill_attention import DTYPES, PrefillAttentionSm90
 from .prefill_spec import KV_BLOCK_SIZE, PrefillSpec
 from .prefill_tile_order import CPU_COMPILE_SMS

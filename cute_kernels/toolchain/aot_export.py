@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-
 _preloaded: list[ctypes.CDLL] = []
 
 

@@ -9,16 +9,17 @@ from starlette.routing import Match, Mount
 from starlette.types import ASGIApp, Scope
 
 from runtime.api import chat, completions, info, login, tokenize_routes
+from runtime.api.async_engine import AsyncEngine
 from runtime.api.auth import ApiKeyMiddleware
 from runtime.api.body_limit import BodyLimitMiddleware
 from runtime.api.errors import install_error_handlers
 from runtime.api.late_page import LatePage, PrepareUI
 from runtime.api.logprobs import LogprobFormatter
+from runtime.api.metrics import ServerMetrics
 from runtime.api.openapi import extend_openapi
 from runtime.api.options import ServerOptions
 from runtime.api.state import ServerState
-from runtime.api.async_engine import AsyncEngine
-from runtime.api.metrics import ServerMetrics
+
 
 def create_app(async_engine: AsyncEngine, model_name: str = "default", options: ServerOptions | None = None,
                ui: PrepareUI | None = None) -> FastAPI:

@@ -15,8 +15,8 @@ from runtime.api.protocol import (
 )
 from runtime.api.reasoning import ReasoningSplitter, split_reasoning
 from runtime.api.sse import ChunkRenderer, answer
-from runtime.api.tool_output import ToolDeltas, chat_message
 from runtime.api.state import ServerState, server_state
+from runtime.api.tool_output import ToolDeltas, chat_message
 from runtime.outputs import CompletionOutput, RequestOutput
 
 router = APIRouter()

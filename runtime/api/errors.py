@@ -13,8 +13,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from runtime.api.protocol import ErrorResponse
 from runtime.api.async_engine import EngineStepError, EngineUnavailableError, QueueFullError
+from runtime.api.protocol import ErrorResponse
 from runtime.errors import RequestError
 
 log = logging.getLogger("cute_serve")

@@ -12,14 +12,15 @@ from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 
+from runtime.api.async_engine import AsyncEngine, EngineRequest, RequestStream
 from runtime.api.errors import APIError
 from runtime.api.generation import Generation, PreparedPrompt
 from runtime.api.protocol import TOKEN_ID_KEY, ChatCompletionRequest, CompletionRequest, SamplingFields
-from runtime.api.reasoning import PARSERS as REASONING_PARSERS, ReasoningParser
+from runtime.api.reasoning import PARSERS as REASONING_PARSERS
+from runtime.api.reasoning import ReasoningParser
 from runtime.api.response_format import structured_output
-from runtime.api.tools import ToolPlan, chat_messages, tool_plan, tool_structure
 from runtime.api.state import ServerState
-from runtime.api.async_engine import AsyncEngine, EngineRequest, RequestStream
+from runtime.api.tools import ToolPlan, chat_messages, tool_plan, tool_structure
 from runtime.errors import RequestError
 from runtime.request_limits import RequestLimits
 from runtime.sampling_params import SamplingParams

@@ -21,7 +21,6 @@ import numpy as np
 import torch
 import torch.multiprocessing as mp
 
-from weights.quantized import as_float
 from runtime.distributed.group import GroupSpec, TPGroup, rank_device
 from runtime.distributed.layers import COMM
 from runtime.distributed.plan import rank_shard, threads_per_rank
@@ -32,6 +31,7 @@ from runtime.kv_cache import KVLedger
 from runtime.model.attention_batch import AttentionBatch
 from runtime.model_runner import ModelRunner, SeqChunk
 from weights.config import ModelConfig
+from weights.quantized import as_float
 
 log = logging.getLogger("cute_serve")
 

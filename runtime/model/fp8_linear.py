@@ -17,7 +17,11 @@ import torch
 import torch.nn.functional as F
 
 from cute_kernels.fp8_quant import (
-    BLOCK, dequantize, quantize_activation_blocks, quantize_rowwise, quantize_weight_blocks,
+    BLOCK,
+    dequantize,
+    quantize_activation_blocks,
+    quantize_rowwise,
+    quantize_weight_blocks,
 )
 from runtime.model.linear import tensor_bytes
 
