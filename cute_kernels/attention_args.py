@@ -40,3 +40,17 @@ class DecodeArgs:
     scale: float
     plan: Any = None
     cu_seqlens_q: torch.Tensor | None = None  # int32 [batch + 1]; None: one query token per sequence
+
+
+def check_queries_see_keys(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                           prefix_lens: torch.Tensor | None) -> None:
+    """ValueError when a sequence has more queries than keys ([prefix ; new keys]): under the bottom-right
+    causal alignment its first queries would see no key at all (every implementation refuses the shape,
+    so none gives it a meaning of its own). Reads the lengths on the host."""
+    q_lens = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).tolist()
+    k_lens = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).tolist()
+    prefixes = prefix_lens.tolist() if prefix_lens is not None else [0] * len(q_lens)
+    for b, (lq, lk, prefix) in enumerate(zip(q_lens, k_lens, prefixes)):
+        if lq > prefix + lk:
+            raise ValueError(f"prefill attention: sequence {b} has {lq} queries but {prefix + lk} keys "
+                             f"({prefix} cached + {lk} new): its first queries would see no key")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from cute_kernels.attention_args import DecodeArgs, PrefillArgs
+from cute_kernels.attention_args import DecodeArgs, PrefillArgs, check_queries_see_keys
 
 
 def write_kv(
@@ -68,6 +68,7 @@ def prefill_attention_ref(args: PrefillArgs) -> torch.Tensor:
     b sits at key position prefix_len + (new_k_len - q_len) + i (bottom-right causal alignment).
     max_seqlen_q and plan are not needed here.
     """
+    check_queries_see_keys(args.cu_seqlens_q, args.cu_seqlens_k, args.prefix_lens)
     causal, scale = args.causal, args.scale
     out = torch.empty_like(args.q)
     for rows, qb, kb, vb in _prefill_sequences(args):

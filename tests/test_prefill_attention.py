@@ -237,12 +237,13 @@ def test_prepare_args_rejects_block_ids_outside_the_cache(bad):
 
 
 def test_step_plan_spares_every_layer_a_device_sync(monkeypatch):
-    """With the step's plan (block ids checked once) and max_seqlen_q, preparing a layer reads no
-    tensor value on the host (no int()/item()/bool() of a tensor: each is a device sync on a GPU)."""
+    """With the step's plan (block ids and lengths checked once) and max_seqlen_q, preparing a layer reads
+    no tensor value on the host (no int()/item()/bool() of a tensor: each is a device sync on a GPU)."""
     from cute_kernels.hopper.prefill_host import plan_prefill
 
     x = make_batch([4, 9], [20, 40], 4, 2, d=64, dtype=torch.bfloat16)
-    plan = plan_prefill(x["prefix_lens"], x["block_tables"], x["k_cache"].shape[0])
+    plan = plan_prefill(x["prefix_lens"], x["block_tables"], x["k_cache"].shape[0], x["cu_seqlens_q"],
+                        x["cu_seqlens_k"])
 
     def sync(*_):
         raise AssertionError("host read of a tensor value (a device sync per layer)")

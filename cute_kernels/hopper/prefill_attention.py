@@ -36,7 +36,7 @@ from cutlass.cute.nvgpu import cpasync
 from .prefill_epilogue import PrefillEpilogue
 from .prefill_loads import KeySource, PrefillLoads
 from .prefill_mma import PrefillMma
-from .prefill_schedule import kv_block_range, tile_coords, tile_tokens
+from .prefill_schedule import kv_block_range, loads_key_tiles, tile_coords, tile_has_rows, tile_tokens
 from .prefill_spec import PrefillSpec
 from .prefill_tma import packed_rows_partition, packed_rows_smem_layout, packed_rows_tma
 from .warpgroup_ops import DTYPES, attention_tiled_mmas, make_row_copy, swizzled_rows_layout
@@ -201,7 +201,7 @@ class PrefillAttentionSm90(PrefillLoads, PrefillMma, PrefillEpilogue):
             for idx in cutlass.range(cta, mTileOrder.shape[0], num_ctas, unroll=1):
                 kv_count, tiles_done = self.produce_tile(
                     idx, meta, kv_count, tiles_done, mK, mV, mKCache, mVCache, mBlockTables, sK, sV, sQ_box,
-                    mK_tma, mV_tma, mQ_tma, tma_k, tma_v, tma_q, bars, row_copy, tidx)
+                    mK_tma, mV_tma, mQ_tma, tma_k, tma_v, tma_q, bars, row_copy, tidx, warp_idx)
         else:
             cute.arch.setmaxregister_increase(self.mma_regs)
             mma_wg = warp_idx // 4 - 1
@@ -217,20 +217,24 @@ class PrefillAttentionSm90(PrefillLoads, PrefillMma, PrefillEpilogue):
     @cute.jit
     def produce_tile(self, idx: Int32, meta, kv_count: Int32, tiles_done: Int32, mK, mV, mKCache, mVCache,
                      mBlockTables, sK, sV, sQ_box, mK_tma, mV_tma, mQ_tma, tma_k, tma_v, tma_q, bars, row_copy,
-                     ptid: Int32):
-        """The producer's part of list entry idx; returns the advanced (ring position, tiles done)."""
+                     ptid: Int32, pwarp: Int32):
+        """The producer's part of list entry idx (ptid: its thread, pwarp: its warp, warp-uniform); returns
+        the advanced (ring position, tiles done)."""
         ctx = _tile_context(idx, *meta)
-        if ctx.m_block * self.tile_tokens < ctx.q_len:  # tiles past a sequence's end: no work
+        if tile_has_rows(ctx.m_block, self.tile_tokens, ctx.q_len):  # tiles past a sequence's end: no work
             n_block_max, _ = self.key_tiles(ctx)
-            row_offset = ctx.k_start - ctx.prefix_len
-            k_src = KeySource(mK, mKCache, sK, tma_k, mK_tma, ctx.kv_head, row_offset, self.tile_n, self.head_dim)
-            v_src = KeySource(mV, mVCache, sV, tma_v, mV_tma, ctx.kv_head, row_offset, self.tile_n, self.head_dim)
-            q_tma = (tma_q,) + tuple(packed_rows_partition(tma_q, mQ_tma, sQ_box, self.group, self.tile_tokens,
-                                                           ctx.kv_head, ctx.q_start, ctx.m_block))
-            self.produce(q_tma, k_src, v_src, mBlockTables, bars, row_copy, ptid, ctx, n_block_max, kv_count,
-                         tiles_done)
-            kv_count += n_block_max
-            tiles_done += 1
+            if loads_key_tiles(n_block_max):
+                row_offset = ctx.k_start - ctx.prefix_len
+                k_src = KeySource(mK, mKCache, sK, tma_k, mK_tma, ctx.kv_head, row_offset, self.tile_n,
+                                  self.head_dim)
+                v_src = KeySource(mV, mVCache, sV, tma_v, mV_tma, ctx.kv_head, row_offset, self.tile_n,
+                                  self.head_dim)
+                q_tma = (tma_q,) + tuple(packed_rows_partition(tma_q, mQ_tma, sQ_box, self.group, self.tile_tokens,
+                                                               ctx.kv_head, ctx.q_start, ctx.m_block))
+                self.produce(q_tma, k_src, v_src, mBlockTables, bars, row_copy, ptid, pwarp, ctx, n_block_max,
+                             kv_count, tiles_done)
+                kv_count += n_block_max
+                tiles_done += 1
         return kv_count, tiles_done
 
     @cute.jit
@@ -238,14 +242,17 @@ class PrefillAttentionSm90(PrefillLoads, PrefillMma, PrefillEpilogue):
                      sV, sO, sO_box, bars, mma_qk, mma_pv, ctid: Int32, mma_wg: Int32, softmax_scale_log2: Float32):
         """The MMA warpgroups' part of list entry idx; returns the advanced (ring position, tiles done)."""
         ctx = _tile_context(idx, *meta)
-        if ctx.m_block * self.tile_tokens < ctx.q_len:
+        if tile_has_rows(ctx.m_block, self.tile_tokens, ctx.q_len):
             n_block_max, n_mask_start = self.key_tiles(ctx)
-            o_tma = (tma_o,) + tuple(packed_rows_partition(tma_o, mO_tma, sO_box, self.group, self.tile_tokens,
-                                                           ctx.kv_head, ctx.q_start, ctx.m_block))
-            self.consume((mO, mLSE, sO, o_tma), sQ, sK, sV, bars, mma_qk, mma_pv, ctid, mma_wg, ctx, n_block_max,
-                         cutlass.max(n_mask_start, 0), softmax_scale_log2, kv_count, tiles_done)
-            kv_count += n_block_max
-            tiles_done += 1
+            if loads_key_tiles(n_block_max):
+                o_tma = (tma_o,) + tuple(packed_rows_partition(tma_o, mO_tma, sO_box, self.group, self.tile_tokens,
+                                                               ctx.kv_head, ctx.q_start, ctx.m_block))
+                self.consume((mO, mLSE, sO, o_tma), sQ, sK, sV, bars, mma_qk, mma_pv, ctid, mma_wg, ctx,
+                             n_block_max, cutlass.max(n_mask_start, 0), softmax_scale_log2, kv_count, tiles_done)
+                kv_count += n_block_max
+                tiles_done += 1
+            else:
+                self.store_unseeing_tile(mO, mLSE, mma_pv, ctid, ctx)
         return kv_count, tiles_done
 
     @cute.jit

@@ -75,6 +75,24 @@ class PrefillEpilogue:
             cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
+    def store_unseeing_tile(self, mO, mLSE, mma_pv, ctid: Int32, ctx):
+        """A tile whose queries see no key (loads_key_tiles: nothing was loaded for it): O = 0 and
+        LSE = -inf, stored per thread. The host refuses such input; this keeps the kernel from waiting
+        for stages no one fills if it is fed one anyway."""
+        thr_mma = mma_pv.get_slice(ctid)
+        acc_O = cute.make_rmem_tensor(thr_mma.partition_shape_C((self.tile_m, self.head_dim)), Float32)
+        acc_O.fill(0.0)
+        rO = cute.make_rmem_tensor_like(acc_O, self.dtype)
+        rO.store(acc_O.load().to(self.dtype))
+        tOcO = acc_as_rows_cols(thr_mma.partition_C(cute.make_identity_tensor((self.tile_m, self.head_dim))))
+        for r in cutlass.range_constexpr(cute.size(tOcO, mode=[0])):
+            row = tOcO[r, 0][0]
+            token = ctx.m_block * self.tile_tokens + row // self.group
+            if row < self.tile_rows and token < ctx.q_len and cute.arch.lane_idx() % 4 == 0:
+                mLSE[ctx.q_start + token, ctx.kv_head * self.group + row % self.group] = -Float32.inf
+        self.store_rows(mO, acc_as_rows_cols(rO), tOcO, ctx)
+
+    @cute.jit
     def store_rows(self, mO, o, tOcO, ctx):
         """Per-thread stores of this thread's valid rows of the ragged tile."""
         for r in cutlass.range_constexpr(cute.size(o, mode=[0])):

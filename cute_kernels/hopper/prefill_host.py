@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from cute_kernels.attention_args import PrefillArgs
+from cute_kernels.attention_args import PrefillArgs, check_queries_see_keys
 from cute_kernels.paged_tables import as_int32, check_block_ids
 
 from .prefill_spec import KV_BLOCK_SIZE, PrefillSpec
@@ -57,13 +57,19 @@ class PrefillPlan:
     prefix_lens: torch.Tensor | None
     block_tables: torch.Tensor | None
     num_blocks: int
+    lengths_checked: bool = False  # every query of the step sees a key (check_queries_see_keys ran)
     # longest-first tile lists of this step, per (tile shape, group, causal, kv_heads, max_seqlen_q)
     tile_orders: dict = field(default_factory=dict, compare=False)
 
 
-def plan_prefill(prefix_lens: torch.Tensor | None, block_tables: torch.Tensor | None, num_blocks: int) -> PrefillPlan:
-    """Check that every prefix fits its block-table row and every block id is in [0, num_blocks);
-    ValueError otherwise. Reads the tables on the host: one device sync per step, not per layer."""
+def plan_prefill(prefix_lens: torch.Tensor | None, block_tables: torch.Tensor | None, num_blocks: int,
+                 cu_seqlens_q: torch.Tensor | None = None, cu_seqlens_k: torch.Tensor | None = None) -> PrefillPlan:
+    """Check that every prefix fits its block-table row and every block id is in [0, num_blocks), and
+    (given the cu_seqlens) that every query sees a key; ValueError otherwise. Reads the tables on the
+    host: one device sync per step, not per layer."""
+    checked = cu_seqlens_q is not None and cu_seqlens_k is not None
+    if checked:
+        check_queries_see_keys(cu_seqlens_q, cu_seqlens_k, prefix_lens)
     if prefix_lens is not None:
         if block_tables is None or block_tables.dim() != 2 or block_tables.shape[0] != prefix_lens.numel():
             raise ValueError("prefill attention: prefix_lens needs one block-table row per sequence")
@@ -73,7 +79,7 @@ def plan_prefill(prefix_lens: torch.Tensor | None, block_tables: torch.Tensor | 
             check_block_ids(block_tables, int(prefix_lens.max()), num_blocks, KV_BLOCK_SIZE,
                             "prefill attention: prefix lengths")
         prefix_lens, block_tables = as_int32(prefix_lens), as_int32(block_tables)
-    return PrefillPlan(prefix_lens, block_tables, num_blocks)
+    return PrefillPlan(prefix_lens, block_tables, num_blocks, checked)
 
 
 def _compact_strides(shape: torch.Size) -> tuple[int, ...]:
@@ -139,6 +145,10 @@ def prepare_prefill_args(args: PrefillArgs) -> PrefillLaunchArgs:
     if cu_k.numel() != batch + 1:
         raise ValueError("prefill attention: cu_seqlens_q and cu_seqlens_k differ in batch size")
     k_cache, v_cache, block_tables, prefix_lens = _paged_prefix(args, batch)
+    if not (isinstance(args.plan, PrefillPlan) and args.plan.lengths_checked):
+        # a tile whose queries see no key would have nothing to wait for: refused here, once per step
+        # when the step's plan checked it (the kernel writes O = 0, LSE = -inf for such tiles anyway)
+        check_queries_see_keys(cu_q, cu_k, None if args.prefix_lens is None else prefix_lens)
     max_seqlen_q = args.max_seqlen_q
     if max_seqlen_q is None:
         max_seqlen_q = int((cu_q[1:] - cu_q[:-1]).max()) if batch > 0 else 0

@@ -1,11 +1,14 @@
 """The prefill kernel's producer warpgroup: every global -> shared load, issued ahead of the MMA
 warpgroups into mbarrier-guarded stages (prefill_attention.py owns the roles and the barriers).
 
-- Key/value tiles made only of new keys go by TMA: one elected thread arms the stage's full barrier
-  with the tile's byte count and issues one bulk tensor copy (rows past the tensor's end are zeros,
-  rows of the next sequence are finite; both are masked to -inf in S, so P is exactly 0 there).
-- Q comes by TMA too: one (head_dim, group, tokens) box of packed rows (prefill_tma.py); rows past
-  the sequence's end are the next sequence's (or zeros past the tensor): finite, never stored.
+- Key/value tiles made only of new keys go by TMA: the first producer warp, all 32 lanes, issues one
+  bulk tensor copy (the DSL's TMA copy elects its own lane, warp-collectively: issued from one lane,
+  inside `if ptid == 0`, that election waits for 31 lanes that never come and the kernel hangs), after
+  one elected lane has armed the stage's full barrier with the tile's byte count (rows past the
+  tensor's end are zeros, rows of the next sequence are finite; both are masked to -inf in S, so P
+  is exactly 0 there).
+- Q comes by TMA too, the same way: one (head_dim, group, tokens) box of packed rows (prefill_tma.py);
+  rows past the sequence's end are the next sequence's (or zeros past the tensor): finite, never stored.
 - Tiles that touch the paged prefix (16-token blocks, too small for 128-row TMA boxes) are
   gathered with cp.async by all 128 producer threads, which then wait for
   their own copies, fence them to the async proxy (wgmma reads shared memory through it), meet at a
@@ -29,31 +32,41 @@ class PrefillLoads:
     """Producer-side methods of PrefillAttentionSm90 (a mixin: self carries the compile-time config)."""
 
     @cute.jit
-    def produce(self, q_tma, k_src, v_src, mBlockTables, bars, row_copy, ptid: Int32, ctx, n_block_max: Int32,
-                kv_count: Int32, tiles_done: Int32):
+    def produce(self, q_tma, k_src, v_src, mBlockTables, bars, row_copy, ptid: Int32, pwarp: Int32, ctx,
+                n_block_max: Int32, kv_count: Int32, tiles_done: Int32):
         """One tile: Q (q_tma: (atom, smem, gmem) of its TMA load) once the previous tile's consumers
         are done with sQ, then K[n] and V[n] for n = n_block_max-1 down to 0, in the consumers' order,
-        into ring positions kv_count, kv_count + 1, ... (the key tiles of earlier tiles came before)."""
+        into ring positions kv_count, kv_count + 1, ... (the key tiles of earlier tiles came before).
+        pwarp: the thread's producer warp (warp-uniform): warp 0 issues every TMA load."""
         thr_copy = row_copy.get_slice(ptid)
-        if ptid == 0:
+        if pwarp == 0:
             cute.arch.mbarrier_wait(bars.q_empty, (tiles_done % 2) ^ 1)
-            cute.arch.mbarrier_arrive_and_expect_tx(bars.q_full, self.q_tile_bytes)
-            cute.copy(q_tma[0], q_tma[2], q_tma[1], tma_bar_ptr=bars.q_full)
+            self.tma_load(q_tma[0], q_tma[2], q_tma[1], bars.q_full, self.q_tile_bytes)
         for i in cutlass.range(n_block_max, unroll=1):
             n_block = n_block_max - 1 - i
             stage, phase = (kv_count + i) % self.stages, ((kv_count + i) // self.stages) % 2
             cute.arch.mbarrier_wait(bars.k_empty + stage, phase ^ 1)
-            self.load_kv_tile(k_src, mBlockTables, bars.k_full + stage, thr_copy, row_copy, ptid, ctx, n_block, stage)
+            self.load_kv_tile(k_src, mBlockTables, bars.k_full + stage, thr_copy, row_copy, ptid, pwarp, ctx,
+                              n_block, stage)
             cute.arch.mbarrier_wait(bars.v_empty + stage, phase ^ 1)
-            self.load_kv_tile(v_src, mBlockTables, bars.v_full + stage, thr_copy, row_copy, ptid, ctx, n_block, stage)
+            self.load_kv_tile(v_src, mBlockTables, bars.v_full + stage, thr_copy, row_copy, ptid, pwarp, ctx,
+                              n_block, stage)
 
     @cute.jit
-    def load_kv_tile(self, src, mBlockTables, full_bar, thr_copy, row_copy, ptid: Int32, ctx,
+    def tma_load(self, atom, gmem, smem, full_bar, tx_bytes: int):
+        """Called by a whole warp: one lane arms the full barrier with the bytes to come (its one
+        arrival), then the warp issues the copy, whose own election picks the lane that sends it."""
+        with cute.arch.elect_one():
+            cute.arch.mbarrier_arrive_and_expect_tx(full_bar, tx_bytes)
+        cute.copy(atom, gmem, smem, tma_bar_ptr=full_bar)
+
+    @cute.jit
+    def load_kv_tile(self, src, mBlockTables, full_bar, thr_copy, row_copy, ptid: Int32, pwarp: Int32, ctx,
                      n_block: Int32, stage: Int32):
         if n_block * self.tile_n >= ctx.prefix_len:  # new keys only: one TMA box
-            if ptid == 0:
-                cute.arch.mbarrier_arrive_and_expect_tx(full_bar, self.kv_tile_bytes)
-                cute.copy(src.tma_atom, src.tma_gmem[None, n_block], src.tma_smem[None, stage], tma_bar_ptr=full_bar)
+            if pwarp == 0:
+                self.tma_load(src.tma_atom, src.tma_gmem[None, n_block], src.tma_smem[None, stage], full_bar,
+                              self.kv_tile_bytes)
         else:
             self.gather_kv(src.rows, src.cache, mBlockTables, src.smem[None, None, stage], thr_copy, row_copy, ctx,
                            n_block)

@@ -61,6 +61,18 @@ def kv_block_range(m_block, q_len, seqlen_k, group: int, tile_rows: int, tile_n:
     return n_max, n_mask_start
 
 
+def tile_has_rows(m_block, tile_tokens: int, q_len):
+    """Whether query tile m_block holds any token of its sequence (tiles past the end do no work)."""
+    return m_block * tile_tokens < q_len
+
+
+def loads_key_tiles(n_block_max):
+    """Whether a tile with rows loads Q and key tiles at all: with n_block_max == 0 (its queries see no
+    key; the host refuses such input) the producer loads nothing and the consumers write O = 0 and
+    LSE = -inf without waiting for any stage, so neither side waits for the other."""
+    return n_block_max > 0
+
+
 def num_query_tiles(max_seqlen_q: int, group: int, tile_m: int) -> int:
     """Grid extent over query tokens (tiles past a short sequence's end exit at once)."""
     return ceil_div(max_seqlen_q, tile_tokens(tile_m, group))

@@ -72,7 +72,8 @@ class CuteBackend(TorchBackend):
         if batch.cu_seqlens_q is not None and batch.prefill_plan is None:
             from cute_kernels.hopper.prefill_host import plan_prefill
 
-            batch.prefill_plan = plan_prefill(batch.prefix_lens, batch.prefill_block_tables, batch.num_blocks)
+            batch.prefill_plan = plan_prefill(batch.prefix_lens, batch.prefill_block_tables, batch.num_blocks,
+                                              batch.cu_seqlens_q, batch.cu_seqlens_q)  # new keys = new queries
         if batch.num_decode_tokens and batch.decode_plan is None:
             batch.decode_plan = self._decode_host.plan_decode(batch.decode_block_tables, batch.decode_context_lens,
                                                               batch.num_blocks, batch.num_kv_heads)
