@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from cute_kernels.toolchain.sass_resources import BarrierRole
+
 from .decode_spec import KEYS_PER_TILE, QUERY_ROWS, DecodeSpec
 
 
@@ -30,3 +32,13 @@ def decode_sass_problems(spec: Any, stats: Any) -> list[str]:
     if stats.first_tma_offset is None or any(o > stats.first_tma_offset for o in stats.cta_barrier_offsets):
         problems.append("a CTA-wide BAR.SYNC after the first TMA: the main loop must sync on mbarriers only")
     return problems
+
+
+def decode_barriers(spec: Any) -> tuple[BarrierRole, ...]:
+    """The consumer warpgroup's barrier (the producer warp is not in it); the merge kernel has none.
+    No setmaxnreg: one warpgroup and one warp, two CTAs per SM."""
+    if not isinstance(spec, DecodeSpec):
+        return ()
+    from .decode_attention import CONSUMER_BARRIER, CONSUMER_THREADS  # the DSL: only when checking
+
+    return (BarrierRole("consumers", (CONSUMER_BARRIER,), CONSUMER_THREADS),)

@@ -6,7 +6,7 @@ from typing import Any
 
 from cute_kernels.toolchain.family import KernelFamily
 
-from .decode_checks import decode_sass_problems
+from .decode_checks import decode_barriers, decode_sass_problems
 from .decode_spec import DECODE_MAX_REGISTERS, DecodeMergeSpec, DecodeSpec, decode_specs
 
 # What csrc/decode_aot_shim.c and decode_merge_aot_shim.c pack: (dynamic shape modes, dynamic stride modes).
@@ -40,7 +40,7 @@ def _fake_args(spec) -> tuple:
 DECODE = KernelFamily(
     name="decode", specs=lambda unused: [s for s in decode_specs(unused) if isinstance(s, DecodeSpec)],
     compile=_compile, sass_problems=decode_sass_problems, max_registers=DECODE_MAX_REGISTERS,
-    fake_args=_fake_args, shim_abi=DECODE_SHIM_ABI, shim="decode_aot_shim.c",
+    fake_args=_fake_args, shim_abi=DECODE_SHIM_ABI, shim="decode_aot_shim.c", barriers=decode_barriers,
     sources=_SOURCES + ("toolchain/csrc/decode_aot_shim.c",),
 )
 DECODE_MERGE = KernelFamily(

@@ -3,6 +3,7 @@ the compile check's failure rules for the fp8_gemm family."""
 from __future__ import annotations
 
 from cute_kernels.toolchain.sass import SassStats
+from cute_kernels.toolchain.sass_resources import WARPGROUP, BarrierRole, RegisterSplit
 
 from .fp8_gemm_spec import Fp8GemmSpec, Fp8QuantRowsSpec
 
@@ -40,3 +41,19 @@ def quant_rows_sass_problems(spec: Fp8QuantRowsSpec, stats: SassStats) -> list[s
     if stats.qgmma or stats.hgmma or stats.hmma or stats.tma_load:
         return ["matrix or TMA instructions in the row quantizer"]
     return []
+
+
+def fp8_gemm_register_split(spec: Fp8GemmSpec) -> RegisterSplit:
+    """Warpgroup 0 lowers to PRODUCER_REGISTERS, the consumer warpgroups raise to CONSUMER_REGISTERS."""
+    from .fp8_gemm import CONSUMER_REGISTERS, PRODUCER_REGISTERS  # the DSL: only when checking
+
+    producers = spec.num_threads // WARPGROUP - spec.num_consumer_warpgroups
+    return RegisterSplit(producers, spec.num_consumer_warpgroups, PRODUCER_REGISTERS, CONSUMER_REGISTERS)
+
+
+def fp8_gemm_barriers(spec: Fp8GemmSpec) -> tuple[BarrierRole, ...]:
+    """The consumers' epilogue barrier has no named constant: read from the kernel object's NamedBarrier."""
+    from .fp8_gemm import Fp8GemmSm90
+
+    barrier = Fp8GemmSm90(spec).epilogue_barrier
+    return (BarrierRole("epilogue", (barrier.barrier_id,), barrier.num_threads),)

@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from cute_kernels.toolchain.family import KernelFamily
+from cute_kernels.toolchain.sass_resources import WARPGROUP, BarrierRole, RegisterSplit
 
 from .prefill_spec import PrefillSpec, runtime_variants
 
@@ -64,6 +65,29 @@ def prefill_sass_problems(spec, stats) -> list[str]:
 LAUNCH_REGISTERS = max(PrefillSpec("bfloat16", d, 1).tile.launch_registers for d in (64, 128))
 
 
+def prefill_register_split(spec) -> RegisterSplit:
+    """Warpgroup 0 (the producer) lowers, the MMA warpgroups raise: what the kernel object is built with."""
+    from .prefill_attention import PrefillAttentionSm90  # the DSL: only when checking
+
+    k = PrefillAttentionSm90(spec)
+    return RegisterSplit(k.producer_threads // WARPGROUP, k.num_wg, k.producer_regs, k.mma_regs)
+
+
+def prefill_barriers(spec) -> tuple[BarrierRole, ...]:
+    """The ids are the kernel's constants; the counts what its barrier calls pass (the producer and MMA
+    thread counts have no named constant: the kernel object's producer_threads / mma_threads)."""
+    from .prefill_attention import PrefillAttentionSm90
+    from .prefill_epilogue import EPILOGUE_BARRIER_ID
+    from .prefill_loads import PRODUCER_BARRIER_ID
+    from .prefill_mma import PAIR, SCHEDULER_BARRIER_ID
+
+    k = PrefillAttentionSm90(spec)
+    turns = tuple(SCHEDULER_BARRIER_ID + wg for wg in range(k.num_wg))  # SCHEDULER_BARRIER_ID + wg at run time
+    return (BarrierRole("producer", (PRODUCER_BARRIER_ID,), k.producer_threads),
+            BarrierRole("scheduler", turns, PAIR, computed=True),
+            BarrierRole("epilogue", (EPILOGUE_BARRIER_ID,), k.mma_threads))
+
+
 def _compile(spec, keep_artifacts: bool) -> Any:
     from . import prefill_compile  # the DSL, only when compiling
 
@@ -79,6 +103,7 @@ def _fake_args(spec) -> tuple:
 PREFILL = KernelFamily(
     name="prefill", specs=prefill_specs, compile=_compile, sass_problems=prefill_sass_problems,
     max_registers=LAUNCH_REGISTERS, fake_args=_fake_args, shim_abi=SHIM_ABI, shim="prefill_aot_shim.c",
+    register_split=prefill_register_split, barriers=prefill_barriers,
     sources=("hopper/prefill_attention.py", "hopper/prefill_loads.py", "hopper/prefill_mma.py",
              "hopper/prefill_epilogue.py", "hopper/prefill_tma.py", "hopper/prefill_tile_order.py",
              "hopper/prefill_schedule.py", "hopper/prefill_spec.py", "hopper/prefill_compile.py",

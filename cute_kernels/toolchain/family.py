@@ -3,7 +3,9 @@
 Each kernel registers one KernelFamily in cute_kernels/hopper/families.py. The check compiles every
 variant for sm_90a and fails it on the rules common to all kernels (compile failure, local-memory
 traffic, a stack frame, registers over the family's budget, an AOT export that does not link) plus
-the family's own `sass_problems` (the instructions its design relies on). The AOT build exports
+the family's own `sass_problems` (the instructions its design relies on), and the setmaxnreg pool and
+named-barrier inventory its `register_split` and `barriers` declare (toolchain/resource_checks.py;
+they may import the kernel: they run only when checking). The AOT build exports
 each variant and compiles the family's C shim once per variant.
 
 Families must stay cheap to import (no DSL import at module level): the AOT manifest reads their
@@ -30,6 +32,10 @@ class KernelFamily:
     shim_abi: tuple[TensorModes | None, ...] = ()  # per argument of fake_args (None: not a tensor)
     shim: str | None = None  # toolchain/csrc file compiled per variant; None: not exported AOT
     sources: tuple[str, ...] = ()  # files (relative to cute_kernels/) hashed into the AOT manifest
+    # (spec) -> sass_resources.RegisterSplit, the setmaxnreg plan (warpgroups per role); None: no setmaxnreg
+    register_split: Callable[[Any], Any] | None = None
+    # (spec) -> tuple of sass_resources.BarrierRole, every named barrier but the CTA-wide 0; None: none
+    barriers: Callable[[Any], tuple] | None = None
 
     def selected(self, include_unused: bool, only: list[str] | None) -> list:
         """The family's variants, kept to names containing any of `only`."""

@@ -1,7 +1,8 @@
 """Read what ptxas made of a kernel: disassemble a cubin and count the instructions the design relies on.
 
 nvdisasm comes from the PyPI wheel `nvidia-cuda-nvdisasm`; registers per thread are read from the
-cubin's `.nv.info` EIATTR_REGCOUNT records (no CUDA driver needed).
+cubin's `.nv.info` EIATTR_REGCOUNT records and threads per CTA from EIATTR_REQNTID (no CUDA driver
+needed); each kernel's setmaxnreg values and named barriers are read by sass_resources.py.
 """
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from .sass_resources import KernelResources, read_kernels
 
 # Instruction families we report: tensor-core MMA, async copies, local-memory traffic (spills).
 _PATTERNS = {
@@ -30,6 +33,9 @@ _PATTERNS = {
     "global_store_128": r"\bSTG\.E(?:\.[A-Z0-9_]+)*\.128\b",
     "global_16bit": r"\b(?:LDG|STG)\.E(?:\.[A-Z0-9_]+)*\.(?:U16|S16)\b",  # one 16-bit element at a time
     "mbarrier_waits": r"\bSYNCS\.PHASECHK\b",  # waits on mbarrier phases (async pipelines)
+    # a warp-collective op (elect.sync) on a path ptxas could not prove converged: its fallback waits for
+    # every lane, which hangs when it sits in a lane-divergent branch (a TMA load under `if tidx == 0`)
+    "collective_fallbacks": r"\bWARPSYNC\.COLLECTIVE\b",
     "fsel": r"\bFSEL\b",  # float selects: what an attention mask lowers to (bf16; fp16 gets SEL)
 }
 _ADDRESS = re.compile(r"/\*([0-9a-f]{4,})\*/")
@@ -62,12 +68,14 @@ class SassStats:
     global_store_128: int = 0
     global_16bit: int = 0
     mbarrier_waits: int = 0
+    collective_fallbacks: int = 0
     cta_barrier_offsets: tuple[int, ...] = ()  # byte offsets of CTA-wide BAR.SYNCs
     first_tma_offset: int | None = None  # byte offset of the first UTMALDG
     fsel: int = 0
     loop_cta_barriers: int = 0  # CTA-wide BAR.SYNCs inside a loop (between its head and back branch)
     overlapped_exp2: int = 0  # MUFU.EX2 between a register-A wgmma group left in flight and its wait
     exp2_after_overlapped: int = 0  # MUFU.EX2 from such a group's issue to the next wgmma issue
+    kernels: tuple[KernelResources, ...] = ()  # per kernel: setmaxnreg, named barriers (sass_resources.py)
 
     @property
     def spills(self) -> int:
@@ -111,31 +119,57 @@ def _elf_sections(cubin: bytes) -> dict[str, tuple[int, int]]:
 
 _EIATTR_REGCOUNT = 0x2F
 _EIATTR_STACK = (0x11, 0x12, 0x23)  # FRAME_SIZE, MIN_STACK_SIZE, MAX_STACK_SIZE
-_EIFMT_SIZES = {1: 0, 2: 1, 3: 2}  # attribute formats with fixed payload sizes; 4 = u16 length prefix
+_EIATTR_REQNTID = 0x10  # per kernel: the block size the PTX's .reqntid fixed (x, y, z)
+_EIFMT_SIZED = 4  # u16 length prefix; formats 1-3 (none, byte, half) take 4 bytes in all (seen: sm_90 cubins)
 
 
-def _nv_info_max(cubin: bytes, attrs: tuple[int, ...]) -> int | None:
-    """Max over kernels of the (symbol, value) `.nv.info` records with one of these attribute ids."""
+def _nv_info_records(cubin: bytes):
+    """(section name, attribute id, payload) of every sized `.nv.info*` record of a 64-bit ELF."""
     if cubin[:4] != b"\x7fELF" or cubin[4] != 2:
-        return None
-    best = None
+        return
     for name, (off, size) in _elf_sections(cubin).items():
         if not name.startswith(".nv.info"):
             continue
         pos = off
-        while pos + 2 <= off + size:
+        while pos + 4 <= off + size and cubin[pos] in (1, 2, 3, _EIFMT_SIZED):
             fmt, attr = cubin[pos], cubin[pos + 1]
-            if fmt == 4:
-                length, = struct.unpack_from("<H", cubin, pos + 2)
-                if attr in attrs and length == 8:
-                    value = struct.unpack_from("<II", cubin, pos + 4)[1]
-                    best = value if best is None else max(best, value)
-                pos += 4 + length
-            elif fmt in _EIFMT_SIZES:
-                pos += 2 + _EIFMT_SIZES[fmt]
-            else:
-                break
-    return best
+            length = struct.unpack_from("<H", cubin, pos + 2)[0] if fmt == _EIFMT_SIZED else 0
+            if fmt == _EIFMT_SIZED:
+                yield name, attr, cubin[pos + 4:pos + 4 + length]
+            pos += 4 + length
+
+
+def _nv_info_max(cubin: bytes, attrs: tuple[int, ...]) -> int | None:
+    """Max over kernels of the (symbol, value) `.nv.info` records with one of these attribute ids."""
+    values = [struct.unpack_from("<II", payload)[1] for _, attr, payload in _nv_info_records(cubin)
+              if attr in attrs and len(payload) == 8]
+    return max(values, default=None)
+
+
+def _symbol_names(cubin: bytes) -> list[str]:
+    """.symtab entry index -> name (the REGCOUNT records name their kernel by symbol index)."""
+    sections = _elf_sections(cubin)
+    if ".symtab" not in sections or ".strtab" not in sections:
+        return []
+    (sym_off, sym_size), (str_off, _) = sections[".symtab"], sections[".strtab"]
+    names = []
+    for pos in range(sym_off, sym_off + sym_size, 24):  # Elf64_Sym
+        start = str_off + struct.unpack_from("<I", cubin, pos)[0]
+        names.append(cubin[start:cubin.index(b"\0", start)].decode())
+    return names
+
+
+def cubin_launch_info(cubin: bytes) -> dict[str, tuple[int | None, int | None]]:
+    """Kernel name -> (entry registers per thread from REGCOUNT, threads per CTA from REQNTID)."""
+    names, regs, threads = _symbol_names(cubin), {}, {}
+    for section, attr, payload in _nv_info_records(cubin):
+        if attr == _EIATTR_REGCOUNT and len(payload) == 8 and section == ".nv.info":
+            sym, value = struct.unpack_from("<II", payload)
+            regs[names[sym] if sym < len(names) else str(sym)] = value
+        elif attr == _EIATTR_REQNTID and len(payload) == 12 and section.startswith(".nv.info."):
+            x, y, z = struct.unpack_from("<III", payload)
+            threads[section[len(".nv.info."):]] = x * y * z
+    return {name: (regs.get(name), threads.get(name)) for name in {*regs, *threads}}
 
 
 def cubin_registers(cubin: bytes) -> int | None:
@@ -189,7 +223,8 @@ def rs_wgmma_overlap(text: str) -> tuple[int, int]:
     return overlapped, total
 
 
-def stats_from_sass(text: str, registers: int | None = None, stack_bytes: int = 0) -> SassStats:
+def stats_from_sass(text: str, registers: int | None = None, stack_bytes: int = 0,
+                    launch: dict[str, tuple[int | None, int | None]] | None = None) -> SassStats:
     counts = {key: len(re.findall(pat, text)) for key, pat in _PATTERNS.items()}
     shapes = tuple(sorted(set(re.findall(r"\b[HQ]GMMA\.(\d+x\d+x\d+\.[A-Z0-9]+)", text))))
     first_tma = _FIRST_TMA.search(text)
@@ -198,8 +233,9 @@ def stats_from_sass(text: str, registers: int | None = None, stack_bytes: int = 
                      cta_barrier_offsets=tuple(int(m, 16) for m in _CTA_BARRIER.findall(text)),
                      first_tma_offset=int(first_tma.group(1), 16) if first_tma else None,
                      loop_cta_barriers=loop_cta_barriers(text), overlapped_exp2=overlapped_exp2,
-                     exp2_after_overlapped=exp2_after_overlapped)
+                     exp2_after_overlapped=exp2_after_overlapped, kernels=read_kernels(text, launch, registers))
 
 
 def sass_stats(cubin: bytes) -> SassStats:
-    return stats_from_sass(disassemble(cubin), cubin_registers(cubin), cubin_stack_bytes(cubin))
+    return stats_from_sass(disassemble(cubin), cubin_registers(cubin), cubin_stack_bytes(cubin),
+                           cubin_launch_info(cubin))
