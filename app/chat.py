@@ -9,10 +9,10 @@ import itertools
 from dataclasses import dataclass
 from typing import AsyncIterator
 
-from runtime.api.async_engine import AsyncEngine, EngineRequest, EngineUnavailableError, QueueFullError
 from runtime.errors import UserError
 from runtime.outputs import RequestOutput
 from runtime.sampling_params import SamplingParams
+from runtime.server.async_engine import AsyncEngine, EngineRequest, EngineUnavailableError, QueueFullError
 from structured import StructuredOutput
 
 _ids = itertools.count()

@@ -10,7 +10,7 @@ import gradio as gr
 from fastapi import FastAPI
 from gradio.route_utils import API_PREFIX
 
-from runtime.api.errors import APIError
+from runtime.server.errors import APIError
 
 log = logging.getLogger("cute_serve")
 

@@ -10,8 +10,8 @@ import numpy as np
 from app.block_map import render
 from app.latency_chart import latency_frame
 from app.latency_window import LatencyWindow
-from runtime.api.async_engine import AsyncEngine
-from runtime.api.metrics import ServerMetrics
+from runtime.server.async_engine import AsyncEngine
+from runtime.server.metrics import ServerMetrics
 
 
 @dataclass

@@ -12,9 +12,9 @@ from app.gradio_guards import quiet_input_errors, refuse_uploads
 from app.ladder_summary import ladder_markdown
 from app.latency_chart import X_LIM, latency_frame
 from app.panel import LivePanel
-from runtime.api.async_engine import AsyncEngine
-from runtime.api.late_page import MountPage
-from runtime.api.metrics import ServerMetrics
+from runtime.server.async_engine import AsyncEngine
+from runtime.server.late_page import MountPage
+from runtime.server.metrics import ServerMetrics
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
@@ -101,7 +101,7 @@ def build_ui(engine: AsyncEngine, metrics: ServerMetrics) -> gr.Blocks:
 
 
 def prepare_chat_ui(app: FastAPI, engine: AsyncEngine) -> MountPage:
-    """runtime.api.app.create_app's UI hook, run on a thread once the server answers: builds the page
+    """runtime.server.app.create_app's UI hook, run on a thread once the server answers: builds the page
     and returns what mounts it at "/" on the event loop. The app's middleware (API key, Host check,
     CORS, body caps) guards the page's routes too."""
     demo = build_ui(engine, app.state.server.metrics)

@@ -7,9 +7,9 @@
 - prefill attention: the C varlen kernel (cute_kernels/cpu/prefill_attention.py) vs
   prefill_attention_ref (torch SDPA per sequence), whole prompts and a chunk after a cached prefix.
 - fused elementwise ops (cute_kernels/cpu/fused_ops.py) vs their torch references, by rows.
-- linear: oneDNN with the weight packed once (runtime/model/cpu_linear.py) vs F.linear, the model's
+- linear: oneDNN with the weight packed once (runtime/accel/cpu_linear.py) vs F.linear, the model's
   four layer shapes and its LM head, by rows (decode batch sizes up to prefill chunks).
-- sampling: runtime/sampler.py's sample() vs transformers' recipe (sort-based top-k/top-p warpers,
+- sampling: runtime/sampling/sampler.py's sample() vs transformers' recipe (sort-based top-k/top-p warpers,
   softmax, torch.multinomial) on 64 rows of the default model's real next-token logits.
 Prints median milliseconds and the speed-up (torch / ours).
 """
@@ -40,8 +40,8 @@ from cute_kernels.reference import (  # noqa: E402
     rope_ref,
     silu_and_mul_ref,
 )
-from runtime.host_allocator import tune_host_allocator  # noqa: E402
-from runtime.model.cpu_linear import pack_linear_weight, packed_linear  # noqa: E402
+from runtime.accel.cpu_linear import pack_linear_weight, packed_linear  # noqa: E402
+from runtime.accel.host_allocator import tune_host_allocator  # noqa: E402
 
 
 def median_ms(fn, repeats: int) -> float:
@@ -140,7 +140,7 @@ def model_logits(rows: int = 64) -> torch.Tensor:
     """The default model's next-token logits at `rows` positions of a chat prompt and its continuation."""
     from runtime.load import load_model
     from runtime.model.factory import make_runner
-    from runtime.model_runner import SeqChunk
+    from runtime.model.runner import SeqChunk
 
     cfg, tensors, tok, _ = load_model(None)
     runner, _ = make_runner(cfg, tensors, 8 << 20, backend="torch")
@@ -166,7 +166,7 @@ def hf_style_sample(logits: torch.Tensor, temperature: float, top_k: int, top_p:
 
 
 def sampling_cases(repeats: int) -> list[dict]:
-    from runtime.sampler import SamplingRow, sample
+    from runtime.sampling.sampler import SamplingRow, sample
     from runtime.sampling_params import SamplingParams
 
     logits = model_logits()

@@ -1,5 +1,5 @@
 """Where a batch-1 decode step's time goes on the CPU, with the default model's quantized weights: the
-fused decode step (one C call, runtime/model/cpu_decode_step.py) against the per-layer path, each
+fused decode step (one C call, runtime/accel/cpu_decode_step.py) against the per-layer path, each
 against the weight-bytes floor from this machine's measured read bandwidth, and each GEMV shape's GB/s.
 
     python profiling/bench_decode_step.py [--steps 200] [--threads 1,2]
@@ -51,7 +51,7 @@ def main() -> None:
     from cute_kernels.cpu.quant_blocks import BLOCK_BYTES, QK
     from runtime.load import load_model
     from runtime.model.factory import make_runner
-    from runtime.model_runner import SeqChunk
+    from runtime.model.runner import SeqChunk
 
     print(os.popen("uptime").read().strip())
     cfg, tensors, _, _ = load_model(None)

@@ -6,7 +6,7 @@ same weights in fp32, after the others); same model and prompt, one run.
     python profiling/bench_generate.py [--model PATH] [--new-tokens 128] [--repeats 3] [--vllm-python PY]
 
 Prints TTFT and decode tokens/s of each and the ratios against our quantized path ("per-layer": the
-same weights without the fused decode step, runtime/model/cpu_decode_step.py).
+same weights without the fused decode step, runtime/accel/cpu_decode_step.py).
 With `--device cuda`:
 an 8B-shaped random model on the GPU instead, TPOT against its weight-bandwidth floor and batch-64
 throughput (profiling/bench_generate_gpu.py); `--dry-run` lists those cases without a GPU.

@@ -23,11 +23,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from runtime.distributed.layers import COMM  # noqa: E402
-from runtime.distributed.plan import check_tp_size, threads_per_rank  # noqa: E402
 from runtime.engine import LLMEngine  # noqa: E402
 from runtime.engine_config import EngineConfig  # noqa: E402
 from runtime.errors import UserError  # noqa: E402
+from runtime.parallel.layers import COMM  # noqa: E402
+from runtime.parallel.plan import check_tp_size, threads_per_rank  # noqa: E402
 from runtime.sampling_params import SamplingParams  # noqa: E402
 
 # SmolLM2-135M's sizes with 8 query / 4 KV heads of 72 (its 9 / 3 split only by 3): random weights

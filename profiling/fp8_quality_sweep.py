@@ -29,7 +29,7 @@ from cute_kernels.fp8_quant import (  # noqa: E402
     quantize_weight_blocks,
 )
 from profiling.quant_quality import all_logits, load, perplexity  # noqa: E402
-from runtime.model.fp8_linear import Fp8Linear  # noqa: E402
+from runtime.accel.fp8_linear import Fp8Linear  # noqa: E402
 
 Rounding = Callable[[torch.Tensor], torch.Tensor]
 

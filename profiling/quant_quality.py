@@ -7,7 +7,7 @@ float path on the same weights.
 
 Paths: float (--quantization none), the GGUF's blocks as shipped (the default, for a GGUF) with the
 float32 KV cache and with --kv-cache-dtype bf16 ("+ bf16 KV"; also its top-1 agreement with as shipped),
-and each mode of runtime.model.quantization.QUANTIZATION_MODES the device runs (a mode added there is
+and each mode of runtime.accel.quantization.QUANTIZATION_MODES the device runs (a mode added there is
 picked up here). Per path, over the text's first --positions tokens, teacher-forced in steps of 64 tokens
 (so the quantized linears run their decode path, int8 activations, throughout): perplexity of the next
 tokens, its change against the float path (target: within 2%), and top-1 agreement with the float
@@ -33,9 +33,9 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from profiling.report_files import OUT, make_parents  # noqa: E402
+from runtime.accel.quantization import FLOAT_MODE, QUANTIZATION_MODES, unavailable_reason  # noqa: E402
 from runtime.model.factory import make_runner  # noqa: E402
-from runtime.model.quantization import FLOAT_MODE, QUANTIZATION_MODES, unavailable_reason  # noqa: E402
-from runtime.model_runner import SeqChunk  # noqa: E402
+from runtime.model.runner import SeqChunk  # noqa: E402
 from weights.quantized import QuantizedTensor  # noqa: E402
 
 TEXT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "declaration_1776.txt")

@@ -13,23 +13,23 @@ import time
 import torch
 
 import runtime.nvtx as nvtx
+from runtime.accel.cuda_graphs import CudaGraphRunner, uses_graphs
+from runtime.accel.host_allocator import tune_host_allocator
+from runtime.accel.quantization import unavailable_reason as quantization_unavailable
 from runtime.batching import SchedulerOutput
 from runtime.device import kv_budget, resolve_device, resolve_dtype, resolve_kv_dtype
-from runtime.distributed.plan import check_tp_size
 from runtime.engine_config import EngineConfig
 from runtime.engine_stats import EngineStats
 from runtime.errors import RequestError, UserError
-from runtime.host_allocator import tune_host_allocator
 from runtime.kv.block_manager import BlockManager
 from runtime.kv.block_pool import BlockPool
-from runtime.model.cuda_graphs import CudaGraphRunner, uses_graphs
 from runtime.model.factory import make_runner
-from runtime.model.quantization import unavailable_reason as quantization_unavailable
-from runtime.model_runner import SeqChunk
+from runtime.model.runner import SeqChunk
 from runtime.output_processor import OutputProcessor, RequestState
 from runtime.outputs import RequestOutput
+from runtime.parallel.plan import check_tp_size
 from runtime.request_limits import RequestLimits
-from runtime.sampling_batch import sample_step
+from runtime.sampling.batch import sample_step
 from runtime.sampling_params import SamplingParams
 from runtime.scheduler import Scheduler, SeqUpdate
 from runtime.sequence import RequestMetrics, Sequence
@@ -82,7 +82,7 @@ class LLMEngine:
         if config.tensor_parallel_size == 1:
             return make_runner(model_config, tensors, budget, config.block_size, self.device, self.dtype,
                                config.backend, config.quantization, self.kv_dtype)
-        from runtime.distributed.runner import make_tp_runner
+        from runtime.parallel.runner import make_tp_runner
 
         return make_tp_runner(model_config, tensors, budget, config.block_size, self.device, self.dtype,
                               config.backend, config.tensor_parallel_size, config.quantization)

@@ -7,9 +7,9 @@ import re
 from dataclasses import Field, dataclass, field, fields
 from typing import Any, get_args, get_type_hints
 
+from runtime.accel.quantization import CHOICES as QUANTIZATION_CHOICES
+from runtime.accel.quantization import FLOAT_MODE, QUANTIZATION_MODES
 from runtime.errors import UserError
-from runtime.model.quantization import CHOICES as QUANTIZATION_CHOICES
-from runtime.model.quantization import FLOAT_MODE, QUANTIZATION_MODES
 
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6, "mib": 2**20,
           "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12, "tib": 2**40}

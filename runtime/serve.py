@@ -19,7 +19,10 @@ from typing import TYPE_CHECKING, Iterator
 
 from tqdm import tqdm
 
-from runtime.api.options import (
+from runtime.cli import run_main, setup_logging
+from runtime.engine_config import add_engine_args, config_from_args
+from runtime.errors import UserError
+from runtime.server.options import (
     DEFAULT_BODY_TIMEOUT,
     DEFAULT_MAX_REQUEST_BYTES,
     DEFAULT_MAX_TOKENS,
@@ -28,15 +31,12 @@ from runtime.api.options import (
     allowed_hosts,
     host_header_name,
 )
-from runtime.cli import run_main, setup_logging
-from runtime.engine_config import add_engine_args, config_from_args
-from runtime.errors import UserError
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
-    from runtime.api.async_engine import AsyncEngine
-    from runtime.api.late_page import MountPage
+    from runtime.server.async_engine import AsyncEngine
+    from runtime.server.late_page import MountPage
 
 DEFAULT_MAX_QUEUE = 1024
 DEFAULT_SHUTDOWN_GRACE = 5.0
@@ -116,12 +116,12 @@ def build_engine(args: argparse.Namespace, chat_template: str | None = None) -> 
 
     (Heavy imports live here and in main, so --help and a taken port answer at once.)
     """
-    from runtime.api.async_engine import AsyncEngine
     from runtime.engine import LLMEngine
     from runtime.llm import LLM
     from runtime.load import load_model
     from runtime.sampling_defaults import model_sampling_defaults
     from runtime.sampling_params import SamplingParams
+    from runtime.server.async_engine import AsyncEngine
 
     config = config_from_args(args)
     config.log_ledger = False  # printed below, after the bar
@@ -216,9 +216,9 @@ def main(argv: list[str] | None = None) -> int:
     gc.disable()
     import uvicorn
 
-    from runtime.api.app import create_app
-    from runtime.api.shutdown import GracefulServer
     from runtime.sampling_defaults import describe
+    from runtime.server.app import create_app
+    from runtime.server.shutdown import GracefulServer
     from runtime.tokenizer.template_source import load_chat_template
 
     template = load_chat_template(args.chat_template) if args.chat_template else None

@@ -16,11 +16,11 @@ import openai
 import uvicorn
 
 from profiling.bench_serving import BenchError, start_server, stop_server
-from runtime.api.app import create_app
-from runtime.api.async_engine import AsyncEngine
-from runtime.api.late_page import PrepareUI
-from runtime.api.options import ServerOptions
 from runtime.engine import LLMEngine
+from runtime.server.app import create_app
+from runtime.server.async_engine import AsyncEngine
+from runtime.server.late_page import PrepareUI
+from runtime.server.options import ServerOptions
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_MODEL = "tiny"

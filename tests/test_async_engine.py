@@ -4,10 +4,16 @@ import time
 
 import pytest
 
-from runtime.api.async_engine import AsyncEngine, EngineRequest, EngineStepError, EngineUnavailableError, QueueFullError
 from runtime.errors import RequestError
 from runtime.llm import LLM
 from runtime.sampling_params import SamplingParams
+from runtime.server.async_engine import (
+    AsyncEngine,
+    EngineRequest,
+    EngineStepError,
+    EngineUnavailableError,
+    QueueFullError,
+)
 from tests.tiny_engine import tiny_engine
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)

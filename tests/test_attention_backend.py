@@ -12,11 +12,11 @@ import torch
 
 from cute_kernels.cpu import decode_attention as cpu_decode
 from cute_kernels.cpu import prefill_attention as cpu_prefill
+from runtime.accel.cpu_backend import CpuBackend
+from runtime.accel.select_backend import select_backend
 from runtime.errors import UserError
-from runtime.model.cpu_backend import CpuBackend
-from runtime.model.select_backend import select_backend
+from runtime.model.runner import SeqChunk
 from runtime.model.torch_backend import TorchBackend
-from runtime.model_runner import SeqChunk
 from tests.tiny_engine import tiny_engine
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,7 +47,7 @@ def test_other_dtypes_run_the_references():
 
 _WITHOUT_C = """
 import torch
-from runtime.model.select_backend import select_backend
+from runtime.accel.select_backend import select_backend
 backend = select_backend("torch", torch.device("cpu"), torch.float32)
 print(type(backend).__name__, "|", backend.describe())
 """

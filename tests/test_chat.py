@@ -3,7 +3,7 @@ generator alone renders the end of the turn (so nothing can repaint the chat aft
 import asyncio
 
 from app.chat import ChatSessions, ChatSettings, reply
-from runtime.api.async_engine import AsyncEngine
+from runtime.server.async_engine import AsyncEngine
 from tests.tiny_engine import tiny_engine
 
 GREEDY = ChatSettings(system="", temperature=0.0, top_p=1.0, max_tokens=400, seed=None, speculative=False)

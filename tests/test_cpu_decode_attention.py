@@ -18,9 +18,9 @@ from cute_kernels.cpu.decode_attention import (
     unavailable_reason,
 )
 from cute_kernels.reference import decode_attention_ref
+from runtime.accel.cpu_backend import CpuBackend
+from runtime.accel.select_backend import select_backend
 from runtime.llm import LLM
-from runtime.model.cpu_backend import CpuBackend
-from runtime.model.select_backend import select_backend
 from runtime.model.torch_backend import TorchBackend
 from runtime.sampling_params import SamplingParams
 from tests.tiny_engine import tiny_engine

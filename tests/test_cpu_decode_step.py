@@ -1,4 +1,4 @@
-"""The fused CPU decode step (csrc/cpu_decode_step.c, runtime/model/cpu_decode_step.py) against the
+"""The fused CPU decode step (csrc/cpu_decode_step.c, runtime/accel/cpu_decode_step.py) against the
 per-layer path it replaces, on tiny random models quantized at load (on every SIMD route this machine
 runs: the `cpu_route` fixture) and on the default model.
 
@@ -18,10 +18,10 @@ import torch
 from cute_kernels.cpu import build
 from cute_kernels.cpu import decode_step as ds
 from cute_kernels.cpu.decode_attention import prepare_tables
-from runtime.distributed.layers import RowParallelLinear
 from runtime.model.attention_batch import AttentionBatch
 from runtime.model.factory import make_runner
-from runtime.model_runner import SeqChunk
+from runtime.model.runner import SeqChunk
+from runtime.parallel.layers import RowParallelLinear
 from tests.hf_tiny import our_config, state_dict, tiny_hf_model
 from tests.tiny_engine import tiny_weights
 

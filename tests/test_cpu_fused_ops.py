@@ -71,7 +71,7 @@ def test_inputs_the_kernels_do_not_take_run_the_references():
 def test_model_logits_are_the_same_with_the_references(monkeypatch):
     engine = tiny_engine()
     prompts = [list(range(3, 3 + n)) for n in (5, 17, 40)]
-    from runtime.model_runner import SeqChunk
+    from runtime.model.runner import SeqChunk
 
     def logits():
         chunks = [SeqChunk(p, 0, list(range(i * 4, i * 4 + 4)), num_logits=len(p)) for i, p in enumerate(prompts)]
@@ -100,7 +100,7 @@ def _fused_routes(backend, monkeypatch) -> list[str]:
 
 
 def test_the_backend_seam_picks_the_fused_ops_once(monkeypatch):
-    from runtime.model.select_backend import select_backend
+    from runtime.accel.select_backend import select_backend
     from runtime.model.torch_backend import TorchBackend
 
     cpu = torch.device("cpu")

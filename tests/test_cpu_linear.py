@@ -6,8 +6,8 @@ in order only: about 1e-6 relative to the output scale; 1e-4 absolute on outputs
 import torch
 import torch.nn.functional as F
 
+from runtime.accel.cpu_linear import PACKED_MAX_ROWS, PackedCpuLinear, pack_linear_weight
 from runtime.llm import LLM
-from runtime.model.cpu_linear import PACKED_MAX_ROWS, PackedCpuLinear, pack_linear_weight
 from runtime.model.linear import DenseLinear
 from runtime.sampling_params import SamplingParams
 from tests.tiny_engine import tiny_engine
@@ -49,6 +49,6 @@ def test_the_model_packs_every_linear_and_output_is_unchanged():
 
 
 def test_host_allocator_tuning_applies_on_glibc():
-    from runtime.host_allocator import tune_host_allocator
+    from runtime.accel.host_allocator import tune_host_allocator
 
     assert tune_host_allocator() and tune_host_allocator()  # Debian's glibc accepts it; idempotent

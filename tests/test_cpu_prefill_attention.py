@@ -18,8 +18,8 @@ from cute_kernels.cpu.prefill_attention import (
     unavailable_reason,
 )
 from cute_kernels.reference import prefill_attention_ref
-from runtime.model.cpu_backend import CpuBackend
-from runtime.model.select_backend import select_backend
+from runtime.accel.cpu_backend import CpuBackend
+from runtime.accel.select_backend import select_backend
 from runtime.model.torch_backend import TorchBackend
 
 

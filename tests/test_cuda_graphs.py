@@ -11,8 +11,7 @@ import torch
 from cute_kernels import reference
 from cute_kernels.attention_args import DecodeArgs
 from cute_kernels.reference_static import decode_attention_static_ref
-from runtime.engine_config import EngineConfig
-from runtime.model.cuda_graphs import (
+from runtime.accel.cuda_graphs import (
     MAX_GRAPH_CONTEXT,
     CudaGraphRunner,
     StaticDecodeInputs,
@@ -20,7 +19,8 @@ from runtime.model.cuda_graphs import (
     padded_size,
     uses_graphs,
 )
-from runtime.model_runner import SeqChunk
+from runtime.engine_config import EngineConfig
+from runtime.model.runner import SeqChunk
 from runtime.sampling_params import SamplingParams
 from tests.hf_tiny import our_config, state_dict, tiny_hf_model
 from tests.tiny_engine import TINY_VOCAB, byte_tokenizer, tiny_engine
@@ -123,7 +123,7 @@ def test_graph_replay_equals_eager_gpu(backend):
     """Same tiny bf16 model and prompts, graphs vs --enforce-eager: identical greedy tokens, and the
     replayed logits of one decode step equal the eager ones (same kernels; only padding rows differ)."""
     if backend == "cute":
-        from runtime.model.cute_backend import unavailable_reason
+        from runtime.accel.cute_backend import unavailable_reason
 
         if unavailable_reason() is not None:
             pytest.skip(unavailable_reason())

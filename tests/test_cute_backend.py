@@ -8,9 +8,9 @@ import torch
 from cute_kernels import reference
 from cute_kernels.hopper.decode_host import DecodePlan
 from cute_kernels.hopper.decode_spec import num_splits
+from runtime.accel.cuda_graphs import StaticDecodeInputs
+from runtime.accel.cute_backend import CuteBackend
 from runtime.model.attention_batch import AttentionBatch
-from runtime.model.cuda_graphs import StaticDecodeInputs
-from runtime.model.cute_backend import CuteBackend
 
 
 def decode_batch() -> AttentionBatch:

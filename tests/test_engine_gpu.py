@@ -46,7 +46,7 @@ def greedy_tokens(backend: str) -> list[list[int]]:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cute_backend_greedy_tokens_equal_torch_backend_gpu():
-    from runtime.model.cute_backend import unavailable_reason
+    from runtime.accel.cute_backend import unavailable_reason
     from weights.default import default_model_path
 
     try:

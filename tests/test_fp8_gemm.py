@@ -290,7 +290,7 @@ def test_quantize_rows_rejects_cpu_and_odd_k():
 def test_fp8_linear_takes_the_kernel_and_matches_its_cpu_path_gpu(block):
     """The model's Fp8Linear on bf16 CUDA rows runs the CuTe path; the same layer's dequantizing path
     (what the CPU runs) computes the same W8A8 product through a bf16 matmul: rows agree to bf16 rounding."""
-    from runtime.model.fp8_linear import Fp8Linear
+    from runtime.accel.fp8_linear import Fp8Linear
 
     x, w = _inputs(7, 1536, 576, device="cuda")
     layer = Fp8Linear.quantize(w, torch.randn(1536, device="cuda").bfloat16(), block=block)

@@ -10,10 +10,10 @@ import torch
 import torch.nn.functional as F
 
 from cute_kernels.fp8_quant import dequantize, quantize_activation_blocks, quantize_rowwise, quantize_weight_blocks
+from runtime.accel.fp8_linear import Fp8Linear
+from runtime.accel.quantization import QUANTIZATION_MODES, quantize_linear
 from runtime.engine_config import EngineConfig
 from runtime.errors import UserError
-from runtime.model.fp8_linear import Fp8Linear
-from runtime.model.quantization import QUANTIZATION_MODES, quantize_linear
 
 
 def test_flag_choices_and_bad_mode():

@@ -6,11 +6,11 @@ import os
 import httpx
 import pytest
 
-from runtime.api.prepare import sampling_params
-from runtime.api.protocol import ChatCompletionRequest
 from runtime.errors import UserError
 from runtime.llm import LLM
 from runtime.sampling_params import SamplingParams
+from runtime.server.openai.prepare import sampling_params
+from runtime.server.openai.protocol import ChatCompletionRequest
 from runtime.tokenizer.template_source import load_chat_template
 from tests.server_utils import openai_client, serve_subprocess, write_tiny_model
 from weights.generation_defaults import generation_defaults

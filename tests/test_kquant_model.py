@@ -9,9 +9,9 @@ model it moves logits by at most ~0.07 (they span about +-3). A misread block mo
 import pytest
 import torch
 
-from runtime.model.block_linear import BlockQuantEmbedding, BlockQuantLinear, BlockQuantParts
+from runtime.accel.block_linear import BlockQuantEmbedding, BlockQuantLinear, BlockQuantParts
 from runtime.model.factory import make_runner
-from runtime.model_runner import SeqChunk
+from runtime.model.runner import SeqChunk
 from tests.model_files import write_tiny_gguf
 from weights.load import load_checkpoint
 from weights.quantized import QuantizedTensor

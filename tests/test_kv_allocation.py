@@ -7,8 +7,8 @@ import os
 import pytest
 import torch
 
-from runtime.host_allocator import tune_host_allocator
-from runtime.kv_cache import allocate_kv_cache, plan_kv_cache
+from runtime.accel.host_allocator import tune_host_allocator
+from runtime.kv.cache import allocate_kv_cache, plan_kv_cache
 from tests.tiny_engine import tiny_weights
 
 

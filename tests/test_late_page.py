@@ -1,4 +1,4 @@
-"""The chat page mounts after the server answers (runtime/api/late_page.py): /health and completions
+"""The chat page mounts after the server answers (runtime/server/late_page.py): /health and completions
 are served while it loads, its paths say it is loading, and once mounted it chats as before; a page
 that fails to load leaves the API serving."""
 import threading
@@ -6,7 +6,7 @@ import threading
 import httpx
 
 from app.ui import prepare_chat_ui
-from runtime.api.late_page import MountPage
+from runtime.server.late_page import MountPage
 from tests.server_utils import TINY_MODEL, live_server, settled_chat_page, wait_for_chat_page
 from tests.test_server_auth import CALL, TURN
 from tests.tiny_engine import tiny_engine

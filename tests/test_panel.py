@@ -3,9 +3,9 @@ import numpy as np
 
 from app.block_map import STATE_COLORS
 from app.panel import LivePanel
-from runtime.api.async_engine import AsyncEngine
-from runtime.api.metrics import ServerMetrics
 from runtime.sampling_params import SamplingParams
+from runtime.server.async_engine import AsyncEngine
+from runtime.server.metrics import ServerMetrics
 from tests.tiny_engine import tiny_engine
 
 

@@ -259,8 +259,8 @@ def test_step_plan_spares_every_layer_a_device_sync(monkeypatch):
 
 
 def test_cute_backend_plans_and_checks_once_per_step():
+    from runtime.accel.cute_backend import CuteBackend
     from runtime.model.attention_batch import AttentionBatch
-    from runtime.model.cute_backend import CuteBackend
 
     x = make_batch([4, 9], [20, 40], 4, 2, d=64)
     num_blocks = x["k_cache"].shape[0]
@@ -277,7 +277,7 @@ def test_cute_backend_plans_and_checks_once_per_step():
 
 
 def test_cute_backend_refuses_cpu_tensors_clearly():
-    from runtime.model.cute_backend import CuteBackend, CuteBackendUnavailable
+    from runtime.accel.cute_backend import CuteBackend, CuteBackendUnavailable
 
     x = make_batch([4], [0], 4, 4, d=64, dtype=torch.bfloat16)
     with pytest.raises(CuteBackendUnavailable, match="unavailable"):

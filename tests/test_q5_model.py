@@ -6,7 +6,7 @@ tests/test_kquant_model.py (the same random model shape and prompt).
 import pytest
 import torch
 
-from runtime.model.block_linear import BlockQuantParts
+from runtime.accel.block_linear import BlockQuantParts
 from tests.model_files import write_tiny_gguf
 from tests.test_kquant_model import LOGIT_TOL, SHAPE, decode, runner
 from weights.load import load_checkpoint

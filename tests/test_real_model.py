@@ -9,7 +9,7 @@ from runtime.engine_config import EngineConfig
 from runtime.kv.block_manager import KVBlocks
 from runtime.llm import LLM
 from runtime.load import load_model
-from runtime.model_runner import SeqChunk
+from runtime.model.runner import SeqChunk
 from runtime.sampling_params import SamplingParams
 from weights.default import default_model_path
 

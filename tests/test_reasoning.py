@@ -5,10 +5,10 @@ from types import SimpleNamespace
 import pytest
 from tokenizers import AddedToken
 
-from runtime.api.chat import assistant_message
-from runtime.api.reasoning import PARSERS, ReasoningSplitter, split_reasoning
-from runtime.api.tool_parsers import PARSERS as TOOL_PARSERS
-from runtime.api.tools import ToolPlan
+from runtime.server.openai.chat import assistant_message
+from runtime.server.openai.reasoning import PARSERS, ReasoningSplitter, split_reasoning
+from runtime.server.openai.tool_parsers import PARSERS as TOOL_PARSERS
+from runtime.server.openai.tools import ToolPlan
 from tests.server_utils import TINY_MODEL, live_server, openai_client
 from tests.tiny_engine import byte_tokenizer, tiny_engine
 

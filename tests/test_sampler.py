@@ -3,8 +3,8 @@ keeps exactly what a full sort keeps, and draws follow the processed distributio
 import pytest
 import torch
 
-from runtime import sampler
-from runtime.sampler import SamplingRow, _inverse_cdf, _leading_groups, processed_probs, sample
+from runtime.sampling import sampler
+from runtime.sampling.sampler import SamplingRow, _inverse_cdf, _leading_groups, processed_probs, sample
 from runtime.sampling_params import SamplingParams
 
 

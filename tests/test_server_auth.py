@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from app.ui import prepare_chat_ui
-from runtime.api.auth import COOKIE
+from runtime.server.guards.auth import COOKIE
 from tests.server_utils import live_server
 from tests.tiny_engine import tiny_engine
 

@@ -150,8 +150,8 @@ def test_queue_full_is_429_with_retry_after_and_recovers():
 
 
 def test_a_stopped_engine_answers_503_on_health_and_requests():
-    from runtime.api.app import create_app
-    from runtime.api.async_engine import AsyncEngine
+    from runtime.server.app import create_app
+    from runtime.server.async_engine import AsyncEngine
     from tests.server_utils import serve_app
 
     async_engine = AsyncEngine(tiny_engine())  # never started: the state after the engine thread died

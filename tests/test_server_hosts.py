@@ -5,7 +5,7 @@ import httpx
 import pytest
 
 from app.ui import prepare_chat_ui
-from runtime.api.options import LOCAL_HOSTS
+from runtime.server.options import LOCAL_HOSTS
 from tests.server_utils import live_server
 from tests.tiny_engine import tiny_engine
 

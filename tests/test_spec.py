@@ -9,11 +9,11 @@ from scipy.stats import chisquare
 from runtime.engine_config import EngineConfig
 from runtime.errors import UserError
 from runtime.llm import LLM
-from runtime.sampler import SamplingRow
+from runtime.sampling.sampler import SamplingRow
+from runtime.sampling.verify import verify_one
 from runtime.sampling_params import SamplingParams
 from runtime.spec.draft_model import DraftModelProposer
 from runtime.spec.ngram import NgramProposer, find_continuation
-from runtime.spec.verify import verify_one
 from tests.test_engine import assert_idle
 from tests.tiny_engine import tiny_engine, tiny_weights
 

@@ -15,11 +15,11 @@ import httpx
 import pytest
 import torch
 
-from runtime.distributed.plan import check_tp_size, local_config, rank_shard
-from runtime.distributed.shard import shard_checkpoint
 from runtime.engine_config import EngineConfig
 from runtime.errors import EngineDeadError, UserError
 from runtime.llm import LLM
+from runtime.parallel.plan import check_tp_size, local_config, rank_shard
+from runtime.parallel.shard import shard_checkpoint
 from runtime.sampling_params import SamplingParams
 from runtime.spec.draft_model import DraftModelProposer
 from tests.server_utils import TINY_MODEL, live_server

@@ -5,10 +5,10 @@ import json
 import openai
 import pytest
 
-from runtime.api.protocol import ChatCompletionRequest
-from runtime.api.tool_output import ToolDeltas, chat_message
-from runtime.api.tool_parsers import PARSERS
-from runtime.api.tools import ToolPlan, chat_messages, tool_plan
+from runtime.server.openai.protocol import ChatCompletionRequest
+from runtime.server.openai.tool_output import ToolDeltas, chat_message
+from runtime.server.openai.tool_parsers import PARSERS
+from runtime.server.openai.tools import ToolPlan, chat_messages, tool_plan
 from tests.server_utils import TINY_MODEL, live_server
 from tests.tiny_engine import CHATML, tiny_engine
 

@@ -6,15 +6,15 @@ from itertools import accumulate
 
 import torch
 
+from runtime.accel.block_linear import BlockQuantEmbedding, BlockQuantLinear, BlockQuantParts, block_linear_supports
+from runtime.accel.cpu_decode_step import CpuDecodeStep
+from runtime.accel.cpu_linear import PackedCpuLinear, pack_linear_weight
+from runtime.accel.quantization import QUANTIZATION_MODES, head_mode, quantize_linear
 from runtime.errors import ModelLoadError
 from runtime.model.attention_backend import AttentionBackend
-from runtime.model.block_linear import BlockQuantEmbedding, BlockQuantLinear, BlockQuantParts, block_linear_supports
-from runtime.model.cpu_decode_step import CpuDecodeStep
-from runtime.model.cpu_linear import PackedCpuLinear, pack_linear_weight
 from runtime.model.embedding import DenseEmbedding, Embedding
 from runtime.model.linear import DenseLinear, Linear
 from runtime.model.llama import DecoderLayer, LlamaModel
-from runtime.model.quantization import QUANTIZATION_MODES, head_mode, quantize_linear
 from runtime.model.rope import RotaryEmbedding
 from weights.config import ModelConfig
 from weights.quantized import Quantized, QuantizedParts, QuantizedTensor, as_float, cat_rows
@@ -36,7 +36,7 @@ def make_linear(weight: torch.Tensor, bias: torch.Tensor | None = None, quantiza
     """The linear for this weight: quantized when asked (fp8_block: 128x128 block scales, as an FP8
     checkpoint stored them), else oneDNN-packed where that applies (fp32 on the CPU), else dense."""
     if quantization == "fp8" and fp8_block:
-        from runtime.model.fp8_linear import Fp8Linear
+        from runtime.accel.fp8_linear import Fp8Linear
 
         return Fp8Linear.quantize(weight, bias, block=True)
     if quantization is not None:
@@ -127,7 +127,7 @@ def build_model(cfg: ModelConfig, tensors: dict[str, Weight], backend: Attention
                 device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
                 quantization: str | None = None) -> LlamaModel:
     """Consumes `tensors` (entries are popped) and returns the model on `device` in `dtype`, its
-    linears held as `quantization` says (see runtime/model/quantization.py)."""
+    linears held as `quantization` says (see runtime/accel/quantization.py)."""
     # fp32 tables: bf16 angles lose precision at long positions.
     rope = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling,
                            device=device, dtype=torch.float32)

@@ -5,10 +5,10 @@ from collections.abc import Callable
 
 import torch
 
-from runtime.kv_cache import KVLedger, allocate_kv_cache, plan_kv_cache
+from runtime.accel.select_backend import select_backend
+from runtime.kv.cache import KVLedger, allocate_kv_cache, plan_kv_cache
 from runtime.model.build import build_model
-from runtime.model.select_backend import select_backend
-from runtime.model_runner import ModelRunner
+from runtime.model.runner import ModelRunner
 from weights.config import ModelConfig
 
 
@@ -22,7 +22,7 @@ def make_runner(cfg: ModelConfig, tensors: dict[str, torch.Tensor], kv_budget_by
                 backend: str = "auto", quantization: str | None = None,
                 kv_dtype: torch.dtype | None = None) -> tuple[ModelRunner, KVLedger]:
     """A callable budget is asked only once the weights are in place, so free memory it reads excludes them.
-    quantization: see runtime/model/quantization.py (None: a GGUF's quantized weights as shipped).
+    quantization: see runtime/accel/quantization.py (None: a GGUF's quantized weights as shipped).
     kv_dtype: the KV cache's element type (None: dtype; bfloat16 under float32 compute on the CPU)."""
     device = torch.device(device)
     dtype = dtype or default_dtype(device)

@@ -13,9 +13,9 @@ import torch.nn.functional as F
 from torch import nn
 
 import runtime.nvtx as nvtx
+from runtime.accel.cpu_decode_step import CpuDecodeStep
 from runtime.model.attention_backend import AttentionBackend
 from runtime.model.attention_batch import AttentionBatch
-from runtime.model.cpu_decode_step import CpuDecodeStep
 from runtime.model.embedding import Embedding
 from runtime.model.linear import Linear, tensor_bytes
 from runtime.model.rope import RotaryEmbedding

@@ -10,8 +10,8 @@ import torch
 from runtime.engine_config import EngineConfig
 from runtime.errors import UserError
 from runtime.model.factory import make_runner
-from runtime.model_runner import SeqChunk
-from runtime.sampler import SamplingRow, draw, processed_probs
+from runtime.model.runner import SeqChunk
+from runtime.sampling.sampler import SamplingRow, draw, processed_probs
 from runtime.sequence import Sequence
 from runtime.spec.proposer import Draft
 from weights.config import ModelConfig

@@ -1,0 +1,83 @@
+"""Per-layer paged K/V cache tensors and the memory ledger that sizes them."""
+from __future__ import annotations
+
+import math
+import mmap
+from dataclasses import dataclass
+
+import torch
+
+from runtime.errors import UserError
+from weights.config import ModelConfig
+
+
+@dataclass
+class KVLedger:
+    """What one token costs in KV memory, and how many fit in the budget."""
+
+    bytes_per_token_per_layer: int
+    bytes_per_token: int
+    block_size: int
+    num_blocks: int
+    budget_bytes: int
+    weight_bytes: int = 0  # the model's resident weights (packed copies included), for the ledger line
+    tensor_parallel_size: int = 1  # >1: every figure is one rank's (its weight shard, its KV heads)
+    quantization: str = ""  # how the linear weights are held, e.g. "Q4_1 x 120, Q8_0 x 1"
+    kv_dtype: str = "float32"  # the cache's element type
+
+    @property
+    def max_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+    @property
+    def total_bytes(self) -> int:
+        return self.num_blocks * self.block_size * self.bytes_per_token
+
+    def require_blocks(self) -> None:
+        """Raise UserError when the budget holds not even one block."""
+        if self.num_blocks < 1:
+            raise UserError(f"the KV cache budget ({self.budget_bytes} bytes) holds no block of {self.block_size} "
+                            f"tokens ({self.bytes_per_token * self.block_size} bytes needed)")
+
+    def describe(self) -> str:
+        tp = self.tensor_parallel_size
+        held = f" ({self.quantization})" if self.quantization else ""
+        return (f"tensor parallel {tp}, per rank: " if tp > 1 else "") + (
+                f"weights {self.weight_bytes / 2**20:.1f} MiB{held}; "
+                f"KV cache ({self.kv_dtype}): {self.bytes_per_token_per_layer} B/token/layer, "
+                f"{self.bytes_per_token / 1024:.1f} KiB/token "
+                f"over all layers; {self.num_blocks} blocks x {self.block_size} tokens = {self.max_tokens} tokens "
+                f"in {self.total_bytes / 2**20:.1f} MiB (budget {self.budget_bytes / 2**20:.1f} MiB)")
+
+
+def plan_kv_cache(cfg: ModelConfig, budget_bytes: int, block_size: int, dtype: torch.dtype,
+                  weight_bytes: int = 0, quantization: str = "") -> KVLedger:
+    per_layer = 2 * cfg.num_kv_heads * cfg.head_dim * torch.tensor([], dtype=dtype).element_size()
+    per_token = per_layer * cfg.num_layers
+    num_blocks = max(budget_bytes, 0) // (per_token * block_size)
+    return KVLedger(per_layer, per_token, block_size, int(num_blocks), int(budget_bytes), int(weight_bytes),
+                    quantization=quantization, kv_dtype=str(dtype).removeprefix("torch."))
+
+
+def allocate_kv_cache(cfg: ModelConfig, ledger: KVLedger, device: torch.device | str,
+                      dtype: torch.dtype) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """One (K, V) pair per layer, each [num_blocks, block_size, kv_heads, head_dim], all zeros."""
+    shape = (ledger.num_blocks, ledger.block_size, cfg.num_kv_heads, cfg.head_dim)
+    zeros = _zeros_on_touch if torch.device(device).type == "cpu" else torch.zeros
+    return [(zeros(shape, device=device, dtype=dtype), zeros(shape, device=device, dtype=dtype))
+            for _ in range(cfg.num_layers)]
+
+
+def _zeros_on_touch(shape: tuple[int, ...], device: torch.device | str, dtype: torch.dtype) -> torch.Tensor:
+    """Zeros from an anonymous memory map: fresh pages the OS zeroes when first touched, so start-up
+    does not write gigabytes (torch.zeros writes every page: seconds for the default 2 GiB cache on
+    2 cores) and resident memory grows with use. Not calloc: under the engine's malloc settings
+    (runtime/accel/host_allocator.py) blocks up to 32 MiB come from the heap, which calloc clears by hand,
+    and the per-layer K or V of the default cache drops below that when free memory does (the
+    budget follows it): the whole cache was then written at start-up, 8 s on a busy machine.
+    Zeros still matter: a reference kernel multiplies masked-out rows by 0."""
+    size = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    if size == 0:
+        return torch.zeros(shape, device=device, dtype=dtype)
+    pages = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return torch.frombuffer(pages, dtype=torch.uint8).view(dtype).view(shape)  # the tensor keeps the map

@@ -1,0 +1,109 @@
+"""The collectives inside a tensor-parallel model, as wrappers around each rank's ordinary layers.
+
+Row-parallel o_proj/down: each rank's partial sums, all-reduced. Vocab-parallel embedding: a masked
+lookup of the ids this rank holds, all-reduced. LM head: each rank's vocabulary slice of the logits,
+all-gathered (only for the rows that are sampled). Every collective is timed (CommTimer) so a step's
+time splits into compute and communication.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from runtime.model.linear import Linear, tensor_bytes
+from runtime.model.llama import LlamaModel
+from runtime.parallel.group import TPGroup
+from runtime.parallel.plan import RankShard
+from weights.config import ModelConfig
+
+
+@dataclass
+class CommTimer:
+    """Seconds spent in collectives (waiting for the slowest rank included). sync: wait for the device
+    around each one, so asynchronous NCCL calls count their real time (benchmarks only)."""
+
+    seconds: float = 0.0
+    calls: int = 0
+    broadcast_seconds: float = 0.0  # rank 0 sending each step's chunks
+    sync: bool = False
+
+    def reset(self) -> None:
+        self.seconds, self.calls, self.broadcast_seconds = 0.0, 0, 0.0
+
+
+COMM = CommTimer()  # one per process: a process is one rank
+
+
+def _timed(x: torch.Tensor, collective, *args):
+    if COMM.sync and x.is_cuda:
+        torch.cuda.synchronize(x.device)
+    t0 = time.perf_counter()
+    out = collective(*args)
+    if COMM.sync and x.is_cuda:
+        torch.cuda.synchronize(x.device)
+    COMM.seconds += time.perf_counter() - t0
+    COMM.calls += 1
+    return out
+
+
+def all_reduce(x: torch.Tensor, group: TPGroup) -> torch.Tensor:
+    _timed(x, group.all_reduce, x)
+    return x
+
+
+class RowParallelLinear:
+    """A linear over this rank's input columns; the ranks' partial outputs sum to the full product."""
+
+    def __init__(self, inner: Linear, group: TPGroup) -> None:
+        self.inner, self.group = inner, group
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return all_reduce(self.inner(x), self.group)
+
+    def weight_bytes(self) -> int:
+        return self.inner.weight_bytes()
+
+
+class GatheredHead:
+    """The LM head over this rank's vocabulary rows; the ranks' logits concatenate, padding cut."""
+
+    def __init__(self, inner: Linear, vocab_size: int, group: TPGroup) -> None:
+        self.inner, self.vocab_size, self.group = inner, vocab_size, group
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        local = self.inner(x).contiguous()
+        return torch.cat(_timed(local, self.group.all_gather, local), dim=-1)[:, :self.vocab_size]
+
+    def weight_bytes(self) -> int:
+        return self.inner.weight_bytes()
+
+
+class VocabParallelEmbedding:
+    """Rows [start, start + rows) of the table live here; other ids read zeros, which the sum fills."""
+
+    def __init__(self, table: torch.Tensor, start: int, group: TPGroup) -> None:
+        self.table, self.start, self.group = table, start, group
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        local = ids - self.start
+        outside = (local < 0) | (local >= self.table.shape[0])
+        x = F.embedding(local.masked_fill(outside, 0), self.table)
+        return all_reduce(x.masked_fill_(outside.unsqueeze(-1), 0.0), self.group)
+
+    def weight_bytes(self) -> int:
+        return tensor_bytes(self.table)
+
+
+def parallelize(model: LlamaModel, full: ModelConfig, shard: RankShard, group: TPGroup) -> LlamaModel:
+    """Wrap a rank's model (built from its shard) with the collectives that make it compute the full one."""
+    for layer in model.layers:
+        layer.o_proj = RowParallelLinear(layer.o_proj, group)
+        layer.down = RowParallelLinear(layer.down, group)
+    model.head = GatheredHead(model.head, full.vocab_size, group)
+    model.embedding = VocabParallelEmbedding(model.embedding.table, shard.vocab[0], group)
+    model.cfg = dataclasses.replace(model.cfg, vocab_size=full.vocab_size)  # logits come out full width
+    return model

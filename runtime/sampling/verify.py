@@ -1,0 +1,45 @@
+"""Verification of draft tokens against the target: exact speculative sampling, greedy fast path.
+
+For temperature > 0 a draft token d drawn from q is accepted with probability min(1, p(d)/q(d));
+on the first rejection the token is drawn from the normalized residual max(0, p - q); when every
+draft is accepted a bonus token is drawn from p. The emitted tokens are then distributed exactly
+as if sampled from the target alone. A point-mass draft (n-gram) has q(d) = 1.
+"""
+from __future__ import annotations
+
+import torch
+
+from runtime.sampling.sampler import SamplingRow
+
+
+def _uniform(gen: torch.Generator | None, device: torch.device) -> float:
+    return float(torch.rand(1, generator=gen, device=device))
+
+
+def _draw(probs: torch.Tensor, gen: torch.Generator | None) -> int:
+    return int(torch.multinomial(probs, 1, generator=gen))
+
+
+def verify_one(p: torch.Tensor, draft: list[int], q: torch.Tensor | None, row: SamplingRow) -> list[int]:
+    """Tokens to emit for one sequence: accepted drafts then one corrected or bonus token.
+
+    p: target distributions [k+1, V] (one-hot rows for greedy requests); q: draft distributions
+    [k, V] or None for a point-mass draft.
+    """
+    gen = row.generator
+    out: list[int] = []
+    for j, d in enumerate(draft):
+        if row.params.greedy:
+            target = int(p[j].argmax())
+            if target != d:
+                return out + [target]
+        else:
+            qd = float(q[j, d]) if q is not None else 1.0
+            if _uniform(gen, p.device) >= min(1.0, float(p[j, d]) / qd):
+                residual = (p[j] - q[j]).clamp_(min=0) if q is not None else p[j].clone().index_fill_(0, torch.tensor([d], device=p.device), 0.0)
+                if float(residual.sum()) <= 0:  # p == q up to rounding: any draw from p is exact
+                    residual = p[j]
+                return out + [_draw(residual, gen)]
+        out.append(d)
+    last = p[len(draft)]
+    return out + [int(last.argmax()) if row.params.greedy else _draw(last, gen)]

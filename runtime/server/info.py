@@ -1,0 +1,34 @@
+"""GET /v1/models, /health and /metrics."""
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from runtime.server.errors import ERROR_RESPONSES, as_api_error, error_response
+from runtime.server.openai.protocol import ErrorResponse, HealthStatus, ModelCard, ModelList
+from runtime.server.state import ServerState, server_state
+
+router = APIRouter()
+
+
+@router.get("/v1/models", response_model=ModelList, responses={401: ERROR_RESPONSES[401]})
+async def list_models(state: ServerState = Depends(server_state)) -> ModelList:
+    card = ModelCard(id=state.model_name, created=state.created, max_model_len=state.engine.limits.max_model_len)
+    return ModelList(data=[card])
+
+
+@router.get("/health", response_model=HealthStatus,
+            responses={503: {"model": ErrorResponse, "description": "The engine thread is not running"}})
+async def health(state: ServerState = Depends(server_state)) -> Response:
+    unavailable = state.engine.unavailable_error()
+    if unavailable is not None:
+        return error_response(as_api_error(unavailable))
+    # the chat page mounts after the API answers: clients that want it wait for "ready"
+    return JSONResponse({"status": "ok", **({"chat_page": state.page.status} if state.page else {})})
+
+
+@router.get("/metrics", response_class=Response,
+            responses={200: {"content": {CONTENT_TYPE_LATEST: {}}, "description": "Prometheus text format"}})
+async def metrics(state: ServerState = Depends(server_state)) -> Response:
+    return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)

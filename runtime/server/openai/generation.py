@@ -1,0 +1,102 @@
+"""What both generation routes share: the Generation record, and answering with one JSON body,
+aborting the engine requests if the client leaves (SSE answers: runtime.server.openai.sse).
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from runtime.outputs import RequestOutput
+from runtime.server.async_engine import AsyncEngine, EngineRequest, RequestStream
+from runtime.server.errors import APIError
+from runtime.server.openai.logprobs import LogprobFormatter
+from runtime.server.openai.reasoning import ReasoningParser
+from runtime.server.openai.tools import ToolPlan
+
+CLIENT_CLOSED = 499  # nginx's code for "client closed the request"; nobody is left to read it
+
+
+@dataclass
+class PreparedPrompt:
+    request: EngineRequest
+    echo: str  # text to put before the completion when echo is asked for ("" otherwise)
+
+
+@dataclass
+class Generation:
+    """One HTTP request's engine requests and the bookkeeping its responses need."""
+
+    response_id: str
+    created: int
+    model: str
+    n: int
+    prompts: list[PreparedPrompt]
+    logprobs: bool
+    include_usage: bool
+    formatter: LogprobFormatter
+    tools: ToolPlan | None = None  # a chat request's tool calling, when it offers tools
+    reasoning: ReasoningParser | None = None  # a chat request's thinking split from its answer
+    prompt_index: dict[str, int] = field(init=False)  # engine request id -> prompt number
+
+    def __post_init__(self) -> None:
+        self.prompt_index = {p.request.request_id: i for i, p in enumerate(self.prompts)}
+
+    def choice_index(self, request_id: str, index: int) -> int:
+        """OpenAI's batch semantics: choices of prompt i are i*n .. i*n+n-1."""
+        return self.prompt_index[request_id] * self.n + index
+
+    def usage(self, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+        """OpenAI's usage; cached_tokens: prompt tokens whose KV came from the prefix cache."""
+        prompt = sum(len(p.request.prompt_ids) for p in self.prompts)
+        return {"prompt_tokens": prompt, "completion_tokens": completion_tokens,
+                "total_tokens": prompt + completion_tokens, "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+
+
+async def _until_disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def collect(request: Request, stream: RequestStream) -> dict[str, RequestOutput] | None:
+    """Every request's final output, or None if the client disconnected first (requests aborted)."""
+    finals: dict[str, RequestOutput] = {}
+
+    async def drain() -> None:
+        async for out in stream:
+            if out.finished:
+                finals[out.request_id] = out
+
+    work = asyncio.ensure_future(drain())
+    watch = asyncio.ensure_future(_until_disconnected(request))
+    try:
+        await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+        if not work.done():
+            return None
+        work.result()  # re-raise an engine failure
+        return finals
+    finally:
+        work.cancel()
+        watch.cancel()
+        stream.close()
+
+
+def aborted_error(engine: AsyncEngine) -> APIError:
+    """What a client still there hears when the server aborted its request (it is shutting down)."""
+    why = engine.unavailable_error()
+    return APIError(503, "the request was aborted by the server" + (f": {why}" if why else ""), code="aborted")
+
+
+async def json_response(request: Request, stream: RequestStream, engine: AsyncEngine,
+                        body: Callable[[dict[str, RequestOutput]], dict[str, Any]]) -> Response:
+    """Wait for every final output, then answer with body(finals); abort if the client leaves first."""
+    finals = await collect(request, stream)
+    if finals is None:
+        return Response(status_code=CLIENT_CLOSED)
+    if any(c.finish_reason == "abort" for out in finals.values() for c in out.outputs):
+        # aborted by the server, not by this client (which is still here): no answer to give
+        raise aborted_error(engine)
+    return JSONResponse(body(finals))

@@ -1,0 +1,39 @@
+"""What the server flags of `python -m runtime.serve` set; one per app. No heavy imports: --help reads
+the defaults from here."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_MAX_TOKENS = 1024  # a request without max_tokens gets at most this (and at most what is left of the context)
+DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024  # the largest request body read (413 beyond it)
+DEFAULT_BODY_TIMEOUT = 30.0  # seconds a client may take to send its whole request body (408 after it)
+LOCAL_HOSTS = ("localhost", "127.0.0.1", "[::1]")  # Host headers always accepted
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    api_key: str | None = None  # every route but /health wants it
+    metrics_public: bool = False  # /metrics without the key
+    allowed_hosts: tuple[str, ...] = LOCAL_HOSTS  # Host headers answered ("*": any); others get 400
+    allowed_origins: tuple[str, ...] = ()  # CORS: origins whose pages may call the server (none by default)
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    body_timeout: float = DEFAULT_BODY_TIMEOUT
+    default_max_tokens: int = DEFAULT_MAX_TOKENS  # 0: the rest of the context, as vLLM
+    tool_call_parser: str = "hermes"  # how `tool_choice: auto` output is parsed (runtime/server/openai/tool_parsers.py)
+    reasoning_parser: str | None = None  # splits <think>...</think> into reasoning_content (runtime/server/openai/reasoning.py)
+    strict_api: bool = False  # unknown request fields are 400s instead of ignored and named
+    sampling_defaults: dict[str, Any] = field(default_factory=dict)  # the model's, for fields a request omits
+
+
+def host_header_name(host: str) -> str | None:
+    """The Host header name that --host ADDRESS stands for, or None for a wildcard bind ("0.0.0.0", "::")."""
+    if host in ("", "0.0.0.0", "::"):
+        return None
+    return f"[{host.lower()}]" if ":" in host else host.lower()
+
+
+def allowed_hosts(bind_host: str, extra: list[str] | None = None) -> tuple[str, ...]:
+    """localhost, 127.0.0.1, [::1], the --host address when it names one, and --allowed-hosts."""
+    named = host_header_name(bind_host)
+    return tuple(dict.fromkeys([*LOCAL_HOSTS, *([named] if named else []), *(extra or [])]))

@@ -1,0 +1,35 @@
+"""What every route needs: the engine, the served model's name, the metrics; one per app."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from fastapi import Request
+
+from runtime.server.async_engine import AsyncEngine
+from runtime.server.errors import APIError
+from runtime.server.late_page import LatePage
+from runtime.server.metrics import ServerMetrics
+from runtime.server.openai.logprobs import LogprobFormatter
+from runtime.server.options import ServerOptions
+
+
+@dataclass
+class ServerState:
+    engine: AsyncEngine
+    model_name: str
+    metrics: ServerMetrics
+    formatter: LogprobFormatter
+    options: ServerOptions = field(default_factory=ServerOptions)
+    page: LatePage | None = None  # the chat page, mounted after start-up
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name != self.model_name:
+            raise APIError(404, f"the model '{name}' does not exist; this server serves '{self.model_name}'",
+                           "model", "model_not_found")
+
+
+def server_state(request: Request) -> ServerState:
+    """FastAPI dependency: the app's ServerState."""
+    return request.app.state.server
