@@ -54,8 +54,7 @@ def _prepare(engine: AsyncEngine, convo: list[dict], s: ChatSettings) -> EngineR
     params = SamplingParams(max_tokens=min(int(s.max_tokens), room), temperature=float(s.temperature),
                             top_p=float(s.top_p), seed=seed, speculative=bool(s.speculative),
                             structured=StructuredOutput("json") if s.json_mode else None)
-    engine.check(prompt_ids, params)
-    return EngineRequest(f"chat-{next(_ids)}", prompt_ids, params)
+    return EngineRequest(f"chat-{next(_ids)}", engine.admit(prompt_ids, params))
 
 
 @dataclass

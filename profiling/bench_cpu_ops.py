@@ -138,9 +138,9 @@ def linear_cases(repeats: int) -> list[dict]:
 
 def model_logits(rows: int = 64) -> torch.Tensor:
     """The default model's next-token logits at `rows` positions of a chat prompt and its continuation."""
+    from runtime.build import make_runner
     from runtime.load import load_model
-    from runtime.model.factory import make_runner
-    from runtime.model.runner import SeqChunk
+    from runtime.sequence import SeqChunk
 
     cfg, tensors, tok, _ = load_model(None)
     runner, _ = make_runner(cfg, tensors, 8 << 20, backend="torch")

@@ -49,9 +49,9 @@ def main() -> None:
     import torch
 
     from cute_kernels.cpu.quant_blocks import BLOCK_BYTES, QK
+    from runtime.build import make_runner
     from runtime.load import load_model
-    from runtime.model.factory import make_runner
-    from runtime.model.runner import SeqChunk
+    from runtime.sequence import SeqChunk
 
     print(os.popen("uptime").read().strip())
     cfg, tensors, _, _ = load_model(None)

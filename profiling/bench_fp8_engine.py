@@ -36,7 +36,7 @@ def _tpot_ms(quantization: str | None) -> tuple[float, float]:
     """(TPOT ms, weight GiB) of one greedy request after a warm-up request."""
     import torch
 
-    from runtime.engine import LLMEngine
+    from runtime.build import build_engine
     from runtime.engine_config import EngineConfig
     from runtime.load import load_model
     from runtime.sampling_params import SamplingParams
@@ -44,7 +44,7 @@ def _tpot_ms(quantization: str | None) -> tuple[float, float]:
     tokenizer = load_model(None)[2]
     config = EngineConfig(device="cuda", dtype="bfloat16", kv_cache_memory=2 << 30, quantization=quantization,
                           log_ledger=False, enable_prefix_caching=False)
-    engine = LLMEngine(config, CONFIG, _random_weights("cuda"), tokenizer)
+    engine = build_engine(config, CONFIG, _random_weights("cuda"), tokenizer)
     params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
     prompt = list(range(1000, 1000 + PROMPT_TOKENS))
     tpot = None

@@ -125,13 +125,13 @@ ENGINES = {"ours q (shipped)": (None, True), "ours q per-layer": (None, False), 
 
 
 def our_engine(cfg, tensors, tok, quantization: str | None, fused: bool):
-    from runtime.engine import LLMEngine
+    from runtime.build import build_engine
     from runtime.engine_config import EngineConfig
 
-    engine = LLMEngine(EngineConfig(device="cpu", backend="torch", kv_cache_memory=256 << 20, log_ledger=False,
+    engine = build_engine(EngineConfig(device="cpu", backend="torch", kv_cache_memory=256 << 20, log_ledger=False,
                                     quantization=quantization), cfg, dict(tensors), tok)
     if not fused:
-        engine.runner.model.decode_step = None
+        engine.model_runner.model.decode_step = None
     return engine
 
 

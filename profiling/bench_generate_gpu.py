@@ -34,14 +34,14 @@ def _engine(backend: str):
     import torch
 
     from profiling.random_llama import llama3_8b_config, numbered_tokenizer, random_tensors
-    from runtime.engine import LLMEngine
+    from runtime.build import build_engine
     from runtime.engine_config import EngineConfig
 
     cfg = llama3_8b_config(MAX_MODEL_LEN)
     config = EngineConfig(device="cuda", dtype="bfloat16", backend=backend, kv_cache_memory=8 << 30,
                           max_num_seqs=64, max_num_batched_tokens=8192, max_model_len=MAX_MODEL_LEN,
                           enable_prefix_caching=False, log_ledger=False)
-    return LLMEngine(config, cfg, random_tensors(cfg, "cuda", torch.bfloat16), numbered_tokenizer(cfg.vocab_size))
+    return build_engine(config, cfg, random_tensors(cfg, "cuda", torch.bfloat16), numbered_tokenizer(cfg.vocab_size))
 
 
 def _generate(engine, batch: int) -> dict:
@@ -78,7 +78,7 @@ def run(dry_run: bool) -> list[dict]:
     rows = []
     for backend in dict.fromkeys(c.backend for c in CASES):
         engine = _engine(backend)
-        floor_ms = engine.runner.model.weight_bytes() / (bandwidth * 1e9) * 1e3
+        floor_ms = engine.model_runner.model.weight_bytes() / (bandwidth * 1e9) * 1e3
         _generate(engine, 1)  # warm-up: first launches, allocator
         for case in (c for c in CASES if c.backend == backend):
             row = {"case": case.name, "copy_gb_s": round(bandwidth), **_generate(engine, case.batch)}

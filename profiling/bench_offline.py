@@ -30,7 +30,7 @@ import torch  # noqa: E402
 
 from profiling.vllm_peer import run_vllm_script, vllm_python  # noqa: E402
 from profiling.workloads import offline_workload, percentile  # noqa: E402
-from runtime.engine import LLMEngine  # noqa: E402
+from runtime.build import build_engine  # noqa: E402
 from runtime.engine_config import KV_CACHE_DTYPES, EngineConfig  # noqa: E402
 from runtime.llm import LLM  # noqa: E402
 from runtime.load import load_model  # noqa: E402
@@ -41,7 +41,7 @@ def run_ours(model_path, workload, name: str, args) -> dict:
     """name: continuous or static, with -fp32 / -int8 / -q4 for that --quantization (fp32: none)."""
     policy, _, weights = name.partition("-")
     cfg, tensors, tok, _ = load_model(model_path)
-    engine = LLMEngine(EngineConfig(device="cpu", backend="torch", kv_cache_memory=args.kv_bytes, scheduler=policy,
+    engine = build_engine(EngineConfig(device="cpu", backend="torch", kv_cache_memory=args.kv_bytes, scheduler=policy,
                                     max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                                     log_ledger=False, enable_prefix_caching=args.enable_prefix_caching,
                                     quantization={"fp32": "none"}.get(weights, weights or None),

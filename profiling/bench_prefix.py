@@ -17,7 +17,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from profiling.workloads import percentile  # noqa: E402
-from runtime.engine import LLMEngine  # noqa: E402
+from runtime.build import build_engine  # noqa: E402
 from runtime.engine_config import EngineConfig  # noqa: E402
 from runtime.llm import LLM  # noqa: E402
 from runtime.load import load_model  # noqa: E402
@@ -37,7 +37,7 @@ def system_prompt(target_tokens: int, tokenizer) -> str:
 
 def run(model, enable: bool, prompts: list[list[int]], max_tokens: int) -> dict:
     cfg, tensors, tok, _ = load_model(model)
-    engine = LLMEngine(EngineConfig(device="cpu", backend="torch", kv_cache_memory=1 << 30, log_ledger=False,
+    engine = build_engine(EngineConfig(device="cpu", backend="torch", kv_cache_memory=1 << 30, log_ledger=False,
                                     enable_prefix_caching=enable), cfg, tensors, tok)
     llm = LLM.from_engine(engine)
     llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)  # warm-up

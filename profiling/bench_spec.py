@@ -15,12 +15,15 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from runtime.build import (
+    build_engine,
+    draft_proposer,  # noqa: E402
+)
 from runtime.engine import LLMEngine  # noqa: E402
 from runtime.engine_config import EngineConfig  # noqa: E402
 from runtime.llm import LLM  # noqa: E402
 from runtime.load import load_model  # noqa: E402
 from runtime.sampling_params import SamplingParams  # noqa: E402
-from runtime.spec.draft_model import DraftModelProposer  # noqa: E402
 from runtime.spec.ngram import NgramProposer  # noqa: E402
 
 CODE = '''def total_price(items, tax_rate):
@@ -38,7 +41,7 @@ CHAT_TASKS = ["Tell me a short story about a dragon who learns to cook.", "What 
 
 
 def make_engine(cfg, tensors, tok) -> LLMEngine:
-    return LLMEngine(EngineConfig(device="cpu", backend="torch", kv_cache_memory=512 << 20, log_ledger=False,
+    return build_engine(EngineConfig(device="cpu", backend="torch", kv_cache_memory=512 << 20, log_ledger=False,
                                   num_speculative_tokens=4), cfg, dict(tensors), tok)
 
 
@@ -81,7 +84,7 @@ def main() -> None:
     copy, chats = [chat(t) for t in COPY_TASKS], [chat(t) for t in CHAT_TASKS]
     measure(engine, None, [copy[0]], SamplingParams(temperature=0, max_tokens=8))  # warm-up
     dcfg, dtensors = truncated(cfg, tensors, args.draft_layers)
-    draft = DraftModelProposer(dcfg, dtensors, cfg, engine.config, engine.device, engine.dtype)
+    draft = draft_proposer(dcfg, dtensors, cfg, engine.config, engine.device, engine.dtype)
     rows = []
     for name, prompts, params in [("copy, greedy", copy, greedy), ("chat, T=1.0", chats, hot)]:
         base = measure(engine, None, prompts, params)

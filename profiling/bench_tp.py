@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from runtime.engine import LLMEngine  # noqa: E402
+from runtime.build import build_engine  # noqa: E402
 from runtime.engine_config import EngineConfig  # noqa: E402
 from runtime.errors import UserError  # noqa: E402
 from runtime.parallel.layers import COMM  # noqa: E402
@@ -73,7 +73,7 @@ def skip_reason(cfg, n: int, device: str) -> str | None:
 def measure(cfg, tensors, tok, n: int, args, prompts: list[list[int]]) -> dict:
     config = EngineConfig(device=args.device, kv_cache_memory=args.kv_bytes, log_ledger=False, tensor_parallel_size=n)
     COMM.sync = args.device.startswith("cuda")
-    with LLMEngine(config, cfg, dict(tensors), tok) as engine:
+    with build_engine(config, cfg, dict(tensors), tok) as engine:
         params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
         engine.add_request("warm-up", [1, 2, 3], SamplingParams(temperature=0, max_tokens=2))
         while engine.has_unfinished_requests():

@@ -18,7 +18,7 @@ import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 import runtime.nvtx as nvtx  # noqa: E402
-from profiling.engine_workload import add_requests, build_engine, run, warm_up  # noqa: E402
+from profiling.engine_workload import add_requests, run, warm_up, workload_engine  # noqa: E402
 from profiling.report_files import OUT, make_parents  # noqa: E402
 
 
@@ -62,7 +62,7 @@ def main() -> None:
         torch.set_num_threads(args.threads or 1)
     if args.smoke:
         args.requests, args.max_tokens = min(args.requests, 4), min(args.max_tokens, 8)
-    engine = build_engine(args.model, args.smoke)
+    engine = workload_engine(args.model, args.smoke)
     warm_up(engine)
     add_requests(engine, args.requests, args.max_tokens)
     label_phases()

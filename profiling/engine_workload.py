@@ -15,12 +15,13 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from profiling.workloads import offline_workload  # noqa: E402
+from runtime.build import build_engine  # noqa: E402
 from runtime.engine import LLMEngine  # noqa: E402
 from runtime.engine_config import EngineConfig  # noqa: E402
 from runtime.sampling_params import SamplingParams  # noqa: E402
 
 
-def build_engine(model: str | None, smoke: bool, kv_bytes: int = 256 << 20) -> LLMEngine:
+def workload_engine(model: str | None, smoke: bool, kv_bytes: int = 256 << 20) -> LLMEngine:
     """The default (or given) model on the best device here; --smoke: the unit tests' tiny random model."""
     if smoke and model is None:
         from tests.tiny_engine import tiny_engine
@@ -29,7 +30,7 @@ def build_engine(model: str | None, smoke: bool, kv_bytes: int = 256 << 20) -> L
     from runtime.load import load_model
 
     cfg, tensors, tok, _ = load_model(model)
-    return LLMEngine(EngineConfig(kv_cache_memory=kv_bytes, log_ledger=False), cfg, tensors, tok)
+    return build_engine(EngineConfig(kv_cache_memory=kv_bytes, log_ledger=False), cfg, tensors, tok)
 
 
 def add_requests(engine: LLMEngine, requests: int, max_tokens: int) -> None:
@@ -73,7 +74,7 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--cuda-profiler-range", action="store_true", help="for nsys/ncu: profile the measured steps only")
     args = ap.parse_args()
-    engine = build_engine(args.model, args.smoke)
+    engine = workload_engine(args.model, args.smoke)
     warm_up(engine)
     add_requests(engine, args.requests, args.max_tokens)
     t0 = time.perf_counter()

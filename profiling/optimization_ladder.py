@@ -32,6 +32,7 @@ from profiling.ladder_plot import plot_ladder  # noqa: E402
 from profiling.ladder_workload import LadderRequest, LadderShape, describe, ladder_workload  # noqa: E402
 from profiling.report_files import OUT, write_report  # noqa: E402
 from profiling.workloads import percentile  # noqa: E402
+from runtime.build import build_engine
 from runtime.engine import LLMEngine  # noqa: E402
 from runtime.engine_config import EngineConfig  # noqa: E402
 from runtime.errors import UserError  # noqa: E402
@@ -161,7 +162,7 @@ def engine_factory(args) -> tuple:
         name = os.path.basename(path)
     common = dict(kv_cache_memory=args.kv_bytes, max_num_seqs=args.max_num_seqs, log_ledger=False,
                   max_num_batched_tokens=args.max_num_batched_tokens, device=args.device)
-    return lambda config: LLMEngine(EngineConfig(**common, **config), cfg, dict(tensors), tok), tok, name
+    return lambda config: build_engine(EngineConfig(**common, **config), cfg, dict(tensors), tok), tok, name
 
 
 def main() -> None:

@@ -33,9 +33,10 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from profiling.report_files import OUT, make_parents  # noqa: E402
-from runtime.accel.quantization import FLOAT_MODE, QUANTIZATION_MODES, unavailable_reason  # noqa: E402
-from runtime.model.factory import make_runner  # noqa: E402
-from runtime.model.runner import SeqChunk  # noqa: E402
+from runtime.accel.quantization import unavailable_reason  # noqa: E402
+from runtime.build import make_runner  # noqa: E402
+from runtime.engine_config import FLOAT_MODE, QUANTIZATION_MODES  # noqa: E402
+from runtime.sequence import SeqChunk  # noqa: E402
 from weights.quantized import QuantizedTensor  # noqa: E402
 
 TEXT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "declaration_1776.txt")

@@ -5,7 +5,11 @@ import torch
 
 from runtime.engine_config import EngineConfig, available_host_memory
 from runtime.errors import UserError
-from runtime.model.factory import default_dtype
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    """float32 on the CPU (exact parity with references), bf16 on a GPU."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
 def resolve_device(name: str) -> torch.device:
@@ -26,18 +30,18 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
-def resolve_kv_dtype(name: str, dtype: torch.dtype, device: torch.device, tensor_parallel_size: int = 1) -> torch.dtype:
+def resolve_kv_dtype(name: str, dtype: torch.dtype, device: torch.device) -> torch.dtype:
     """The KV cache's element type for --kv-cache-dtype; UserError where no kernel reads that cache."""
     kv_dtype = dtype if name == "auto" else {"float32": torch.float32, "bf16": torch.bfloat16}[name]
     if kv_dtype == dtype:
         return kv_dtype
-    if device.type != "cpu" or dtype != torch.float32 or tensor_parallel_size > 1:
+    if device.type != "cpu" or dtype != torch.float32:
         raise UserError(f"--kv-cache-dtype {name} differs from the compute dtype ({dtype}): only float32 compute "
-                        "on the CPU with one process reads a cache of another type (use --kv-cache-dtype auto)")
+                        "on the CPU reads a cache of another type (use --kv-cache-dtype auto)")
     return kv_dtype
 
 
-def kv_budget(config: EngineConfig, device: torch.device) -> int:
+def kv_budget(config: EngineConfig, device: torch.device, ranks: int = 1) -> int:
     """Bytes for one rank's KV cache; read once the weights are resident, so free memory no longer counts them."""
     if config.kv_cache_memory is not None:
         return config.kv_cache_memory
@@ -45,5 +49,5 @@ def kv_budget(config: EngineConfig, device: torch.device) -> int:
         torch.cuda.empty_cache()  # load-time temporaries held by the caching allocator are free memory too
         free, _ = torch.cuda.mem_get_info(device)
         return int(free * 0.85)
-    # tensor-parallel ranks on the CPU share the host's memory: each takes its part of the fraction
-    return int(available_host_memory() * config.kv_cache_fraction / config.tensor_parallel_size)
+    # ranks on the CPU share the host's memory: each takes its part of the fraction
+    return int(available_host_memory() * config.kv_cache_fraction / ranks)

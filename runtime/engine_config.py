@@ -7,8 +7,6 @@ import re
 from dataclasses import Field, dataclass, field, fields
 from typing import Any, get_args, get_type_hints
 
-from runtime.accel.quantization import CHOICES as QUANTIZATION_CHOICES
-from runtime.accel.quantization import FLOAT_MODE, QUANTIZATION_MODES
 from runtime.errors import UserError
 
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6, "mib": 2**20,
@@ -29,6 +27,19 @@ def flag(default: Any, help: str, **add_argument: Any) -> Any:
     return field(default=default, metadata={"help": help, **add_argument})
 
 
+# --quantization (runtime/accel/quantization.py holds the weights so). Default (no flag): a GGUF's
+# block-quantized weights (Q4_0, Q4_1, Q8_0) stay as shipped on the CPU, float checkpoints stay float;
+# these modes quantize float weights at load (a GGUF's are dequantized first).
+QUANTIZATION_MODES: dict[str, str] = {
+    "int8": "int8 weights with a scale per 32 (Q8_0 layout); int8 activations in blocks of 32 (CPU)",
+    "q4": "4-bit weights in groups of 32 with a scale and a minimum each (Q4_1 layout), the LM head as int8; "
+          "int8 activations (CPU)",
+    "fp8": "e4m3 weights with per-output-channel scales, activations quantized per token (W8A8); "
+           "the CuTe FP8 GEMM on sm_90, a dequantizing path elsewhere; the LM head stays in the compute dtype",
+}
+CPU_ONLY = ("int8", "q4")
+FLOAT_MODE = "none"  # every weight in float (a GGUF dequantized at load)
+QUANTIZATION_CHOICES = (*QUANTIZATION_MODES, FLOAT_MODE)
 SCHEDULERS = ("continuous", "static")
 KV_CACHE_DTYPES = ("auto", "float32", "bf16")
 GENERATION_CONFIGS = ("auto", "vllm")

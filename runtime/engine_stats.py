@@ -6,9 +6,12 @@ other threads (the server's /metrics, the UI) read a frozen copy and never the e
 from __future__ import annotations
 
 import copy
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
+
+import runtime.nvtx as nvtx
 
 PHASES = ("propose", "schedule", "prepare", "forward", "sample", "output")
 
@@ -83,3 +86,35 @@ class EngineStats:
         return out
 
 
+
+
+class PhaseTimer:
+    """The one clock of a step: timer("phase") ends the current phase (its seconds go to stats.times)
+    and starts the next, marked as an NVTX range of the same name for nsys; end() closes the last."""
+
+    def __init__(self, stats: EngineStats) -> None:
+        self.stats = stats  # not stats.times: a reset replaces that record
+        self.current: str | None = None
+        self.since = 0.0
+
+    def __call__(self, phase: str) -> float:
+        """Start `phase` (a no-op when it is the current one); returns the time (time.perf_counter)."""
+        now = time.perf_counter()
+        if phase == self.current:
+            return now
+        self._close(now)
+        self.current, self.since = phase, now
+        if nvtx.ON:
+            nvtx.push(phase)
+        return now
+
+    def end(self) -> None:
+        self._close(time.perf_counter())
+        self.current = None
+
+    def _close(self, now: float) -> None:
+        if self.current is not None:
+            times = self.stats.times
+            setattr(times, self.current, getattr(times, self.current) + now - self.since)
+            if nvtx.ON:
+                nvtx.pop()

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from runtime.build import build_engine
 from runtime.cli import run_main, setup_logging
 from runtime.engine import LLMEngine
 from runtime.engine_config import add_engine_args, config_from_args
@@ -31,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging()
     config = config_from_args(args)
     model_config, tensors, tokenizer, _ = load_model(args.model)
-    with LLMEngine(config, model_config, tensors, tokenizer) as engine:
+    with build_engine(config, model_config, tensors, tokenizer) as engine:
         return _generate(args, engine)
 
 

@@ -8,12 +8,12 @@ from typing import Any, Sequence
 
 from tqdm import tqdm
 
+from runtime.build import build_engine
 from runtime.cli import show_engine_logs
 from runtime.engine import LLMEngine
 from runtime.engine_config import EngineConfig
-from runtime.load import load_model
+from runtime.load import describe, load_model, model_sampling_defaults
 from runtime.outputs import RequestOutput
-from runtime.sampling_defaults import describe, model_sampling_defaults
 from runtime.sampling_params import SamplingParams
 from runtime.tokenizer.chat_options import ChatOptions
 
@@ -36,7 +36,7 @@ class LLM:
         self.sampling_defaults = model_sampling_defaults(path, config.generation_config, model_config.vocab_size)
         if self.sampling_defaults:
             log.info("sampling defaults from generation_config.json: %s", describe(self.sampling_defaults))
-        self.engine = LLMEngine(config, model_config, tensors, tokenizer)
+        self.engine = build_engine(config, model_config, tensors, tokenizer)
         self._ids = itertools.count()
         self._owns_engine = True
 
@@ -80,19 +80,10 @@ class LLM:
         plist = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
         if len(plist) != len(prompts):
             raise ValueError("give one SamplingParams, or one per prompt")
-        for p in plist:  # validate everything first so a bad request enqueues nothing
-            p.validate(self.engine.limits.vocab_size)
+        admitted = [self.engine.limits.admit(prompt, p) for prompt, p in zip(prompts, plist)]  # all, before any runs
         ids = [f"offline-{next(self._ids)}" for _ in prompts]
-        added = []
-        try:
-            for rid, prompt, p in zip(ids, prompts, plist):
-                self.engine.add_request(rid, prompt, p)
-                added.append(rid)
-        except Exception:
-            for rid in added:
-                self.engine.abort_request(rid)
-            self.engine.step() if self.engine.has_unfinished_requests() else None
-            raise
+        for rid, request in zip(ids, admitted):
+            self.engine.add(rid, request)
         return self._run(ids, use_tqdm)
 
     def chat(self, messages: Conversation | Sequence[Conversation],

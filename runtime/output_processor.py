@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from runtime.engine_stats import EngineStats
 from runtime.outputs import CompletionOutput, RequestOutput
-from runtime.sequence import RequestMetrics, Sequence
+from runtime.sampling.sampler import Sampled
+from runtime.sequence import RequestMetrics, Sequence, SeqUpdate
 from runtime.tokenizer.detokenizer import IncrementalDetokenizer
 from runtime.tokenizer.tokenizer import Tokenizer
 
@@ -28,7 +28,6 @@ class Choice:
     logprobs: list = field(default_factory=list)
     num_emitted_chars: int = 0  # of text, already streamed out
     num_emitted_tokens: int = 0
-    grammar: Any = None  # a structured request's GrammarProcessor: masks its row, advances on kept tokens
 
     @property
     def output_ids(self) -> list[int]:
@@ -58,8 +57,7 @@ class OutputProcessor:
         self._choices: dict[Sequence, Choice] = {}
 
     def add(self, request_id: str, prompt_ids: list[int], seqs: list[Sequence]) -> None:
-        choices = [Choice(s, i, IncrementalDetokenizer(self.tokenizer, prompt_ids, s.params.skip_special_tokens),
-                          grammar=s.params.structured.processor(self.eos_ids) if s.params.structured else None)
+        choices = [Choice(s, i, IncrementalDetokenizer(self.tokenizer, prompt_ids, s.params.skip_special_tokens))
                    for i, s in enumerate(seqs)]
         self._choices.update((c.seq, c) for c in choices)
         self.requests[request_id] = RequestState(request_id, prompt_ids, choices, seqs[0].metrics)
@@ -68,15 +66,34 @@ class OutputProcessor:
     def state_of(self, seq: Sequence) -> RequestState:
         return self.requests[seq.request_id]
 
-    def grammar_of(self, seq: Sequence) -> Any:
-        choice = self._choices.get(seq)
-        return choice.grammar if choice is not None else None
-
     def finish(self, seq: Sequence, reason: str) -> None:
         """End a choice from outside the step's tokens (an abort, a sequence that can never fit)."""
         choice = self._choices[seq]
         if choice.finish_reason is None:
             choice.finish_reason = reason
+
+    def accept_step(self, sampled: list[Sampled], padding: frozenset[Sequence],
+                    now: float) -> tuple[list[SeqUpdate], set[RequestState]]:
+        """The step's sampled tokens, in order: what each sequence keeps (the scheduler's updates) and
+        the requests that changed. A static batch's padding rows keep their tokens, never reported."""
+        updates, changed = [], set()
+        for s in sampled:
+            if s.seq in padding:
+                updates.append(SeqUpdate(s.seq, s.tokens))
+                continue
+            kept, finished = self.accept(s.seq, s.tokens, s.logprobs, now)
+            updates.append(SeqUpdate(s.seq, s.tokens[:kept], finished, s.num_drafts))
+            changed.add(self.state_of(s.seq))
+            if s.num_drafts:
+                self._count_verified(s.seq.metrics, s.num_drafts, len(s.tokens) - 1)
+        return updates, changed
+
+    def _count_verified(self, m: RequestMetrics, proposed: int, accepted: int) -> None:
+        self.stats.spec_proposed += proposed
+        self.stats.spec_accepted += accepted
+        self.stats.spec_verify_steps += 1
+        m.spec_proposed += proposed
+        m.spec_accepted += accepted
 
     def accept(self, seq: Sequence, tokens: list[int], logprobs: list | None, now: float) -> tuple[int, bool]:
         """Take a step's tokens in order, up to a stop condition: (tokens kept, finished)."""
@@ -101,7 +118,7 @@ class OutputProcessor:
         p = c.seq.params
         c.num_tokens += 1
         n_out = c.num_tokens
-        if c.grammar is not None and not c.grammar.accept(token):  # a masked token: end, never feed it on
+        if c.seq.grammar is not None and not c.seq.grammar.accept(token):  # a masked token: end, never feed it on
             c.finish_reason, c.stop_reason = "error", f"grammar rejected token {token}"
             c.text += c.detokenizer.flush()
             return

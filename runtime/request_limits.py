@@ -3,12 +3,24 @@ so any thread (the server's handlers, the chat UI) may call it while the engine 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from runtime.errors import RequestError
 from runtime.sampling_params import SamplingParams
 from runtime.tokenizer.chat_options import ChatOptions
 from runtime.tokenizer.tokenizer import Tokenizer
+
+if TYPE_CHECKING:  # the core only calls its processor()
+    from structured.spec import CompiledStructure
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """A request the engine can serve: its prompt ids, its validated parameters, its compiled grammar."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    grammar: CompiledStructure | None = None
 
 
 @dataclass(frozen=True)
@@ -25,18 +37,25 @@ class RequestLimits:
         cache (the default max_tokens and the chat page's room come from it)."""
         return min(self.max_model_len, self.max_kv_tokens)
 
-    def check(self, prompt_ids: list[int], params: SamplingParams, whole: bool = False) -> None:
-        """Raise RequestError (naming the field) for a request the engine cannot serve.
+    def admit(self, prompt: str | list[int], params: SamplingParams, whole: bool = False) -> Admitted:
+        """The request as the engine runs it (its parameters validated once, here); RequestError
+        (naming the field) for one the engine cannot serve.
 
         whole: also refuse one whose prompt + max_tokens outgrows the whole KV cache. The engine
         alone admits it (continuous batching) and cuts it with "length" once it outgrows the pool;
         a server says so up front instead, with both numbers."""
-        params.validate(self.vocab_size)
+        params = params.validate(self.vocab_size)
+        prompt_ids = self.encode_prompt(prompt)
+        grammar = None
         if params.structured is not None:  # compiled here (cached), so a bad schema fails before enqueueing
             try:
-                params.structured.compile(self.tokenizer, self.vocab_size)
+                grammar = params.structured.compile(self.tokenizer, self.vocab_size)
             except ValueError as exc:
                 raise RequestError.invalid(params.structured.param, str(exc)) from None
+        self._check_lengths(prompt_ids, params, whole)
+        return Admitted(prompt_ids, params, grammar)
+
+    def _check_lengths(self, prompt_ids: list[int], params: SamplingParams, whole: bool) -> None:
         if not prompt_ids:
             raise RequestError("the prompt is empty")
         bad = next((t for t in prompt_ids if not isinstance(t, int) or not 0 <= t < self.vocab_size), None)

@@ -1,7 +1,7 @@
 """Per-request sampling parameters, validated before a request enters the engine."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from runtime.errors import RequestError
@@ -51,21 +51,25 @@ class SamplingParams:
         # below this, logits / temperature overflows to inf; the limit is greedy anyway
         return self.temperature < GREEDY_BELOW_TEMPERATURE
 
-    def validate(self, vocab_size: int) -> None:
-        """Raise RequestError naming the first bad field."""
+    def validate(self, vocab_size: int) -> "SamplingParams":
+        """The parameters as the engine runs them (a copy: the caller's object is left as it is); raise
+        RequestError naming the first bad field."""
         _check_int(self.n, "n", 1)
         _check_int(self.max_tokens, "max_tokens", 1)
         _check_int(self.min_tokens, "min_tokens", 0)
         _check_int(self.top_k, "top_k", 0)
-        if self.guided_decoding is not None and self.structured is None:
+        structured = self.structured
+        if self.guided_decoding is not None and structured is None:
             try:
-                self.structured = self.guided_decoding.structured()
+                structured = self.guided_decoding.structured()
             except ValueError as exc:
                 raise RequestError.invalid("guided_decoding", str(exc)) from None
-        if self.structured is not None:  # grammar masks are per position; drafts would need them too
-            self.speculative = False
-        if self.top_k >= vocab_size:  # every token is in the top k: no cut (and no overflow for huge k)
-            self.top_k = 0
+        self._check_ranges(vocab_size)
+        # a grammar's masks are per position (drafts would need them too); every token in the top k: no cut
+        return replace(self, structured=structured, speculative=self.speculative and structured is None,
+                       top_k=0 if self.top_k >= vocab_size else self.top_k)
+
+    def _check_ranges(self, vocab_size: int) -> None:
         if self.min_tokens > self.max_tokens:
             raise RequestError.invalid("min_tokens", f"{self.min_tokens} exceeds max_tokens {self.max_tokens}")
         if not 0.0 <= _num(self.temperature, "temperature") <= 100.0:

@@ -1,13 +1,15 @@
-"""One generated sequence (a request with n > 1 has n of them) and its per-request metrics."""
+"""The records a step passes along: one generated sequence (a request with n > 1 has n of them) and
+its per-request metrics, the chunk of it the model runs, a proposer's draft and what a step decided."""
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from runtime.kv.block_manager import KVBlocks
+from runtime.sampling.processors import GrammarMask
 from runtime.sampling_params import SamplingParams
 
 
@@ -70,6 +72,7 @@ class Sequence:
     params: SamplingParams
     metrics: RequestMetrics
     generator: torch.Generator | None = None  # set for sampled requests: draws independent of batch mates
+    grammar: GrammarMask | None = None  # a structured request's grammar state: masks its row, takes its tokens
     status: SeqStatus = SeqStatus.WAITING
     kv: KVBlocks = field(default_factory=KVBlocks)
     draft_kv: KVBlocks | None = None  # the draft model's blocks, with a draft-model proposer
@@ -89,3 +92,42 @@ class Sequence:
 
     def __hash__(self) -> int:
         return self.seq_id
+
+
+@dataclass
+class SeqChunk:
+    """New tokens of one sequence for this step, as the model runs them."""
+
+    token_ids: list[int]
+    start_pos: int  # tokens of this sequence already in the KV cache
+    block_table: list[int]  # must cover start_pos + len(token_ids) tokens
+    num_logits: int = 1  # logits wanted for this many trailing tokens (0 for a mid-prompt chunk)
+
+
+@dataclass
+class SeqUpdate:
+    """What a step decided for one scheduled sequence."""
+
+    seq: Sequence
+    tokens: list[int]  # new tokens, in order (cut after a stop)
+    finished: bool = False
+    num_drafts: int = 0  # draft tokens verified this step: len(tokens) - 1 of them were accepted
+
+
+@dataclass
+class Draft:
+    tokens: list[int]
+    # the draft distribution each token was sampled from, [len(tokens), vocab]; None = point mass
+    # (a deterministic proposer such as n-gram lookup)
+    probs: torch.Tensor | None = None
+
+
+class Proposer(Protocol):
+    """Draft tokens for decoding sequences, verified by the target next step."""
+
+    # blocks of a KV cache of its own (a draft model), 0 for none: the scheduler then keeps each
+    # sequence's draft_kv (reserved before propose, rolled back after verification, freed with it)
+    num_kv_blocks: int
+
+    def propose(self, seqs: list[Sequence], k: int) -> dict[Sequence, Draft]:
+        """Up to k draft tokens for each sequence (sequences may be left out)."""

@@ -110,16 +110,15 @@ def model_name(path: str) -> str:
     return base[:-5] if base.endswith(".gguf") else base
 
 
-def build_engine(args: argparse.Namespace, chat_template: str | None = None) -> tuple["AsyncEngine", str, dict]:
+def start_engine(args: argparse.Namespace, chat_template: str | None = None) -> tuple["AsyncEngine", str, dict]:
     """Load with a progress bar (one step per stage), warm up, then reset the counters: (the engine,
     the model's path, its sampling defaults). chat_template replaces the model's.
 
     (Heavy imports live here and in main, so --help and a taken port answer at once.)
     """
-    from runtime.engine import LLMEngine
+    from runtime.build import build_engine
     from runtime.llm import LLM
-    from runtime.load import load_model
-    from runtime.sampling_defaults import model_sampling_defaults
+    from runtime.load import load_model, model_sampling_defaults
     from runtime.sampling_params import SamplingParams
     from runtime.server.async_engine import AsyncEngine
 
@@ -137,7 +136,7 @@ def build_engine(args: argparse.Namespace, chat_template: str | None = None) -> 
         defaults = model_sampling_defaults(path, config.generation_config, model_config.vocab_size)
         bar.update()
         bar.set_postfix_str("engine and KV cache")
-        engine = LLMEngine(config, model_config, tensors, tokenizer)
+        engine = build_engine(config, model_config, tensors, tokenizer)
         bar.update()
         bar.set_postfix_str("warm-up")
         # one step: a one-token prompt already takes the decode path a second step would repeat
@@ -216,14 +215,14 @@ def main(argv: list[str] | None = None) -> int:
     gc.disable()
     import uvicorn
 
-    from runtime.sampling_defaults import describe
+    from runtime.load import describe
     from runtime.server.app import create_app
     from runtime.server.shutdown import GracefulServer
     from runtime.tokenizer.template_source import load_chat_template
 
     template = load_chat_template(args.chat_template) if args.chat_template else None
     sock = bind(args.host, args.port)
-    async_engine, path, defaults = build_engine(args, template)
+    async_engine, path, defaults = start_engine(args, template)
 
     name = args.served_model_name or model_name(path)
     options = dataclasses.replace(server_options(args), sampling_defaults=defaults)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from structured.compile import GrammarError, compile_cached
@@ -19,7 +19,6 @@ class StructuredOutput:
     kind: Kind
     text: str = ""
     param: str = "response_format"
-    _compiled: Any = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def json_schema(cls, schema: dict[str, Any] | str, param: str = "response_format") -> "StructuredOutput":
@@ -31,12 +30,17 @@ class StructuredOutput:
             raise GrammarError("choices must be a non-empty list of non-empty strings")
         return cls("choice", json.dumps(choices), param)
 
-    def compile(self, tokenizer: Any, vocab_size: int) -> None:
+    def compile(self, tokenizer: Any, vocab_size: int) -> "CompiledStructure":
         """Compile (or fetch from the cache) over this tokenizer; GrammarError (a ValueError) says why not."""
-        self._compiled = compile_cached(tokenizer, vocab_size, self.kind, self.text)
+        return CompiledStructure(compile_cached(tokenizer, vocab_size, self.kind, self.text))
 
-    def processor(self, stop_ids: list[int]) -> GrammarProcessor:
-        """A fresh per-sequence grammar state (compile first); stop_ids end the grammar's output."""
-        if self._compiled is None:
-            raise GrammarError("the structure was not compiled before its sequence started")
-        return GrammarProcessor(self._compiled, sorted(stop_ids))
+
+@dataclass(frozen=True)
+class CompiledStructure:
+    """A request's compiled grammar; each of its sequences takes a state of its own."""
+
+    compiled: Any
+
+    def processor(self, stop_ids: list[int] | set[int]) -> GrammarProcessor:
+        """A fresh per-sequence grammar state; stop_ids end the grammar's output."""
+        return GrammarProcessor(self.compiled, sorted(stop_ids))

@@ -17,11 +17,12 @@ from runtime.server.async_engine import (
 from tests.tiny_engine import tiny_engine
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+ENGINE_LIMITS = tiny_engine().limits  # every tiny engine's: one vocabulary and context
 LONG = SamplingParams(temperature=0, max_tokens=500, ignore_eos=True)
 
 
 def request(rid, prompt, params=GREEDY):
-    return EngineRequest(rid, list(prompt), params)
+    return EngineRequest(rid, ENGINE_LIMITS.admit(list(prompt), params))
 
 
 async def run_stream(async_engine, requests):
@@ -83,12 +84,12 @@ def test_close_aborts_and_frees_blocks_before_the_next_step():
         assert ae.num_seqs_in_flight == 0
 
 
-def test_check_rejects_what_the_engine_would_and_nothing_is_enqueued():
+def test_admit_rejects_what_the_engine_would_and_nothing_is_enqueued():
     with AsyncEngine(tiny_engine()) as ae:
         with pytest.raises(RequestError, match="context length"):
-            ae.check([1] * 10, SamplingParams(max_tokens=5000))
+            ae.admit([1] * 10, SamplingParams(max_tokens=5000))
         with pytest.raises(RequestError, match="logit_bias"):
-            ae.check([1], SamplingParams(logit_bias={10**6: 1.0}))
+            ae.admit([1], SamplingParams(logit_bias={10**6: 1.0}))
         assert not ae.engine.requests and ae.num_seqs_in_flight == 0
 
 

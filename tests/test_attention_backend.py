@@ -15,8 +15,8 @@ from cute_kernels.cpu import prefill_attention as cpu_prefill
 from runtime.accel.cpu_backend import CpuBackend
 from runtime.accel.select_backend import select_backend
 from runtime.errors import UserError
-from runtime.model.runner import SeqChunk
 from runtime.model.torch_backend import TorchBackend
+from runtime.sequence import SeqChunk
 from tests.tiny_engine import tiny_engine
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,14 +29,14 @@ def test_fp32_on_the_cpu_runs_the_c_kernels_and_says_so(monkeypatch):
         backend = select_backend(name, CPU, torch.float32)
         assert isinstance(backend, CpuBackend) and backend.describe() == ALL_C
     engine = tiny_engine()
-    assert engine.runner.model.backend.describe() == ALL_C
+    assert engine.model_runner.model.backend.describe() == ALL_C
     calls = []
     monkeypatch.setattr(cpu_prefill, "prefill_attention_cpu", lambda args, real=cpu_prefill.prefill_attention_cpu:
                         calls.append("prefill") or real(args))
     monkeypatch.setattr(cpu_decode, "decode_attention_cpu", lambda args, real=cpu_decode.decode_attention_cpu:
                         calls.append("decode") or real(args))
     engine.runner.run([SeqChunk([5], 3, [0]), SeqChunk(list(range(3, 20)), 0, [1, 2])])  # one decode, one prefill
-    layers = len(engine.runner.model.layers)
+    layers = len(engine.model_runner.model.layers)
     assert calls == ["decode", "prefill"] * layers
 
 

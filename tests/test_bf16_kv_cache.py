@@ -26,20 +26,24 @@ def test_bad_values_are_refused_before_any_model_loads(capsys):
         EngineConfig(kv_cache_dtype="int4")
 
 
-@pytest.mark.parametrize("dtype,device,tp", [(torch.bfloat16, "cpu", 1), (torch.float32, "cuda", 1),
-                                             (torch.float32, "cpu", 2)])
-def test_a_cache_no_kernel_reads_is_refused(dtype, device, tp):
+@pytest.mark.parametrize("dtype,device", [(torch.bfloat16, "cpu"), (torch.float32, "cuda")])
+def test_a_cache_no_kernel_reads_is_refused(dtype, device):
     other = "float32" if dtype == torch.bfloat16 else "bf16"
     with pytest.raises(UserError, match="--kv-cache-dtype"):
-        resolve_kv_dtype(other, dtype, torch.device(device), tp)
-    assert resolve_kv_dtype("auto", dtype, torch.device(device), tp) == dtype
+        resolve_kv_dtype(other, dtype, torch.device(device))
+    assert resolve_kv_dtype("auto", dtype, torch.device(device)) == dtype
+
+
+def test_a_bf16_cache_under_tensor_parallelism_is_refused_before_anything_loads():
+    with pytest.raises(UserError, match="--kv-cache-dtype bf16 differs"):
+        tiny_engine(kv_cache_dtype="bf16", tensor_parallel_size=2)
 
 
 def test_bf16_doubles_the_blocks_of_a_budget():
     fp32, bf16 = tiny_engine(), tiny_engine(kv_cache_dtype="bf16")
     assert bf16.ledger.num_blocks == 2 * fp32.ledger.num_blocks == 512
-    assert bf16.runner.kv_caches[0][0].dtype == torch.bfloat16 and "(bfloat16)" in bf16.ledger.describe()
-    assert fp32.runner.kv_caches[0][0].dtype == torch.float32 and "(float32)" in fp32.ledger.describe()
+    assert bf16.model_runner.kv_caches[0][0].dtype == torch.bfloat16 and "(bfloat16)" in bf16.ledger.describe()
+    assert fp32.model_runner.kv_caches[0][0].dtype == torch.float32 and "(float32)" in fp32.ledger.describe()
 
 
 def test_greedy_decoding_follows_the_float32_cache_up_to_a_near_tie():

@@ -86,9 +86,9 @@ def test_engine_output_is_the_same_with_the_reference_decode():
     outputs = []
     for c_kernel in (True, False):
         engine = tiny_engine()
-        backend = engine.runner.model.backend
+        backend = engine.model_runner.model.backend
         assert isinstance(backend, CpuBackend) and backend.c_decode  # on by default here
-        engine.runner.model.backend = CpuBackend() if c_kernel else TorchBackend()
+        engine.model_runner.model.backend = CpuBackend() if c_kernel else TorchBackend()
         outputs.append([o.outputs[0].token_ids for o in LLM.from_engine(engine).generate(prompts, params,
                                                                                            use_tqdm=False)])
     assert outputs[0] == outputs[1]

@@ -18,10 +18,10 @@ import torch
 from cute_kernels.cpu import build
 from cute_kernels.cpu import decode_step as ds
 from cute_kernels.cpu.decode_attention import prepare_tables
+from runtime.build import make_runner
 from runtime.model.attention_batch import AttentionBatch
-from runtime.model.factory import make_runner
-from runtime.model.runner import SeqChunk
 from runtime.parallel.layers import RowParallelLinear
+from runtime.sequence import SeqChunk
 from tests.hf_tiny import our_config, state_dict, tiny_hf_model
 from tests.tiny_engine import tiny_weights
 

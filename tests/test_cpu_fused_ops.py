@@ -71,7 +71,7 @@ def test_inputs_the_kernels_do_not_take_run_the_references():
 def test_model_logits_are_the_same_with_the_references(monkeypatch):
     engine = tiny_engine()
     prompts = [list(range(3, 3 + n)) for n in (5, 17, 40)]
-    from runtime.model.runner import SeqChunk
+    from runtime.sequence import SeqChunk
 
     def logits():
         chunks = [SeqChunk(p, 0, list(range(i * 4, i * 4 + 4)), num_logits=len(p)) for i, p in enumerate(prompts)]

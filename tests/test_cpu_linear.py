@@ -35,10 +35,10 @@ def test_the_model_packs_every_linear_and_output_is_unchanged():
     prompts = [list(range(3, 3 + n)) for n in (4, 30, 70)]
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     packed_engine, plain_engine = tiny_engine(), tiny_engine()
-    model = packed_engine.runner.model
+    model = packed_engine.model_runner.model
     assert all(isinstance(linear, PackedCpuLinear) for linear in model.linears())  # every layer's and the head
     assert len(model.linears()) == 4 * len(model.layers) + 1
-    plain = plain_engine.runner.model
+    plain = plain_engine.model_runner.model
     for layer in plain.layers:
         for name in layer.LINEARS:
             setattr(layer, name, DenseLinear(getattr(layer, name).weight, getattr(layer, name).bias))

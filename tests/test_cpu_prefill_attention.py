@@ -128,7 +128,7 @@ def test_the_engine_plans_a_step_once_for_all_layers(monkeypatch):
     from tests.tiny_engine import tiny_engine
 
     engine = tiny_engine()
-    backend = engine.runner.model.backend
+    backend = engine.model_runner.model.backend
     assert isinstance(backend, CpuBackend) and backend.c_prefill
     calls, plans = [], []
     monkeypatch.setattr(cpu_prefill, "prepare_tables", lambda *args: calls.append(1) or prepare_tables(*args))
@@ -137,8 +137,8 @@ def test_the_engine_plans_a_step_once_for_all_layers(monkeypatch):
     engine.add_request("a", list(range(3, 40)), SamplingParams(temperature=0, max_tokens=2))
     engine.add_request("b", list(range(5, 25)), SamplingParams(temperature=0, max_tokens=2))
     engine.step()  # both prompts in one prefill step through every layer
-    assert len(engine.runner.model.layers) > 1 and len(calls) == 1
-    assert len(plans) == len(engine.runner.model.layers) and all(plan is plans[0] for plan in plans)
+    assert len(engine.model_runner.model.layers) > 1 and len(calls) == 1
+    assert len(plans) == len(engine.model_runner.model.layers) and all(plan is plans[0] for plan in plans)
 
 
 @pytest.mark.parametrize("heads,kv_heads,d", [(9, 3, 64), (8, 1, 128), (64, 1, 16)])

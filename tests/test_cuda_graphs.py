@@ -13,15 +13,15 @@ from cute_kernels.attention_args import DecodeArgs
 from cute_kernels.reference_static import decode_attention_static_ref
 from runtime.accel.cuda_graphs import (
     MAX_GRAPH_CONTEXT,
-    CudaGraphRunner,
+    GraphedRunner,
     StaticDecodeInputs,
     capture_sizes,
     padded_size,
     uses_graphs,
 )
 from runtime.engine_config import EngineConfig
-from runtime.model.runner import SeqChunk
 from runtime.sampling_params import SamplingParams
+from runtime.sequence import SeqChunk
 from tests.hf_tiny import our_config, state_dict, tiny_hf_model
 from tests.tiny_engine import TINY_VOCAB, byte_tokenizer, tiny_engine
 
@@ -54,7 +54,7 @@ def test_static_inputs_hold_the_step_then_padding_on_the_scratch_block():
 def test_only_pure_decode_steps_that_fit_replay():
     backend = SimpleNamespace(graph_reads_full_tables=True)
     runner = SimpleNamespace(block_size=16, device=torch.device("cpu"), model=SimpleNamespace(backend=backend))
-    graphs = CudaGraphRunner(runner, max_num_seqs=4, max_model_len=64, scratch_block=0)
+    graphs = GraphedRunner(runner, max_num_seqs=4, max_model_len=64, scratch_block=0)
     decode = [SeqChunk([1], 5, [1])] * 3
     assert not graphs.can_run(decode), "nothing captured yet"
     graphs.graphs = {4: None}
@@ -63,10 +63,10 @@ def test_only_pure_decode_steps_that_fit_replay():
     assert not graphs.can_run([SeqChunk([1, 2], 5, [1])]), "a prefill chunk"
     assert not graphs.can_run([SeqChunk([1], 5, [1], num_logits=0)])
     assert not graphs.can_run([SeqChunk([1], 5, list(range(5)))]), "a table wider than the buffers"
-    capped = CudaGraphRunner(runner, max_num_seqs=4, max_model_len=10**5, scratch_block=0)
+    capped = GraphedRunner(runner, max_num_seqs=4, max_model_len=10**5, scratch_block=0)
     assert capped.inputs.width * 16 == MAX_GRAPH_CONTEXT, "the full-width reference decode is capped"
     backend.graph_reads_full_tables = False
-    assert CudaGraphRunner(runner, 4, 10**5, 0).inputs.width == -(-10**5 // 16), "a kernel reads each context only"
+    assert GraphedRunner(runner, 4, 10**5, 0).inputs.width == -(-10**5 // 16), "a kernel reads each context only"
 
 
 def test_static_decode_reference_matches_the_gathering_one():
@@ -81,13 +81,13 @@ def test_static_decode_reference_matches_the_gathering_one():
 def test_the_static_step_equals_the_eager_step_on_the_cpu():
     """What a graph replays (static buffers, padding rows, the sync-free reference), run eagerly."""
     engine = tiny_engine()
-    runner = engine.runner
+    runner = engine.model_runner
     scratch = engine.pool.num_blocks - 1  # a block no sequence below uses
     chunks = [SeqChunk([65 + i], 3 + 5 * i, [i + 1]) for i in range(3)]
     for c in chunks:  # some context in the blocks first
         runner.run([SeqChunk(list(range(40, 40 + c.start_pos)), 0, c.block_table, num_logits=0)])
     eager = runner.run(chunks)
-    graphs = CudaGraphRunner(runner, max_num_seqs=4, max_model_len=64, scratch_block=scratch)
+    graphs = GraphedRunner(runner, max_num_seqs=4, max_model_len=64, scratch_block=scratch)
     graphs.inputs.fill(chunks)
     static = graphs._forward(4)[:3]
     torch.testing.assert_close(static, eager, atol=1e-4, rtol=1e-4)
@@ -97,7 +97,7 @@ def test_the_cpu_never_captures():
     assert not uses_graphs(torch.device("cpu"), enforce_eager=False)
     assert not uses_graphs(torch.device("cuda"), enforce_eager=True)
     engine = tiny_engine()
-    assert engine.graphs is None and engine.describe()["cuda graphs"] == "off"
+    assert not isinstance(engine.runner, GraphedRunner) and engine.describe()["cuda graphs"] == "off"
     assert engine.pool.num_blocks == engine.ledger.num_blocks, "no scratch block taken"
 
 
@@ -107,13 +107,13 @@ gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU
 
 def gpu_tiny_engine(backend: str, enforce_eager: bool):
     """A random 2-layer bf16 model in shapes the kernels take (head_dim 64, GQA 2:1), on CUDA."""
-    from runtime.engine import LLMEngine
+    from runtime.build import build_engine
 
     hf = tiny_hf_model("llama", seed=0, vocab_size=TINY_VOCAB, hidden_size=256, intermediate_size=512,
                        num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=256)
     config = EngineConfig(device="cuda", dtype="bfloat16", backend=backend, enforce_eager=enforce_eager,
                           max_num_seqs=8, kv_cache_memory=64 << 20, log_ledger=False)
-    return LLMEngine(config, our_config(hf), state_dict(hf), byte_tokenizer())
+    return build_engine(config, our_config(hf), state_dict(hf), byte_tokenizer())
 
 
 @pytest.mark.gpu
@@ -131,7 +131,7 @@ def test_graph_replay_equals_eager_gpu(backend):
 
     def run(enforce_eager: bool):
         engine = gpu_tiny_engine(backend, enforce_eager)
-        assert (engine.graphs is None) == enforce_eager
+        assert isinstance(engine.runner, GraphedRunner) != enforce_eager
         params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
         for i, p in enumerate(prompts):
             engine.add_request(str(i), p, params)
@@ -140,7 +140,7 @@ def test_graph_replay_equals_eager_gpu(backend):
             for o in engine.step():
                 outs[o.request_id] = o.outputs[0].token_ids
         chunks = [SeqChunk([5], 40, [1, 2, 3]), SeqChunk([6], 7, [4])]
-        logits = engine.graphs.run(chunks).clone() if engine.graphs else engine.runner.run(chunks)
+        logits = engine.runner.forward(engine.runner.prepare(chunks)).clone()
         return outs, logits
 
     graph_tokens, graph_logits = run(False)

@@ -211,11 +211,8 @@ def test_invalid_params_rejected_before_enqueue(bad):
 def test_a_top_k_of_the_whole_vocabulary_means_no_cut():
     for k in (260, 10**12):  # the tiny vocabulary, and a k too large for any tensor
         p = SamplingParams(top_k=k)
-        p.validate(260)
-        assert p.top_k == 0
-    p = SamplingParams(top_k=259)
-    p.validate(260)
-    assert p.top_k == 259
+        assert p.validate(260).top_k == 0 and p.top_k == k  # a copy: the caller's object is left as it is
+    assert SamplingParams(top_k=259).validate(260).top_k == 259
 
 
 def test_requests_that_can_never_fit_are_rejected():

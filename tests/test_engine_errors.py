@@ -3,7 +3,7 @@ through the CLI plumbing (runtime.cli.run_main), checked on the CPU by faking th
 import pytest
 import torch
 
-import runtime.engine as engine_module
+import runtime.build as build_module
 from runtime.cli import run_main
 from tests.tiny_engine import tiny_engine
 
@@ -17,13 +17,13 @@ def one_line_exit(capsys, build) -> str:
 
 
 def test_cpu_only_quantization_on_cuda_is_a_one_line_error(capsys, monkeypatch):
-    monkeypatch.setattr(engine_module, "resolve_device", lambda _: torch.device("cuda"))
+    monkeypatch.setattr(build_module, "resolve_device", lambda _: torch.device("cuda"))
     for mode in ("int8", "q4"):
         err = one_line_exit(capsys, lambda: tiny_engine(quantization=mode))
         assert err.startswith("runtime.generate: error:") and mode in err
 
 
 def test_one_kv_block_with_cuda_graphs_is_a_one_line_error(capsys, monkeypatch):
-    monkeypatch.setattr(engine_module, "uses_graphs", lambda device, enforce_eager: True)
+    monkeypatch.setattr(build_module, "uses_graphs", lambda device, enforce_eager: True)
     err = one_line_exit(capsys, lambda: tiny_engine(num_blocks=1))
     assert "one block" in err and "--enforce-eager" in err

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.engine import LLMEngine
+from runtime.build import build_engine
 from runtime.engine_config import EngineConfig
 from runtime.load import load_model
 from runtime.sampling_params import SamplingParams
@@ -30,7 +30,7 @@ NEW_TOKENS = 32
 
 def greedy_tokens(backend: str) -> list[list[int]]:
     cfg, tensors, tok, _ = load_model(None)
-    engine = LLMEngine(EngineConfig(device="cuda", dtype="bfloat16", backend=backend, kv_cache_memory=1 << 30,
+    engine = build_engine(EngineConfig(device="cuda", dtype="bfloat16", backend=backend, kv_cache_memory=1 << 30,
                                     max_num_seqs=16, log_ledger=False), cfg, tensors, tok)
     params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
     for i, prompt in enumerate(PROMPTS):
@@ -39,7 +39,9 @@ def greedy_tokens(backend: str) -> list[list[int]]:
     while engine.has_unfinished_requests():
         for out in engine.step():
             tokens[out.request_id] = out.outputs[0].token_ids
-    assert engine.graphs is not None, "decode steps on CUDA replay graphs by default"
+    from runtime.accel.cuda_graphs import GraphedRunner
+
+    assert isinstance(engine.runner, GraphedRunner), "decode steps on CUDA replay graphs by default"
     return [tokens[str(i)] for i in range(len(PROMPTS))]
 
 

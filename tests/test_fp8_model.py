@@ -11,8 +11,8 @@ import torch.nn.functional as F
 
 from cute_kernels.fp8_quant import dequantize, quantize_activation_blocks, quantize_rowwise, quantize_weight_blocks
 from runtime.accel.fp8_linear import Fp8Linear
-from runtime.accel.quantization import QUANTIZATION_MODES, quantize_linear
-from runtime.engine_config import EngineConfig
+from runtime.accel.quantization import quantize_linear
+from runtime.engine_config import QUANTIZATION_MODES, EngineConfig
 from runtime.errors import UserError
 
 
@@ -63,7 +63,7 @@ def test_fp8_linear_rejects_float_weights_and_bad_scales():
 
 
 def _ledger_weight_bytes(quantization):
-    from runtime.model.factory import make_runner
+    from runtime.build import make_runner
     from tests.tiny_engine import tiny_weights
 
     cfg, tensors = tiny_weights()
@@ -122,6 +122,7 @@ def _write_fp8_checkpoint(path, block: bool) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("block", [True, False])
 def test_fp8_checkpoint_loads_dequantized_and_requantizes_to_its_own_values(tmp_path, block):
+    from runtime.accel.linears import QuantizedLinears
     from runtime.model.build import build_model
     from runtime.model.torch_backend import TorchBackend
     from weights.load_hf import load_hf
@@ -131,7 +132,8 @@ def test_fp8_checkpoint_loads_dequantized_and_requantizes_to_its_own_values(tmp_
     assert ckpt.config.fp8_weight_block == (128 if block else None)
     name = "model.layers.0.mlp.down_proj.weight"
     assert ckpt.tensors[name].dtype == torch.float32
-    model = build_model(ckpt.config, ckpt.tensors, TorchBackend(), quantization="fp8")
+    linears = QuantizedLinears("fp8", torch.device("cpu"), torch.float32, ckpt.config.fp8_weight_block == 128)
+    model = build_model(ckpt.config, ckpt.tensors, TorchBackend(), linears=linears)
     down = model.layers[0].down
     assert isinstance(down, Fp8Linear) and down.block_scaled == block
     assert torch.equal(down.weight.view(torch.uint8), stored[name].view(torch.uint8))

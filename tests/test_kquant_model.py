@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from runtime.accel.block_linear import BlockQuantEmbedding, BlockQuantLinear, BlockQuantParts
-from runtime.model.factory import make_runner
-from runtime.model.runner import SeqChunk
+from runtime.build import make_runner
+from runtime.sequence import SeqChunk
 from tests.model_files import write_tiny_gguf
 from weights.load import load_checkpoint
 from weights.quantized import QuantizedTensor

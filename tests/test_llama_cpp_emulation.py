@@ -9,7 +9,7 @@ import torch
 from cute_kernels.cpu.quant_reference import quantize_activations_ref
 from profiling import llama_cpp_emulation as emulation
 from profiling.quant_quality import all_logits, top1_agreement
-from runtime.accel.quantization import FLOAT_MODE
+from runtime.engine_config import FLOAT_MODE
 from tests.model_files import write_tiny_gguf
 from weights.load import load_checkpoint
 

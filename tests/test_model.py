@@ -3,8 +3,8 @@ import pytest
 import torch
 
 from runtime.accel.cpu_linear import PackedCpuLinear
-from runtime.model.factory import make_runner
-from runtime.model.runner import SeqChunk
+from runtime.build import make_runner
+from runtime.sequence import SeqChunk
 from tests.hf_tiny import our_config, state_dict, tiny_hf_model
 
 # float32 everywhere: differences come only from summation order (observed ~1e-6).

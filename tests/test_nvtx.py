@@ -13,8 +13,8 @@ def test_a_step_pushes_balanced_named_ranges(monkeypatch):
     engine.add_request("r", list(range(3, 40)), SamplingParams(max_tokens=2, ignore_eos=True))
     engine.step()
     layer = ["attention", "/", "mlp", "/"]
-    assert events == ["schedule", "/", "prepare", "/", *layer * engine.model_config.num_layers,
-                      "sample", "/", "output", "/", "output", "/"]
+    assert events == ["propose", "/", "schedule", "/", "prepare", "/", "forward",
+                      *layer * engine.model_config.num_layers, "/", "sample", "/", "output", "/"]
 
 
 def test_ranges_are_off_without_cuda():

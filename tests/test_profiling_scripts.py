@@ -112,7 +112,7 @@ def test_ladder_picks_up_quantization_modes_when_engine_config_grows_them(monkey
 
 
 def test_quant_quality_smoke_measures_every_mode_and_the_shipped_blocks(tmp_path):
-    from runtime.accel.quantization import QUANTIZATION_MODES
+    from runtime.engine_config import QUANTIZATION_MODES
 
     out = tmp_path / "q.json"
     proc = run_script("profiling/quant_quality.py", "--smoke", "--json", str(out))

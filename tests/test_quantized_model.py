@@ -14,10 +14,10 @@ import torch
 from cute_kernels.cpu import quant_gemm
 from runtime.accel.block_linear import BlockQuantEmbedding, BlockQuantLinear
 from runtime.accel.quantization import unavailable_reason
+from runtime.build import make_runner
 from runtime.engine_config import EngineConfig
 from runtime.errors import UserError
-from runtime.model.factory import make_runner
-from runtime.model.runner import SeqChunk
+from runtime.sequence import SeqChunk
 from tests.hf_tiny import our_config, state_dict, tiny_hf_model
 from tests.model_files import write_tiny_gguf
 from tests.tiny_engine import tiny_engine

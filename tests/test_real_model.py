@@ -4,13 +4,13 @@ import os
 import pytest
 import torch
 
-from runtime.engine import LLMEngine
+from runtime.build import build_engine
 from runtime.engine_config import EngineConfig
 from runtime.kv.block_manager import KVBlocks
 from runtime.llm import LLM
 from runtime.load import load_model
-from runtime.model.runner import SeqChunk
 from runtime.sampling_params import SamplingParams
+from runtime.sequence import SeqChunk
 from weights.default import default_model_path
 
 # Same dequantized weights, both float32: only summation order differs. Observed max |diff| on
@@ -34,7 +34,7 @@ def hf_model():
 
 def make_engine(quantization):
     cfg, tensors, tok, _ = load_model(None)
-    return LLMEngine(EngineConfig(device="cpu", backend="torch", kv_cache_memory=256 << 20, log_ledger=False,
+    return build_engine(EngineConfig(device="cpu", backend="torch", kv_cache_memory=256 << 20, log_ledger=False,
                                   quantization=quantization), cfg, tensors, tok)
 
 

@@ -6,8 +6,8 @@ from runtime.engine_stats import EngineStats
 from runtime.kv.block_manager import BlockManager
 from runtime.kv.block_pool import BlockPool
 from runtime.sampling_params import SamplingParams
-from runtime.scheduler import Scheduler, SeqUpdate
-from runtime.sequence import RequestMetrics, SeqStatus, Sequence
+from runtime.scheduler import Scheduler
+from runtime.sequence import Draft, RequestMetrics, SeqStatus, Sequence, SeqUpdate
 
 BLOCK = 4
 _ids = itertools.count()
@@ -27,8 +27,8 @@ def seq(prompt_len, max_tokens=100):
 
 def run_step(sched, spec=None):
     """Schedule one step and play the model's part: computed tokens are cached, a finished prompt
-    or decode gets one new token."""
-    out = sched.schedule(spec)
+    or decode gets one new token. spec: draft tokens offered per sequence (their count)."""
+    out = sched.schedule({q: Draft([9] * n) for q, n in (spec or {}).items()})
     reaching_end = [c.seq for c in out.chunks if c.seq.num_computed + c.num_tokens == len(c.seq.token_ids)]
     sched.update(out, [SeqUpdate(q, [7]) for q in reaching_end])
     return out
@@ -116,7 +116,7 @@ def test_update_rolls_back_the_kv_of_rejected_drafts():
     a = seq(7)
     s.add(a)
     run_step(s)  # 7 prompt tokens computed, one sampled: 8 known
-    out = s.schedule({a: 6})
+    out = s.schedule({a: Draft([9] * 6)})
     assert out.chunks[0].num_spec_tokens == 6 and len(a.kv.block_table) == -(-(7 + 7) // BLOCK)
     s.update(out, [SeqUpdate(a, [9, 9], num_drafts=6)])  # one draft accepted, then a corrected token
     assert a.token_ids[-2:] == [9, 9] and a.num_computed == 9  # the 8 known tokens and the accepted draft

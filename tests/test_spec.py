@@ -6,13 +6,12 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
+from runtime.build import draft_proposer
 from runtime.engine_config import EngineConfig
 from runtime.errors import UserError
 from runtime.llm import LLM
-from runtime.sampling.sampler import SamplingRow
 from runtime.sampling.verify import verify_one
 from runtime.sampling_params import SamplingParams
-from runtime.spec.draft_model import DraftModelProposer
 from runtime.spec.ngram import NgramProposer, find_continuation
 from tests.test_engine import assert_idle
 from tests.tiny_engine import tiny_engine, tiny_weights
@@ -23,7 +22,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
 def with_draft(engine, seed=1, logit_scale=1.0, k=3):
     cfg, tensors = tiny_weights(seed=seed, logit_scale=logit_scale)
     engine.config.num_speculative_tokens = k
-    engine.set_proposer(DraftModelProposer(cfg, tensors, engine.model_config, engine.config, engine.device,
+    engine.set_proposer(draft_proposer(cfg, tensors, engine.model_config, engine.config, engine.device,
                                            engine.dtype, kv_budget_bytes=8 << 20))
     return engine
 
@@ -130,16 +129,15 @@ def test_per_request_switch_and_mixed_batch():
 def _first_token_counts(p, q, trials, rule=verify_one, seed=0):
     """Sample a draft token from q, verify it against p, count the first emitted token."""
     gen = torch.Generator().manual_seed(seed)
-    row = SamplingRow(SamplingParams(temperature=1.0), generator=gen)
     counts = collections.Counter()
     for _ in range(trials):
         d = int(torch.multinomial(q, 1, generator=gen))
-        emitted = rule(torch.stack([p, p]), [d], q.unsqueeze(0), row)
+        emitted = rule(torch.stack([p, p]), [d], q.unsqueeze(0), False, gen)
         counts[emitted[0]] += 1
     return [counts[i] for i in range(len(p))]
 
 
-def _always_accept(p, draft, q, row):  # deliberately broken rule: outputs follow the draft
+def _always_accept(p, draft, q, greedy, gen):  # deliberately broken rule: outputs follow the draft
     return list(draft) + [0]
 
 
@@ -157,8 +155,7 @@ def test_rejection_sampling_preserves_target_distribution_and_test_detects_broke
 def test_point_mass_draft_preserves_target_distribution():
     g = torch.Generator().manual_seed(1)
     p = torch.softmax(torch.randn(5, generator=g) * 2, 0)
-    row = SamplingRow(SamplingParams(temperature=1.0), generator=g)
-    counts = collections.Counter(verify_one(torch.stack([p, p]), [2], None, row)[0] for _ in range(5000))
+    counts = collections.Counter(verify_one(torch.stack([p, p]), [2], None, False, g)[0] for _ in range(5000))
     assert chisquare([counts[i] for i in range(5)], (p * 5000).tolist()).pvalue > 0.001
 
 

@@ -30,8 +30,7 @@ def schema_params(schema, **kw) -> SamplingParams:
 def test_bitmask_covers_the_logits_width_and_never_allows_special_tokens():
     info = tokenizer_info(byte_tokenizer(), TINY_VOCAB)  # 258 tokens in the tokenizer, 260 logits
     assert info.vocab_size == TINY_VOCAB
-    spec = StructuredOutput("regex", "[a-z]+", "guided_regex")
-    spec.compile(byte_tokenizer(), TINY_VOCAB)
+    spec = StructuredOutput("regex", "[a-z]+", "guided_regex").compile(byte_tokenizer(), TINY_VOCAB)
     proc = spec.processor([EOS])
     row = torch.zeros(TINY_VOCAB)
     proc(row)
@@ -43,9 +42,8 @@ def test_bitmask_covers_the_logits_width_and_never_allows_special_tokens():
 
 
 def test_batched_masks_touch_only_their_rows_and_equal_one_row_at_a_time():
-    regex, digits = (StructuredOutput("regex", pattern, "guided_regex") for pattern in ("[a-z]+", "[0-9]+"))
-    for spec in (regex, digits):
-        spec.compile(byte_tokenizer(), TINY_VOCAB)
+    regex, digits = (StructuredOutput("regex", pattern, "guided_regex").compile(byte_tokenizer(), TINY_VOCAB)
+                     for pattern in ("[a-z]+", "[0-9]+"))
     logits = torch.randn(3, TINY_VOCAB, generator=torch.Generator().manual_seed(0))
     want = logits.clone()
     regex.processor([EOS])(want[0])
@@ -57,8 +55,7 @@ def test_batched_masks_touch_only_their_rows_and_equal_one_row_at_a_time():
 
 
 def test_a_mask_prefetched_during_the_forward_equals_one_filled_at_sampling():
-    spec = StructuredOutput("regex", "[a-c]+x", "guided_regex")
-    spec.compile(byte_tokenizer(), TINY_VOCAB)
+    spec = StructuredOutput("regex", "[a-c]+x", "guided_regex").compile(byte_tokenizer(), TINY_VOCAB)
     eager, ahead = spec.processor([EOS]), spec.processor([EOS])
     for token in (ord("a"), ord("b")):
         want, got = torch.zeros(TINY_VOCAB), torch.zeros(TINY_VOCAB)
@@ -77,8 +74,7 @@ def test_a_mask_prefetched_during_the_forward_equals_one_filled_at_sampling():
 def test_length_limited_strings_take_no_control_characters():
     schema = {"type": "object", "properties": {"f": {"type": "string", "minLength": 1, "maxLength": 3}},
               "required": ["f"]}
-    spec = StructuredOutput.json_schema(schema)
-    spec.compile(byte_tokenizer(), TINY_VOCAB)
+    spec = StructuredOutput.json_schema(schema).compile(byte_tokenizer(), TINY_VOCAB)
 
     def accepts(text: bytes) -> bool:
         proc = spec.processor([EOS])
@@ -106,9 +102,7 @@ def test_stop_strings_and_speculation_leave_the_grammar_whole():
     llm = LLM.from_engine(tiny_engine(speculative="ngram"))
     out = llm.generate(["ab" * 20], schema_params(POINT, stop=["zzz"]), use_tqdm=False)[0].outputs[0]
     jsonschema.validate(json.loads(out.text), POINT)
-    p = schema_params(POINT)
-    p.validate(TINY_VOCAB)
-    assert p.speculative is False  # drafts are never proposed for a grammared sequence
+    assert schema_params(POINT).validate(TINY_VOCAB).speculative is False  # no drafts for a grammared sequence
 
 
 def test_a_token_the_grammar_rejects_ends_the_sequence_with_error():

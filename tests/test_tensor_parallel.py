@@ -15,13 +15,13 @@ import httpx
 import pytest
 import torch
 
+from runtime.build import draft_proposer
 from runtime.engine_config import EngineConfig
 from runtime.errors import EngineDeadError, UserError
 from runtime.llm import LLM
 from runtime.parallel.plan import check_tp_size, local_config, rank_shard
 from runtime.parallel.shard import shard_checkpoint
 from runtime.sampling_params import SamplingParams
-from runtime.spec.draft_model import DraftModelProposer
 from tests.server_utils import TINY_MODEL, live_server
 from tests.test_spec import mixed_prompts
 from tests.tiny_engine import tiny_engine, tiny_weights
@@ -112,7 +112,7 @@ def test_prefix_caching_preemption_and_ngram_speculation_under_tp():
     config = dict(kv_heads=1, num_blocks=12, speculative="ngram", max_num_seqs=4)
     one, two = tiny_engine(**config), tiny_engine(tensor_parallel_size=2, **config)
     try:
-        assert two.runner.model.layers[0].cfg.num_kv_heads == 1  # each rank holds the one KV head
+        assert two.model_runner.model.layers[0].cfg.num_kv_heads == 1  # each rank holds the one KV head
         assert tokens(two, prompts, params) == tokens(one, prompts, params)
         stats = two.stats
         assert stats.preemptions > 0 and stats.prefix_cache_hits > 0 and stats.spec_accepted > 0
@@ -120,7 +120,7 @@ def test_prefix_caching_preemption_and_ngram_speculation_under_tp():
             one.stats.preemptions, one.stats.prefix_cache_hits, one.stats.spec_accepted)
         for engine in (one, two):  # a draft model (the target's own weights) runs on rank 0 alone
             cfg, weights = tiny_weights(num_key_value_heads=1)
-            engine.set_proposer(DraftModelProposer(cfg, weights, engine.model_config, engine.config, engine.device,
+            engine.set_proposer(draft_proposer(cfg, weights, engine.model_config, engine.config, engine.device,
                                                    engine.dtype, kv_budget_bytes=8 << 20))
             engine.reset_stats()
         assert tokens(two, prompts, params) == tokens(one, prompts, params)
@@ -215,7 +215,7 @@ def test_vocabulary_pads_to_a_multiple_of_the_ranks():
 @pytest.mark.slow  # ~1 min on 2 shared cores: the real model loaded twice, three ranks started
 def test_tp3_on_the_default_model_matches_one_process():
     """SmolLM2-135M: 9 query heads and 3 KV heads, one KV head per rank."""
-    from runtime.engine import LLMEngine
+    from runtime.build import build_engine
     from runtime.load import load_model
     from weights.quantized import as_float
 
@@ -225,9 +225,9 @@ def test_tp3_on_the_default_model_matches_one_process():
     config = dict(device="cpu", kv_cache_memory=32 << 20, log_ledger=False, quantization="none")
     prompts = [tok.encode("The three primary colors are"), tok.encode("def fibonacci(n):")]
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
-    with LLMEngine(EngineConfig(**config), cfg, tensors, tok) as one, \
-            LLMEngine(EngineConfig(tensor_parallel_size=3, **config), cfg, copy, tok) as three:
-        assert three.runner.model.layers[0].cfg.num_kv_heads == 1
+    with build_engine(EngineConfig(**config), cfg, tensors, tok) as one, \
+            build_engine(EngineConfig(tensor_parallel_size=3, **config), cfg, copy, tok) as three:
+        assert three.model_runner.model.layers[0].cfg.num_kv_heads == 1
         assert tokens(three, prompts, params) == tokens(one, prompts, params)
 
 

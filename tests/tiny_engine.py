@@ -4,6 +4,7 @@ from __future__ import annotations
 from tokenizers import AddedToken, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
+from runtime.build import build_engine
 from runtime.engine import LLMEngine
 from runtime.engine_config import EngineConfig
 from runtime.tokenizer.tokenizer import Tokenizer
@@ -55,4 +56,4 @@ def tiny_engine(arch: str = "llama", seed: int = 0, num_blocks: int = 256, logit
     econf = EngineConfig(device="cpu", backend="torch", kv_cache_memory=num_blocks * per_block,
                          log_ledger=False, **config)
     tokenizer = tokenizer or byte_tokenizer()
-    return LLMEngine(econf, cfg, tensors, tokenizer.with_chat_template(chat_template) if chat_template else tokenizer)
+    return build_engine(econf, cfg, tensors, tokenizer.with_chat_template(chat_template) if chat_template else tokenizer)

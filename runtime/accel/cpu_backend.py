@@ -10,6 +10,7 @@ from cute_kernels.cpu import decode_attention as cpu_decode
 from cute_kernels.cpu import fused_ops as fused
 from cute_kernels.cpu import prefill_attention as cpu_prefill
 from cute_kernels.reference_static import StaticDecodePlan
+from runtime.accel.cpu_decode_step import CpuDecodeStep
 from runtime.model.attention_batch import AttentionBatch
 from runtime.model.torch_backend import TorchBackend
 
@@ -22,6 +23,10 @@ class CpuBackend(TorchBackend):
         self.c_prefill = cpu_prefill.unavailable_reason() is None
         self.c_decode = cpu_decode.unavailable_reason() is None
         self.c_fused = fused.unavailable_reason() is None
+
+    def attach(self, model) -> None:
+        if self.c_decode and CpuDecodeStep.available(model):  # decode-only steps in one C call
+            model.decode_step = CpuDecodeStep(model)
 
     @property
     def runs_any_kernel(self) -> bool:

@@ -12,6 +12,7 @@ from cute_kernels.cpu import decode_step
 from cute_kernels.cpu.decode_attention import DecodeTables, prepare_tables
 from runtime.accel.block_linear import BlockQuantLinear
 from runtime.model.attention_batch import AttentionBatch
+from runtime.model.llama import LlamaModel
 
 KVCaches = list[tuple[torch.Tensor, torch.Tensor]]
 
@@ -28,7 +29,7 @@ class CpuDecodeStep:
     """Decides per step whether the fused step runs, and runs it. The pointer table is built on the
     first step over a cache list (the caches are allocated once) and kept."""
 
-    def __init__(self, model) -> None:  # a LlamaModel; not imported: llama.py imports this module
+    def __init__(self, model: LlamaModel) -> None:
         self.model = model
         self.max_rows = decode_step.max_rows()
         self._caches: KVCaches | None = None

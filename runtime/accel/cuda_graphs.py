@@ -23,7 +23,8 @@ import torch
 
 from cute_kernels.reference_static import StaticDecodePlan
 from runtime.model.attention_batch import AttentionBatch
-from runtime.model.runner import ModelRunner, SeqChunk
+from runtime.model.runner import ModelRunner, Runner
+from runtime.sequence import SeqChunk
 
 log = logging.getLogger("cute_serve")
 # The sync-free reference decode reads every sequence's table to its full width, so then the width is
@@ -106,11 +107,21 @@ class StaticDecodeInputs:
                               decode_plan=StaticDecodePlan() if plan is None else plan)
 
 
-class CudaGraphRunner:
-    """Captures decode graphs for a ModelRunner and replays them for the steps they fit."""
+@dataclass
+class _Replay:
+    """A step the graphs run: its chunks fill the static inputs in forward()."""
 
-    def __init__(self, runner: ModelRunner, max_num_seqs: int, max_model_len: int, scratch_block: int) -> None:
+    chunks: list[SeqChunk]
+
+
+class GraphedRunner:
+    """A Runner that captures decode graphs of a ModelRunner and replays them for the steps they fit;
+    every other step goes to `inner` (by default that ModelRunner), eagerly."""
+
+    def __init__(self, runner: ModelRunner, max_num_seqs: int, max_model_len: int, scratch_block: int,
+                 inner: Runner | None = None) -> None:
         self.runner = runner
+        self.inner = inner or runner
         self.sizes = capture_sizes(max_num_seqs)
         if runner.model.backend.graph_reads_full_tables:
             max_model_len = min(max_model_len, MAX_GRAPH_CONTEXT)
@@ -160,10 +171,28 @@ class CudaGraphRunner:
         log.info("captured %d decode CUDA graphs (batch %s) in %.1f s, %.1f MiB", len(self.graphs),
                  ",".join(map(str, self.sizes)), self.capture_seconds, self.graph_bytes / 2**20)
 
-    def run(self, chunks: list[SeqChunk]) -> torch.Tensor:
-        """Float32 logits [len(chunks), vocab] in chunk order; valid until the next replay."""
-        rows = padded_size(len(chunks), self.sizes)
+    def prepare(self, chunks: list[SeqChunk]) -> Any:
+        return _Replay(chunks) if self.can_run(chunks) else self.inner.prepare(chunks)
+
+    def forward(self, prepared: Any) -> torch.Tensor:
+        """Float32 logits in chunk order; a replay's are valid until the next replay."""
+        if not isinstance(prepared, _Replay):
+            return self.inner.forward(prepared)
+        chunks = prepared.chunks
         self.inputs.fill(chunks)
-        graph, logits = self.graphs[rows]
+        graph, logits = self.graphs[padded_size(len(chunks), self.sizes)]
         graph.replay()
         return logits[:len(chunks)]
+
+    def run(self, chunks: list[SeqChunk]) -> torch.Tensor:
+        return self.forward(self.prepare(chunks))
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def failure(self) -> str | None:
+        return self.inner.failure()
+
+    def describe(self) -> dict[str, str]:
+        return {**self.inner.describe(), "cuda graphs": f"decode at batch {', '.join(map(str, self.sizes))} (captured "
+                f"in {self.capture_seconds:.1f} s, {self.graph_bytes / 2**20:.0f} MiB)"}

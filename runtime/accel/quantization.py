@@ -1,4 +1,4 @@
-"""--quantization: how linear weights are held. Light at import (the CLI reads the mode names).
+"""--quantization: how linear weights are held (the mode names are runtime.engine_config's).
 
 Default (no flag): a GGUF's block-quantized weights (Q4_0, Q4_1, Q8_0) stay as shipped on the CPU,
 and float checkpoints stay float. QUANTIZATION_MODES quantize float weights at load (a GGUF's are
@@ -8,19 +8,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from runtime.engine_config import CPU_ONLY
+
 if TYPE_CHECKING:
     import torch
 
     from runtime.model.linear import Linear
 
-QUANTIZATION_MODES: dict[str, str] = {
-    "int8": "int8 weights with a scale per 32 (Q8_0 layout); int8 activations in blocks of 32 (CPU)",
-    "q4": "4-bit weights in groups of 32 with a scale and a minimum each (Q4_1 layout), the LM head as int8; "
-          "int8 activations (CPU)",
-    "fp8": "e4m3 weights with per-output-channel scales, activations quantized per token (W8A8); "
-           "the CuTe FP8 GEMM on sm_90, a dequantizing path elsewhere; the LM head stays in the compute dtype",
-}
-CPU_ONLY = ("int8", "q4")
 # Measured on SmolLM2-135M with profiling/quant_quality.py (perplexity vs the float path): one int8
 # scale per output channel +4.4%, one per 32 weights -0.8%: so int8 keeps a scale per 32 (Q8_0). A
 # 4-bit LM head alone costs ~+5%, so q4 holds the head in int8 (as llama.cpp's Q4 files keep it in 6-8 bits).
@@ -31,10 +25,6 @@ _HEAD_MODE = {"q4": "int8"}
 # most ~3 points; e4m3's 3-bit mantissa, not the scale granularity, sets the error (fp8 on o_proj alone: 93.8%).
 # Rowwise costs least on the GPU: one scale multiply per output in the epilogue and the per-token
 # quantizer kernel, where block scales load and multiply at every k-tile's promotion.
-FLOAT_MODE = "none"  # every weight in float (a GGUF dequantized at load)
-CHOICES = (*QUANTIZATION_MODES, FLOAT_MODE)
-
-
 def unavailable_reason(mode: str | None, device: "torch.device") -> str | None:
     """Why `mode` cannot run on `device`, or None when it can."""
     if mode in CPU_ONLY and device.type != "cpu":

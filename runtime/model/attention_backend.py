@@ -5,8 +5,10 @@ a decoder layer, one object chosen once at start (select_backend.py). Implementa
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Any
 
 import torch
+from torch import nn
 
 from cute_kernels.attention_args import DecodeArgs, PrefillArgs
 from runtime.model.attention_batch import AttentionBatch
@@ -18,6 +20,18 @@ class AttentionBackend(ABC):
     @abstractmethod
     def describe(self) -> str:
         """What runs, in one line, for logs and the UI."""
+
+    def attach(self, model: nn.Module) -> None:
+        """Give a built model (every linear set) this backend's fused paths, e.g. a whole decode step."""
+        return None  # most backends have none
+
+    # what a captured CUDA graph's decode needs (runtime/accel/cuda_graphs.py); backends without graphs
+    # keep these defaults
+    graph_reads_full_tables = False  # its captured decode reads every table to its full width
+
+    def graph_decode_plan(self, batch: AttentionBatch, max_context: int) -> Any:
+        """A decode plan a graph can replay without syncing, made before the capture (None: none needed)."""
+        return None
 
     @abstractmethod
     def plan(self, batch: AttentionBatch) -> None:

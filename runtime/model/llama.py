@@ -7,19 +7,29 @@ cache; it never sees requests. Q/K/V and gate/up are fused into one linear each.
 from __future__ import annotations
 
 from collections import Counter
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 import runtime.nvtx as nvtx
-from runtime.accel.cpu_decode_step import CpuDecodeStep
 from runtime.model.attention_backend import AttentionBackend
 from runtime.model.attention_batch import AttentionBatch
 from runtime.model.embedding import Embedding
 from runtime.model.linear import Linear, tensor_bytes
 from runtime.model.rope import RotaryEmbedding
 from weights.config import ModelConfig
+
+KVCaches = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+class FusedDecode(Protocol):
+    """A whole decode step in one call, attached by a backend that has one (AttentionBackend.attach)."""
+
+    def accepts(self, batch: AttentionBatch, rows: int, kv_caches: KVCaches) -> bool: ...
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch,
+                 kv_caches: KVCaches) -> torch.Tensor: ...
 
 
 def _same_storage(head: Linear, embedding: Embedding) -> bool:
@@ -90,7 +100,7 @@ class LlamaModel(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = nn.Parameter(torch.ones(cfg.hidden_size))
         self.head: Linear  # the LM head, over the embedding table when tied; set by build.py
-        self.decode_step: CpuDecodeStep | None = None  # decode-only steps in one C call; set by build.py
+        self.decode_step: FusedDecode | None = None  # decode-only steps in one call; the backend attaches it
 
     def linears(self) -> list[Linear]:
         return [linear for layer in self.layers for linear in layer.linears()] + [self.head]

@@ -1,27 +1,48 @@
-"""Turns one step's scheduled chunks into packed tensors, runs the model, returns logits.
+"""The Runner seam and the model runner: one step's chunks into packed tensors, the model, logits.
 
-The runner makes no scheduling decisions: it is told which tokens to run, where they sit in
-each sequence, and which blocks hold that sequence's KV.
+A runner makes no scheduling decisions: it is told which tokens to run, where they sit in each
+sequence, and which blocks hold that sequence's KV. The engine sees only the Runner protocol;
+a ModelRunner runs this process's model, and the wings wrap or replace it (a graphed runner that
+replays CUDA graphs where a step fits one, the tensor-parallel runner over several processes).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 import torch
 
 from runtime.model.attention_batch import AttentionBatch
 from runtime.model.llama import LlamaModel
+from runtime.sequence import SeqChunk
 
 
-@dataclass
-class SeqChunk:
-    """New tokens of one sequence for this step."""
+class Prepared(NamedTuple):
+    """A step's packed inputs: token ids, positions, the attention record, the rows whose logits are wanted."""
 
-    token_ids: list[int]
-    start_pos: int  # tokens of this sequence already in the KV cache
-    block_table: list[int]  # must cover start_pos + len(token_ids) tokens
-    num_logits: int = 1  # logits wanted for this many trailing tokens (0 for a mid-prompt chunk)
+    ids: torch.Tensor
+    positions: torch.Tensor
+    batch: AttentionBatch
+    rows: np.ndarray
+
+
+class Runner(Protocol):
+    """What the engine's step runs on."""
+
+    def prepare(self, chunks: list[SeqChunk]) -> Any:
+        """The step's inputs, opaque to the engine."""
+
+    def forward(self, prepared: Any) -> torch.Tensor:
+        """Float32 logits [sum of num_logits, vocab], rows in chunk order."""
+
+    def close(self) -> None:
+        """Release what outlives the runner (worker processes); idempotent."""
+
+    def failure(self) -> str | None:
+        """Why no step can run any more, or None; safe from any thread."""
+
+    def describe(self) -> dict[str, str]:
+        """What runs, for logs and the About panel: "backend", "tensor parallel", "cuda graphs"."""
 
 
 def _padded_tables(tables: list[list[int]]) -> np.ndarray:
@@ -43,7 +64,7 @@ class ModelRunner:
     def _tensor(self, a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(a).to(self.device, non_blocking=True)
 
-    def prepare(self, chunks: list[SeqChunk]) -> tuple[torch.Tensor, torch.Tensor, AttentionBatch, np.ndarray]:
+    def prepare(self, chunks: list[SeqChunk]) -> Prepared:
         """Packed ids, positions, the attention record, and the packed rows whose logits are wanted."""
         order = sorted(range(len(chunks)), key=lambda i: len(chunks[i].token_ids) != 1)  # decodes first
         ordered = [chunks[i] for i in order]
@@ -73,15 +94,24 @@ class ModelRunner:
         where = np.empty(len(chunks), dtype=np.int64)
         where[order] = np.arange(len(chunks))
         rows = [np.arange(ends[j] - chunks[i].num_logits, ends[j]) for i, j in enumerate(where)]
-        return self._tensor(ids), self._tensor(positions), batch, np.concatenate(rows)
+        return Prepared(self._tensor(ids), self._tensor(positions), batch, np.concatenate(rows))
 
     def run(self, chunks: list[SeqChunk]) -> torch.Tensor:
         """Float32 logits [sum of num_logits, vocab], rows in chunk order."""
-        return self.forward(*self.prepare(chunks))
+        return self.forward(self.prepare(chunks))
 
-    def forward(self, ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch,
-                rows: np.ndarray) -> torch.Tensor:
+    def forward(self, prepared: Prepared) -> torch.Tensor:
+        ids, positions, batch, rows = prepared
         hidden = self.model(ids, positions, batch, self.kv_caches)
         if len(rows) == 0:
             return hidden.new_empty((0, self.model.cfg.vocab_size), dtype=torch.float32)
         return self.model.logits(hidden[self._tensor(rows)])
+
+    def close(self) -> None:
+        pass
+
+    def failure(self) -> str | None:
+        return None
+
+    def describe(self) -> dict[str, str]:
+        return {"backend": self.model.backend.describe(), "tensor parallel": "off", "cuda graphs": "off"}

@@ -1,8 +1,8 @@
 """Rank 0's side of tensor parallelism: spawn the workers, send each step's chunks in one broadcast, run
 rank 0's own shard, and fail fast (never hang) when a worker dies.
 
-The engine sees an ordinary model runner: prepare() then forward() -> full-vocabulary logits of the
-rows to sample. A dead worker is found before each step (its process sentinel) or by the collective
+The engine sees a Runner (runtime/model/runner.py): prepare() then forward() -> full-vocabulary
+logits of the rows to sample. A dead worker is found before each step (its process sentinel) or by the collective
 that loses it (gloo reports the closed connection at once; a hung rank hits the group's timeout); either
 way the runner kills the rest and raises EngineDeadError from then on. close() stops every worker.
 """
@@ -17,19 +17,18 @@ import weakref
 from collections.abc import Callable, Iterable
 from multiprocessing.connection import wait
 
-import numpy as np
 import torch
 import torch.multiprocessing as mp
 
 from runtime.errors import EngineDeadError
 from runtime.kv.cache import KVLedger
-from runtime.model.attention_batch import AttentionBatch
-from runtime.model.runner import ModelRunner, SeqChunk
+from runtime.model.runner import ModelRunner, Prepared
 from runtime.parallel.group import GroupSpec, TPGroup, rank_device
 from runtime.parallel.layers import COMM
 from runtime.parallel.plan import rank_shard, threads_per_rank
 from runtime.parallel.shard import shard_checkpoint
 from runtime.parallel.worker import STOP, RankSpec, build_rank_runner, connect, worker_main
+from runtime.sequence import SeqChunk
 from weights.config import ModelConfig
 from weights.quantized import as_float
 
@@ -49,52 +48,49 @@ def _exit_status(process: mp.Process) -> str:
 
 class TensorParallelRunner:
     def __init__(self, inner: ModelRunner, workers: list[mp.Process], spec: GroupSpec, tp: TPGroup,
-                 threads_before: int) -> None:
+                 threads_before: int, ledger: KVLedger) -> None:
         self.inner = inner
+        self.ledger = ledger
         self.workers = workers
         self.spec = spec
         self.tp: TPGroup | None = tp
         self.error: EngineDeadError | None = None
         self._threads_before = threads_before
-        self._chunks: list[SeqChunk] | None = None
         self.closed = False
         _LIVE.add(self)
-
-    @property
-    def model(self):
-        return self.inner.model
-
-    @property
-    def kv_caches(self):
-        return self.inner.kv_caches
-
-    @property
-    def block_size(self) -> int:
-        return self.inner.block_size
 
     @property
     def world_size(self) -> int:
         return self.spec.world_size
 
-    def prepare(self, chunks: list[SeqChunk]) -> tuple[torch.Tensor, torch.Tensor, AttentionBatch, np.ndarray]:
-        self._chunks = chunks  # what the workers get: each prepares the same tensors from them
-        return self.inner.prepare(chunks)
+    @property
+    def local(self) -> ModelRunner:
+        """Rank 0's own shard."""
+        return self.inner
 
-    def forward(self, ids: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch,
-                rows: np.ndarray) -> torch.Tensor:
+    def prepare(self, chunks: list[SeqChunk]) -> tuple[list[SeqChunk], Prepared]:
+        return chunks, self.inner.prepare(chunks)  # the chunks go to the workers: each prepares the same
+
+    def forward(self, prepared: tuple[list[SeqChunk], Prepared]) -> torch.Tensor:
+        chunks, local = prepared
         self.check_workers()
         try:
             t0 = time.perf_counter()
-            self.tp.broadcast_object(self._chunks)
+            self.tp.broadcast_object(chunks)
             COMM.broadcast_seconds += time.perf_counter() - t0
-            return self.inner.forward(ids, positions, batch, rows)
+            return self.inner.forward(local)
         except RuntimeError as exc:  # a collective lost a rank (or timed out)
             time.sleep(0.2)  # let a dying worker's exit code settle, for the message
             dead = self._dead_workers()
             self._fail(dead[0] if dead else f"rank 0's step failed ({str(exc).splitlines()[0][:200]})")
 
     def run(self, chunks: list[SeqChunk]) -> torch.Tensor:
-        return self.forward(*self.prepare(chunks))
+        return self.forward(self.prepare(chunks))
+
+    def describe(self) -> dict[str, str]:
+        per_rank = self.ledger.weight_bytes + self.ledger.total_bytes
+        return {**self.inner.describe(),
+                "tensor parallel": f"{self.world_size} ranks, {per_rank / 2**20:.1f} MiB each (weights + KV cache)"}
 
     def _dead_workers(self) -> list[str]:
         gone = set(wait([p.sentinel for p in self.workers], timeout=0))
@@ -181,8 +177,10 @@ def _await_ready(started: list[tuple[mp.Process, object]]) -> None:
 
 def make_tp_runner(cfg: ModelConfig, tensors: dict[str, torch.Tensor], kv_budget: Callable[[], int],
                    block_size: int, device: torch.device, dtype: torch.dtype, backend: str,
-                   world_size: int, quantization: str | None = None) -> tuple[TensorParallelRunner, KVLedger]:
-    """Rank 0's runner over world_size ranks; consumes `tensors`. The ledger is one rank's."""
+                   world_size: int, make_runner: Callable, quantization: str | None = None,
+                   ) -> tuple[TensorParallelRunner, KVLedger]:
+    """Rank 0's runner over world_size ranks; consumes `tensors`. The ledger is one rank's. make_runner
+    builds a rank's ModelRunner (runtime.build.make_runner; pickled by reference to the workers)."""
     for name, t in tensors.items():  # ranks cut float weights: a GGUF's blocks are dequantized first
         tensors[name] = as_float(t)
     spec = GroupSpec.create(world_size, device)
@@ -190,7 +188,7 @@ def make_tp_runner(cfg: ModelConfig, tensors: dict[str, torch.Tensor], kv_budget
     threads = threads_per_rank(world_size)
     torch.set_num_threads(threads)
     common = dict(config=cfg, block_size=block_size, dtype=dtype, backend=backend, threads=threads, group=spec,
-                  quantization=quantization)
+                  make_runner=make_runner, quantization=quantization)
     started: list[tuple[mp.Process, object]] = []
 
     def shard(r: int) -> dict[str, torch.Tensor]:  # one rank's copy at a time: never all N at once
@@ -216,7 +214,7 @@ def make_tp_runner(cfg: ModelConfig, tensors: dict[str, torch.Tensor], kv_budget
         spec.remove()
         torch.set_num_threads(threads_before)
         raise
-    return TensorParallelRunner(inner, [p for p, _ in started], spec, tp, threads_before), ledger
+    return TensorParallelRunner(inner, [p for p, _ in started], spec, tp, threads_before, ledger), ledger
 
 
 @atexit.register

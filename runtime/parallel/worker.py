@@ -15,7 +15,6 @@ from multiprocessing.connection import Connection
 import torch
 
 from runtime.kv.cache import KVLedger
-from runtime.model.factory import make_runner
 from runtime.model.runner import ModelRunner
 from runtime.parallel.group import GroupSpec, TPGroup
 from runtime.parallel.layers import parallelize
@@ -38,14 +37,15 @@ class RankSpec:
     backend: str
     threads: int
     group: GroupSpec
+    make_runner: Callable  # runtime.build.make_runner: what builds the rank's ModelRunner
     quantization: str | None = None  # --quantization, applied to this rank's float shard
 
 
 def build_rank_runner(spec: RankSpec, kv_budget: int | Callable[[], int]) -> tuple[ModelRunner, KVLedger]:
     """This rank's model over its own KV heads; it joins the others in connect()."""
     shard = rank_shard(spec.config, spec.rank, spec.group.world_size)
-    return make_runner(local_config(spec.config, shard), spec.tensors, kv_budget, spec.block_size,
-                       spec.device, spec.dtype, spec.backend, spec.quantization)
+    return spec.make_runner(local_config(spec.config, shard), spec.tensors, kv_budget, spec.block_size,
+                            spec.device, spec.dtype, spec.backend, spec.quantization)
 
 
 def connect(spec: RankSpec, runner: ModelRunner) -> TPGroup:
@@ -83,7 +83,7 @@ def worker_main(spec: RankSpec, link: Connection) -> None:
     try:
         tp = connect(spec, runner)
         while (chunks := tp.broadcast_object()) is not STOP:
-            runner.forward(*runner.prepare(chunks))
+            runner.forward(runner.prepare(chunks))
     except Exception:  # rank 0 gone or a collective failed: rank 0 sees it from its side
         traceback.print_exc(file=sys.stderr)
         sys.exit(1)

@@ -11,12 +11,24 @@ from runtime.sampling_params import SamplingParams
 
 
 class LogitsProcessor(Protocol):
-    """A kind may also have a static apply_batch(logits [B, V], row indices, processors): the sampler
-    then applies all of that kind's rows in one call, after the row-by-row ones (masks: -inf stays
-    -inf under every other processor, so the order does not change the result)."""
-
     def __call__(self, logits: torch.Tensor) -> None:
         """Adjust one row's logits [vocab] in place."""
+
+
+class GrammarMask(Protocol):
+    """A sequence's grammar state (structured output): which tokens may come next, advanced by the
+    tokens kept. The sampler applies a step's masks of one kind in one call, after the row processors
+    (-inf stays -inf under them, so the order does not change the result)."""
+
+    def prefetch(self) -> None:
+        """Start computing the next mask (it fills while the forward pass runs)."""
+
+    def accept(self, token: int) -> bool:
+        """Advance by a kept token; False when the grammar does not allow it."""
+
+    @staticmethod
+    def apply_batch(logits: torch.Tensor, rows: list[int], masks: list) -> None:
+        """-inf into logits[rows[i]] wherever masks[i] forbids a token."""
 
 
 class LogitBias:

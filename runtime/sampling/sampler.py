@@ -1,4 +1,6 @@
-"""Batched sampling: per-row logits processors, temperature, top-k/top-p/min-p, seeds.
+"""Batched sampling: per-row logits processors and grammar masks, temperature, top-k/top-p/min-p,
+seeds; and the step's sampling batch, built in one place (sample_step): one SamplingRow per sequence
+that gets tokens, plain rows sampled together, rows with drafts verified against the target.
 
 Each row carries its own parameters; a seeded row draws from its own generator so its output does
 not depend on which requests share the batch.
@@ -7,10 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
-from runtime.sampling.processors import LogitsProcessor
+from runtime.sampling.processors import GrammarMask, LogitsProcessor, request_processors
+from runtime.sampling.verify import verify_one
 from runtime.sampling_params import SamplingParams
+from runtime.sequence import Draft, Sequence
 
 TRUNCATION_CANDIDATES = (256, 4096)  # top-k/top-p try these many leading tokens before a full sort
 
@@ -20,6 +25,7 @@ class SamplingRow:
     params: SamplingParams
     generator: torch.Generator | None = None  # set for sampled requests: draws independent of batch mates
     processors: list[LogitsProcessor] = field(default_factory=list)  # applied in order before temperature
+    mask: GrammarMask | None = None  # a structured request's grammar: applied after the processors
 
 
 @dataclass
@@ -29,20 +35,23 @@ class SampleResult:
     logprobs: list[tuple[float, list[tuple[int, float]]] | None]
 
 
+def _edits(row: SamplingRow) -> bool:
+    return bool(row.processors) or row.mask is not None
+
+
 def _apply_processors(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
-    """In place, row by row (only rows that ask for it pay for it); processors of a kind with a batch
-    form (apply_batch: grammar masks) once for all their rows, after the others."""
-    batched: dict[type, tuple[list[int], list[LogitsProcessor]]] = {}
+    """In place, row by row (only rows that ask for it pay for it), then the grammar masks, those of
+    one kind in one call for all their rows."""
+    masks: dict[type, tuple[list[int], list[GrammarMask]]] = {}
     for i, row in enumerate(rows):
         for process in row.processors:
-            if hasattr(process, "apply_batch"):
-                indices, procs = batched.setdefault(type(process), ([], []))
-                indices.append(i)
-                procs.append(process)
-            else:
-                process(logits[i])
-    for kind, (indices, procs) in batched.items():
-        kind.apply_batch(logits, indices, procs)
+            process(logits[i])
+        if row.mask is not None:
+            indices, kind = masks.setdefault(type(row.mask), ([], []))
+            indices.append(i)
+            kind.append(row.mask)
+    for kind, (indices, of_kind) in masks.items():
+        kind.apply_batch(logits, indices, of_kind)
 
 
 def _nucleus(sorted_p: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -106,7 +115,7 @@ def _above_min_p(w: torch.Tensor, probs: torch.Tensor, min_p: torch.Tensor, top:
 def _tempered(logits: torch.Tensor, rows: list[SamplingRow]) -> tuple[torch.Tensor, torch.Tensor]:
     """(logits after bias and penalties, their softmax at each row's temperature), both [B, V] float32."""
     logits = logits.float()
-    if any(r.processors for r in rows):
+    if any(_edits(r) for r in rows):
         logits = logits.clone()
         _apply_processors(logits, rows)
     temps = torch.tensor([1.0 if r.params.greedy else r.params.temperature for r in rows], device=logits.device)
@@ -207,8 +216,65 @@ def _logprobs(logits: torch.Tensor, tokens: torch.Tensor, rows: list[SamplingRow
 
 def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> SampleResult:
     """Sample one token per row of logits [B, V]."""
-    if all(r.params.greedy and not r.processors for r in rows):
+    if all(r.params.greedy and not _edits(r) for r in rows):
         tokens = logits.argmax(-1)  # the common fast path: plain greedy
     else:
         tokens = _sampled_tokens(logits, rows)
     return SampleResult(tokens.tolist(), _logprobs(logits, tokens, rows))
+
+
+@dataclass
+class Sampled:
+    seq: Sequence
+    tokens: list[int]  # one sampled token, or accepted drafts then a corrected or bonus token
+    logprobs: list | None = None  # one record per token, when the request asked for logprobs
+    num_drafts: int = 0  # drafts verified
+
+
+def sampling_row(seq: Sequence, eos_ids: set[int], extra: list[int] = ()) -> SamplingRow:
+    """Sampling context of seq's next token, with `extra` draft tokens treated as already output
+    (structured requests, the ones with a grammar, never draft)."""
+    p = seq.params
+    prompt = seq.token_ids[:seq.num_prompt_tokens] if p.repetition_penalty != 1.0 else []
+    penalized = p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty
+    out = seq.token_ids[seq.num_prompt_tokens:] + list(extra) if penalized else []
+    banned = []
+    if seq.num_output_tokens + len(extra) < p.min_tokens:  # no end before min_tokens
+        banned = sorted((set() if p.ignore_eos else eos_ids) | set(p.stop_token_ids))
+    procs = request_processors(p, prompt, out, banned)
+    return SamplingRow(p, seq.generator, procs, seq.grammar)
+
+
+def sample_step(rows_of: list[tuple[Sequence, list[int]]], logits: torch.Tensor, drafts: dict[Sequence, Draft],
+                eos_ids: set[int]) -> list[Sampled]:
+    """rows_of: (sequence, draft tokens it verifies) in logits order, len(drafts) + 1 rows each."""
+    offsets = np.cumsum([0] + [len(spec) + 1 for _, spec in rows_of])
+    plain = [i for i, (_, spec) in enumerate(rows_of) if not spec]
+    out: list[Sampled] = []
+    if plain:
+        seqs = [rows_of[i][0] for i in plain]
+        result = sample(_index_rows(logits, offsets[plain]), [sampling_row(s, eos_ids) for s in seqs])
+        out = [Sampled(s, [t], None if lp is None else [lp])
+               for s, t, lp in zip(seqs, result.token_ids, result.logprobs)]
+    for i, (seq, spec) in enumerate(rows_of):
+        if spec:
+            out.append(_verify(seq, spec, logits[offsets[i]:offsets[i + 1]], drafts[seq], eos_ids))
+    return out
+
+
+def _index_rows(logits: torch.Tensor, rows: np.ndarray) -> torch.Tensor:
+    """logits[rows] without a copy when rows are all of them (numpy-array indexing is a slow path)."""
+    if len(rows) == logits.shape[0] and (rows == np.arange(len(rows))).all():
+        return logits
+    return logits.index_select(0, torch.from_numpy(rows).to(logits.device))
+
+
+def _verify(seq: Sequence, spec: list[int], logits: torch.Tensor, draft: Draft, eos_ids: set[int]) -> Sampled:
+    rows = [sampling_row(seq, eos_ids, spec[:j]) for j in range(len(spec) + 1)]
+    probs = processed_probs(logits, rows)
+    q = draft.probs[:len(spec)] if draft.probs is not None else None
+    tokens = verify_one(probs, spec, q, seq.params.greedy, seq.generator)
+    lp = None
+    if seq.params.logprobs is not None:
+        lp = logprob_records(logits[:len(tokens)], torch.tensor(tokens, device=logits.device), seq.params.logprobs)
+    return Sampled(seq, tokens, lp, len(spec))

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import torch
 
-from runtime.sampling.sampler import SamplingRow
-
 
 def _uniform(gen: torch.Generator | None, device: torch.device) -> float:
     return float(torch.rand(1, generator=gen, device=device))
@@ -20,16 +18,16 @@ def _draw(probs: torch.Tensor, gen: torch.Generator | None) -> int:
     return int(torch.multinomial(probs, 1, generator=gen))
 
 
-def verify_one(p: torch.Tensor, draft: list[int], q: torch.Tensor | None, row: SamplingRow) -> list[int]:
+def verify_one(p: torch.Tensor, draft: list[int], q: torch.Tensor | None, greedy: bool,
+               gen: torch.Generator | None) -> list[int]:
     """Tokens to emit for one sequence: accepted drafts then one corrected or bonus token.
 
     p: target distributions [k+1, V] (one-hot rows for greedy requests); q: draft distributions
-    [k, V] or None for a point-mass draft.
+    [k, V] or None for a point-mass draft; gen: the sequence's generator (sampled requests).
     """
-    gen = row.generator
     out: list[int] = []
     for j, d in enumerate(draft):
-        if row.params.greedy:
+        if greedy:
             target = int(p[j].argmax())
             if target != d:
                 return out + [target]
@@ -42,4 +40,4 @@ def verify_one(p: torch.Tensor, draft: list[int], q: torch.Tensor | None, row: S
                 return out + [_draw(residual, gen)]
         out.append(d)
     last = p[len(draft)]
-    return out + [int(last.argmax()) if row.params.greedy else _draw(last, gen)]
+    return out + [int(last.argmax()) if greedy else _draw(last, gen)]

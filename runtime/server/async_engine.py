@@ -27,7 +27,7 @@ from runtime.engine import LLMEngine
 from runtime.engine_stats import EngineStats
 from runtime.errors import EngineDeadError, RequestError
 from runtime.outputs import RequestOutput
-from runtime.request_limits import RequestLimits
+from runtime.request_limits import Admitted, RequestLimits
 from runtime.sampling_params import SamplingParams
 
 log = logging.getLogger("cute_serve")
@@ -53,12 +53,19 @@ class EngineStepError(Exception):
 
 @dataclass
 class EngineRequest:
-    """One prompt, already tokenized and validated, ready for the engine thread."""
+    """One prompt, admitted (tokenized, validated, its grammar compiled), ready for the engine thread."""
 
     request_id: str
-    prompt_ids: list[int]
-    params: SamplingParams
+    admitted: Admitted
     arrival: float = field(default_factory=time.perf_counter)  # TTFT and queue time count from here
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return self.admitted.prompt_ids
+
+    @property
+    def params(self) -> SamplingParams:
+        return self.admitted.params
 
 
 class OutputObserver(Protocol):
@@ -199,10 +206,10 @@ class AsyncEngine:
         """Most sequences in flight at once (running + waiting), or None for no limit."""
         return None if self.max_queue is None else self.engine.config.max_num_seqs + self.max_queue
 
-    def check(self, prompt_ids: list[int], params: SamplingParams) -> None:
-        """Raise RequestError for what the engine would reject, or cut short because it can never fit
-        the KV cache; safe from any thread."""
-        self.limits.check(prompt_ids, params, whole=True)
+    def admit(self, prompt_ids: list[int], params: SamplingParams) -> Admitted:
+        """The request as the engine runs it; RequestError for what the engine would reject, or cut short
+        because it can never fit the KV cache. Safe from any thread."""
+        return self.limits.admit(prompt_ids, params, whole=True)
 
     def submit(self, requests: Sequence[EngineRequest]) -> RequestStream:
         """Enqueue a group of validated requests (all or none); call from a coroutine.
@@ -281,7 +288,7 @@ class AsyncEngine:
 
     def _add(self, request: EngineRequest, stream: RequestStream) -> None:
         try:
-            self.engine.add_request(request.request_id, request.prompt_ids, request.params, request.arrival)
+            self.engine.add(request.request_id, request.admitted, request.arrival)
         except Exception as exc:  # RequestError normally; anything else must not stop the loop either
             if not isinstance(exc, RequestError):
                 log.exception("add_request failed")

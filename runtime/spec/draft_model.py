@@ -7,25 +7,17 @@ from __future__ import annotations
 
 import torch
 
-from runtime.engine_config import EngineConfig
-from runtime.errors import UserError
-from runtime.model.factory import make_runner
-from runtime.model.runner import SeqChunk
+from runtime.model.runner import ModelRunner
 from runtime.sampling.sampler import SamplingRow, draw, processed_probs
-from runtime.sequence import Sequence
-from runtime.spec.proposer import Draft
-from weights.config import ModelConfig
+from runtime.sequence import Draft, SeqChunk, Sequence
 
 
 class DraftModelProposer:
-    def __init__(self, draft_cfg: ModelConfig, tensors: dict[str, torch.Tensor], target_cfg: ModelConfig,
-                 config: EngineConfig, device: torch.device, dtype: torch.dtype, kv_budget_bytes: int = 256 << 20) -> None:
-        if draft_cfg.vocab_size != target_cfg.vocab_size:
-            raise UserError(f"the draft model's vocabulary ({draft_cfg.vocab_size}) differs from the target's "
-                            f"({target_cfg.vocab_size}); they must share a tokenizer")
-        self.runner, ledger = make_runner(draft_cfg, tensors, kv_budget_bytes, config.block_size, device, dtype,
-                                          config.backend, config.quantization)
-        self.num_kv_blocks = max(ledger.num_blocks, 1)
+    """Over the draft model's runner (runtime.build.draft_proposer makes both), with num_kv_blocks of KV."""
+
+    def __init__(self, runner: ModelRunner, num_kv_blocks: int) -> None:
+        self.runner = runner
+        self.num_kv_blocks = num_kv_blocks
 
     def propose(self, seqs: list[Sequence], k: int) -> dict[Sequence, Draft]:
         """k tokens for each sequence; their draft KV covers len(token_ids) + k - 1 tokens already."""

@@ -3,8 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from runtime.sequence import Sequence
-from runtime.spec.proposer import Draft
+from runtime.sequence import Draft, Sequence
 
 
 def find_continuation(tokens: list[int], k: int, n_min: int, n_max: int) -> list[int]:
@@ -23,6 +22,8 @@ def find_continuation(tokens: list[int], k: int, n_min: int, n_max: int) -> list
 
 
 class NgramProposer:
+    num_kv_blocks = 0  # no KV of its own
+
     def __init__(self, n_min: int = 1, n_max: int = 4, window: int = 4096) -> None:
         if not 1 <= n_min <= n_max:
             raise ValueError(f"n-gram sizes must satisfy 1 <= min ({n_min}) <= max ({n_max})")

@@ -55,9 +55,9 @@ def prepare(engine: AsyncEngine, req: SamplingFields, request_id: str, arrival: 
         for i, (ids, text) in enumerate(prompts):
             room = limits.max_request_tokens - len(ids)
             params = sampling_params(req, default_tokens(room, default_max_tokens), logprobs, plan, model_defaults)
-            engine.check(ids, params)
+            admitted = engine.admit(ids, params)
             echo = (text or limits.tokenizer.decode(ids)) if isinstance(req, CompletionRequest) and req.echo else ""
-            out.append(PreparedPrompt(EngineRequest(f"{request_id}-{i}", ids, params, arrival), echo))
+            out.append(PreparedPrompt(EngineRequest(f"{request_id}-{i}", admitted, arrival), echo))
     except RequestError as exc:
         if exc.param is not None:  # a sampling parameter: as_api_error names it
             raise

@@ -1,0 +1,75 @@
+"""The linear-layer factory the engine hands the model build: which Linear holds each weight."""
+from __future__ import annotations
+
+from itertools import accumulate
+
+import torch
+
+from runtime.accel.block_linear import BlockQuantEmbedding, BlockQuantLinear, BlockQuantParts, block_linear_supports
+from runtime.accel.cpu_linear import PackedCpuLinear, pack_linear_weight
+from runtime.accel.quantization import head_mode, quantize_linear
+from runtime.engine_config import QUANTIZATION_MODES
+from runtime.model.build import Weight
+from runtime.model.embedding import DenseEmbedding, Embedding
+from runtime.model.linear import DenseLinear, Linear
+from weights.quantized import QuantizedParts, QuantizedTensor, as_float
+
+
+def make_linear(weight: torch.Tensor, bias: torch.Tensor | None = None, quantization: str | None = None,
+                fp8_block: bool = False) -> Linear:
+    """The linear for this weight: quantized when asked (fp8_block: 128x128 block scales, as an FP8
+    checkpoint stored them), else oneDNN-packed where that applies (fp32 on the CPU), else dense."""
+    if quantization == "fp8" and fp8_block:
+        from runtime.accel.fp8_linear import Fp8Linear
+
+        return Fp8Linear.quantize(weight, bias, block=True)
+    if quantization is not None:
+        return quantize_linear(quantization, weight, bias)
+    packed = pack_linear_weight(weight)
+    return DenseLinear(weight, bias) if packed is None else PackedCpuLinear(weight, bias, packed)
+
+
+class QuantizedLinears:
+    """The Linears the engine builds with (runtime/model/build.py's seam): a GGUF's blocks kept where the
+    quantized kernel runs them (no --quantization), float weights quantized at load (a QUANTIZATION_MODES
+    mode), else float (oneDNN-packed where that applies)."""
+
+    def __init__(self, quantization: str | None, device: torch.device, dtype: torch.dtype,
+                 fp8_block: bool = False) -> None:
+        self.quantization, self.device, self.dtype = quantization, device, dtype
+        self.fp8_block = fp8_block  # an FP8 checkpoint's 128x128 block scales
+
+    def keeps(self, w: Weight) -> bool:
+        if isinstance(w, QuantizedParts):
+            return all(self.keeps(p) for p in w.parts)
+        return (isinstance(w, QuantizedTensor) and self.quantization is None
+                and block_linear_supports(w.type_name, *w.shape, self.device, self.dtype))
+
+    def float(self, w: Weight | None) -> torch.Tensor | None:
+        return None if w is None else as_float(w).to(device=self.device, dtype=self.dtype).contiguous()
+
+    def linear(self, weight: Weight, bias: torch.Tensor | None, head: bool = False) -> Linear:
+        bias = self.float(bias)
+        if self.keeps(weight) and isinstance(weight, QuantizedParts):
+            bounds = [0, *accumulate(p.shape[0] for p in weight.parts)]
+            return BlockQuantParts([BlockQuantLinear(p.type_name, p.blocks, None if bias is None else bias[a:b])
+                                    for p, a, b in zip(weight.parts, bounds, bounds[1:])])
+        if self.keeps(weight):
+            return BlockQuantLinear(weight.type_name, weight.blocks, bias)
+        weight = self.float(weight)
+        if self.quantization == "fp8":  # the LM head stays in the compute dtype
+            return make_linear(weight, bias) if head else make_linear(weight, bias, "fp8", self.fp8_block)
+        if self.quantization in QUANTIZATION_MODES and block_linear_supports("Q8_0", *weight.shape, self.device,
+                                                                             self.dtype):
+            return quantize_linear(head_mode(self.quantization) if head else self.quantization, weight, bias)
+        return make_linear(weight, bias)
+
+    def embedding(self, table: Weight) -> Embedding:
+        if self.keeps(table):
+            return BlockQuantEmbedding(table.type_name, table.blocks, table.cols)
+        return DenseEmbedding(self.float(table))
+
+    def tied_head(self, embedding: Embedding) -> Linear:
+        if isinstance(embedding, BlockQuantEmbedding):
+            return embedding.as_linear()
+        return self.linear(embedding.table, None, head=True)

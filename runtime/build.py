@@ -1,0 +1,131 @@
+"""The composition point: an engine built from its settings, with the wings those settings ask for.
+
+The core (engine, scheduler, KV blocks, sampling, the model over its seams) imports no wing; this module
+(and the wings themselves) is where they come in: the runner (this process's model, or tensor-parallel
+ranks of it, wrapped in CUDA-graph replay where that applies), the linears that hold the weights
+(quantized, FP8, packed), the kernel backend and the speculative proposer.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from runtime.accel.cuda_graphs import GraphedRunner, uses_graphs
+from runtime.accel.host_allocator import tune_host_allocator
+from runtime.accel.linears import QuantizedLinears
+from runtime.accel.quantization import unavailable_reason as quantization_unavailable
+from runtime.accel.select_backend import select_backend
+from runtime.device import default_dtype, kv_budget, resolve_device, resolve_dtype, resolve_kv_dtype
+from runtime.engine import EngineParts, LLMEngine
+from runtime.engine_config import EngineConfig
+from runtime.errors import UserError
+from runtime.kv.cache import KVLedger, allocate_kv_cache, plan_kv_cache
+from runtime.load import load_model
+from runtime.model.build import build_model
+from runtime.model.runner import ModelRunner, Runner
+from runtime.parallel.plan import check_tp_size
+from runtime.parallel.runner import make_tp_runner
+from runtime.sequence import Proposer
+from runtime.spec.draft_model import DraftModelProposer
+from runtime.spec.ngram import NgramProposer
+from runtime.tokenizer.tokenizer import Tokenizer
+from weights.config import ModelConfig
+
+
+def build_engine(config: EngineConfig, model_config: ModelConfig, tensors: dict[str, torch.Tensor],
+                 tokenizer: Tokenizer) -> LLMEngine:
+    """Consumes `tensors`. UserError (one line) for settings this device or model cannot run."""
+    device = resolve_device(config.device)
+    dtype = resolve_dtype(config.dtype, device)
+    kv_dtype = resolve_kv_dtype(config.kv_cache_dtype, dtype, device)
+    ranks = config.tensor_parallel_size
+    if ranks > 1 and kv_dtype != dtype:
+        raise UserError(f"--kv-cache-dtype {config.kv_cache_dtype} differs from the compute dtype ({dtype}): only "
+                        "one process reads a cache of another type (use --kv-cache-dtype auto)")
+    if (reason := quantization_unavailable(config.quantization, device)) is not None:
+        raise UserError(reason)
+    max_model_len = min(model_config.max_position_embeddings, config.max_model_len or 1 << 62)
+    check_tp_size(model_config, ranks)  # before anything is built
+    if device.type == "cpu":
+        tune_host_allocator()
+    # The draft comes first and the target's KV budget is read last, so free memory excludes both models.
+    proposer = make_proposer(config, model_config, device, dtype)
+    budget = lambda: kv_budget(config, device, ranks)  # noqa: E731
+    if ranks == 1:
+        local, ledger = make_runner(model_config, tensors, budget, config.block_size, device, dtype, config.backend,
+                                    config.quantization, kv_dtype)
+        runner: Runner = local
+    else:
+        runner, ledger = make_tp_runner(model_config, tensors, budget, config.block_size, device, dtype,
+                                        config.backend, ranks, make_runner, config.quantization)
+        local = runner.local
+    ledger.require_blocks()
+    runner, pool_blocks = _with_graphs(config, runner, local, ledger, max_model_len)
+    return LLMEngine(config, model_config, tokenizer,
+                     EngineParts(runner, local, ledger, pool_blocks, device, dtype, max_model_len, proposer))
+
+
+def _with_graphs(config: EngineConfig, runner: Runner, local: ModelRunner, ledger: KVLedger,
+                 max_model_len: int) -> tuple[Runner, int]:
+    """Decode graphs on CUDA unless --enforce-eager (tensor-parallel steps run eagerly: their collectives
+    span processes); their scratch KV block is the last, kept out of the pool. (runner, pool blocks)."""
+    if not uses_graphs(local.device, config.enforce_eager) or config.tensor_parallel_size > 1:
+        return runner, ledger.num_blocks
+    if ledger.num_blocks < 2:
+        raise UserError("the KV cache budget holds one block only, and CUDA graphs need one more as scratch: "
+                        "raise --kv-cache-memory or pass --enforce-eager")
+    graphs = GraphedRunner(local, config.max_num_seqs, max_model_len, ledger.num_blocks - 1, inner=runner)
+    graphs.capture()
+    return graphs, ledger.num_blocks - 1
+
+
+def make_runner(cfg: ModelConfig, tensors: dict[str, torch.Tensor], kv_budget_bytes: int | Callable[[], int],
+                block_size: int = 16, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
+                backend: str = "auto", quantization: str | None = None,
+                kv_dtype: torch.dtype | None = None) -> tuple[ModelRunner, KVLedger]:
+    """This process's model, its kernel backend and paged KV cache. A callable budget is asked only once
+    the weights are in place, so free memory it reads excludes them. quantization: see
+    runtime/accel/quantization.py (None: a GGUF's quantized weights as shipped). kv_dtype: the KV cache's
+    element type (None: dtype)."""
+    device = torch.device(device)
+    dtype = dtype or default_dtype(device)
+    linears = QuantizedLinears(quantization, device, dtype, cfg.fp8_weight_block == 128)
+    model = build_model(cfg, tensors, select_backend(backend, device, dtype), device, dtype, linears)
+    budget = kv_budget_bytes() if callable(kv_budget_bytes) else kv_budget_bytes
+    kv_dtype = kv_dtype or dtype
+    ledger = plan_kv_cache(cfg, budget, block_size, kv_dtype, model.weight_bytes(), model.quantization())
+    caches = allocate_kv_cache(cfg, ledger, device, kv_dtype)
+    return ModelRunner(model, caches, block_size, device), ledger
+
+
+def make_proposer(config: EngineConfig, target: ModelConfig, device: torch.device,
+                  dtype: torch.dtype) -> Proposer | None:
+    """The proposer --speculative asks for (None without the flag)."""
+    if config.speculative is None:
+        return None
+    if config.num_speculative_tokens < 1:
+        raise UserError("--num-speculative-tokens must be >= 1")
+    if config.speculative == "ngram":
+        try:
+            return NgramProposer(config.ngram_min, config.ngram_max)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+    if config.speculative == "draft":
+        if not config.draft_model:
+            raise UserError("--speculative draft needs --draft-model PATH")
+        draft_cfg, tensors, _, _ = load_model(config.draft_model)
+        return draft_proposer(draft_cfg, tensors, target, config, device, dtype)
+    raise UserError(f"unknown speculative method {config.speculative!r} (ngram or draft)")
+
+
+def draft_proposer(draft_cfg: ModelConfig, tensors: dict[str, torch.Tensor], target_cfg: ModelConfig,
+                   config: EngineConfig, device: torch.device, dtype: torch.dtype,
+                   kv_budget_bytes: int = 256 << 20) -> DraftModelProposer:
+    """A draft model sharing the target's tokenizer, with a paged KV cache of its own."""
+    if draft_cfg.vocab_size != target_cfg.vocab_size:
+        raise UserError(f"the draft model's vocabulary ({draft_cfg.vocab_size}) differs from the target's "
+                        f"({target_cfg.vocab_size}); they must share a tokenizer")
+    runner, ledger = make_runner(draft_cfg, tensors, kv_budget_bytes, config.block_size, device, dtype,
+                                 config.backend, config.quantization)
+    return DraftModelProposer(runner, max(ledger.num_blocks, 1))
