@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import torch
 
+KV_BLOCK_SIZE = 16  # tokens per paged-KV block: the runtime's cache layout, as every kernel reads it
+
 
 def as_int32(t: torch.Tensor) -> torch.Tensor:
     """t as the kernels read index tensors: int32, contiguous."""

@@ -17,13 +17,13 @@ from runtime.accel.linears import QuantizedLinears
 from runtime.accel.quantization import unavailable_reason as quantization_unavailable
 from runtime.accel.select_backend import select_backend
 from runtime.device import default_dtype, kv_budget, resolve_device, resolve_dtype, resolve_kv_dtype
-from runtime.engine import EngineParts, LLMEngine
+from runtime.engine import LLMEngine
 from runtime.engine_config import EngineConfig
 from runtime.errors import UserError
 from runtime.kv.cache import KVLedger, allocate_kv_cache, plan_kv_cache
 from runtime.load import load_model
 from runtime.model.build import build_model
-from runtime.model.runner import ModelRunner, Runner
+from runtime.model.runner import EngineParts, ModelRunner, Runner
 from runtime.parallel.plan import check_tp_size
 from runtime.parallel.runner import make_tp_runner
 from runtime.sequence import Proposer

@@ -10,7 +10,6 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from dataclasses import dataclass
 
 import torch
 
@@ -19,8 +18,7 @@ from runtime.engine_stats import EngineStats, PhaseTimer
 from runtime.errors import RequestError
 from runtime.kv.block_manager import BlockManager
 from runtime.kv.block_pool import BlockPool
-from runtime.kv.cache import KVLedger
-from runtime.model.runner import ModelRunner, Runner
+from runtime.model.runner import EngineParts
 from runtime.output_processor import OutputProcessor, RequestState
 from runtime.outputs import RequestOutput
 from runtime.request_limits import Admitted, RequestLimits
@@ -32,20 +30,6 @@ from runtime.tokenizer.tokenizer import Tokenizer
 from weights.config import ModelConfig
 
 log = logging.getLogger("cute_serve")
-
-
-@dataclass
-class EngineParts:
-    """What runtime/build.py hands the engine."""
-
-    runner: Runner  # what a step runs on
-    model_runner: ModelRunner  # this process's model and KV caches (rank 0's under tensor parallelism)
-    ledger: KVLedger
-    pool_blocks: int  # KV blocks the pool hands out (a CUDA graph's scratch block is kept out)
-    device: torch.device
-    dtype: torch.dtype
-    max_model_len: int
-    proposer: Proposer | None = None
 
 
 class LLMEngine:
@@ -92,8 +76,6 @@ class LLMEngine:
     def requests(self) -> dict[str, RequestState]:
         return self.output.requests
 
-    # -- requests -----------------------------------------------------------------------------
-
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
                     arrival_time: float | None = None) -> list[int]:
         """Validate and enqueue; raises RequestError (nothing enqueued) on bad input. Returns prompt ids."""
@@ -113,7 +95,6 @@ class LLMEngine:
     def _check_new(self, request_id: str) -> None:
         if request_id in self.requests:
             raise RequestError(f"duplicate request id {request_id!r}")
-
     def _new_seq(self, request_id: str, index: int, request: Admitted, metrics: RequestMetrics) -> Sequence:
         seq_id, params = next(self._seq_ids), request.params
         gen = None
@@ -138,8 +119,6 @@ class LLMEngine:
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
-
-    # -- the step -----------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
         """Run one forward pass over the scheduled batch; return outputs of requests that changed."""
@@ -185,8 +164,6 @@ class LLMEngine:
         updates, changed = self.output.accept_step(sampled, sched.padding, now)
         self.scheduler.update(sched, updates)
         return changed
-
-    # -- what other threads may read, through AsyncEngine ------------------------------------------
 
     def snapshot(self, with_block_states: bool = False) -> EngineStats:
         """A copy of the metrics with the gauges filled in, safe to hand to another thread."""

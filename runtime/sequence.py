@@ -9,8 +9,23 @@ from typing import Any, Protocol
 import torch
 
 from runtime.kv.block_manager import KVBlocks
-from runtime.sampling.processors import GrammarMask
 from runtime.sampling_params import SamplingParams
+
+
+class GrammarMask(Protocol):
+    """A sequence's grammar state (structured output): which tokens may come next, advanced by the
+    tokens kept. The sampler applies a step's masks of one kind in one call, after the row processors
+    (-inf stays -inf under them, so the order does not change the result)."""
+
+    def prefetch(self) -> None:
+        """Start computing the next mask (it fills while the forward pass runs)."""
+
+    def accept(self, token: int) -> bool:
+        """Advance by a kept token; False when the grammar does not allow it."""
+
+    @staticmethod
+    def apply_batch(logits: torch.Tensor, rows: list[int], masks: list) -> None:
+        """-inf into logits[rows[i]] wherever masks[i] forbids a token."""
 
 
 class SeqStatus(enum.Enum):

@@ -28,11 +28,12 @@ from cute_kernels.toolchain.aot_loader import (
     open_prefill_kernels,
     prefill_c_args,
 )
-from cute_kernels.toolchain.aot_manifest import ABI_VERSION, kernel_source_hash
+from cute_kernels.toolchain.aot_manifest import ABI_VERSION, kernel_source_hash, kernel_sources
 from tests.test_prefill_attention import make_batch
 
 REPO = Path(__file__).resolve().parents[1]
 VARIANTS = (PrefillSpec("bfloat16", 128, 8), PrefillSpec("float16", 64, 4))
+SOURCES = kernel_sources([PREFILL])
 LIB_BUDGET = 4 << 20  # two variants + a static cudart stay well under this
 
 
@@ -77,7 +78,8 @@ def test_build_writes_every_variant_and_a_manifest(built):
     for spec in VARIANTS:
         assert (out / spec.name / f"{spec.name}.h").is_file() and (out / spec.name / f"{spec.name}.o").is_file()
     assert [lib["cudart"] for lib in manifest["libraries"]] == ["shared", "static"]  # torch's cudart first
-    assert read_manifest(out) == manifest and manifest["source_hash"] == kernel_source_hash()
+    assert read_manifest(out) == manifest and manifest["source_hash"] == kernel_source_hash(manifest["sources"])
+    assert set(kernel_sources([PREFILL])) <= set(manifest["sources"])
 
 
 def test_libraries_are_small_x86_64_and_export_only_the_c_api(built):
@@ -239,11 +241,11 @@ def test_stale_or_missing_artifacts_are_refused(tmp_path):
     with pytest.raises(AotUnavailable, match="no AOT kernels"):
         open_prefill_kernels(tmp_path)
     (tmp_path / "manifest.json").write_text(json.dumps(
-        {"abi": ABI_VERSION, "source_hash": "0" * 16, "variants": {}, "libraries": []}))
+        {"abi": ABI_VERSION, "sources": list(SOURCES), "source_hash": "0" * 16, "variants": {}, "libraries": []}))
     with pytest.raises(AotUnavailable, match="stale"):
         open_prefill_kernels(tmp_path)
     (tmp_path / "manifest.json").write_text(json.dumps(
-        {"abi": ABI_VERSION, "source_hash": kernel_source_hash(), "variants": {},
+        {"abi": ABI_VERSION, "sources": list(SOURCES), "source_hash": kernel_source_hash(SOURCES), "variants": {},
          "libraries": [{"file": "missing.so", "cudart": "static"}]}))
     with pytest.raises(AotUnavailable, match="missing.so"):
         open_prefill_kernels(tmp_path)

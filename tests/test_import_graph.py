@@ -1,10 +1,12 @@
-"""The import graph, read from the source with ast: no circle between the top-level packages, none
-among the files of runtime/ and weights/, and weights/ (checkpoint formats) imports no other package.
+"""The import graph, read from the source with ast: no circle between the top-level packages, none between
+the subpackages of runtime/ and cute_kernels/, none among the files of any package, and weights/
+(checkpoint formats) imports no other package.
 
 Edges: `import X.Y` depends on module X.Y; `from X import Y` on module X, and on X.Y when that is a
 module; relative imports resolve against the importing file. Importing X.Y also runs the __init__ of
 X, but that implicit edge is left out (a package's __init__ importing its own modules is no circle).
-Imports under `if TYPE_CHECKING:` never run and are ignored.
+Imports under `if TYPE_CHECKING:` count too: they never run, but a circle through them is still a
+circle for a reader (and for the type checker).
 
 Function-local (lazy) imports count at both levels: a lazy import still ties two modules together,
 it only hides the circle from the interpreter. At package level runtime.serve is its own node: it is
@@ -22,7 +24,8 @@ from collections.abc import Iterator
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGES = ("app", "cute_kernels", "profiling", "runtime", "structured", "weights")
 COMPOSITION_ROOTS = ("runtime.serve",)
-FILE_LEVEL_PACKAGES = ("runtime", "weights")
+FILE_LEVEL_PACKAGES = PACKAGES
+SECOND_LEVEL = ("runtime", "cute_kernels")  # packages whose direct children are nodes of their own
 
 
 def modules() -> dict[str, str]:
@@ -37,21 +40,11 @@ def modules() -> dict[str, str]:
     return found
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
 def _imports(node: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
-    """Every import statement under node, function bodies included; skips `if TYPE_CHECKING:` bodies."""
-    for child in ast.iter_child_nodes(node):
+    """Every import statement under node: function bodies and `if TYPE_CHECKING:` blocks included."""
+    for child in ast.walk(node):
         if isinstance(child, (ast.Import, ast.ImportFrom)):
             yield child
-        elif isinstance(child, ast.If) and _is_type_checking(child.test):
-            for other in child.orelse:
-                yield from _imports(ast.Module(body=[other], type_ignores=[]))
-        else:
-            yield from _imports(child)
 
 
 def module_edges(name: str, path: str, known: set[str]) -> set[str]:
@@ -113,13 +106,22 @@ def package_of(module: str) -> str:
     return next((r for r in COMPOSITION_ROOTS if module == r or module.startswith(r + ".")), module.split(".")[0])
 
 
-def package_graph() -> dict[str, dict[str, set[str]]]:
+def subpackage_of(module: str) -> str:
+    """runtime.X / cute_kernels.X (a child module or subpackage), else the top-level package."""
+    parts = module.split(".")
+    root = package_of(module)
+    if root in COMPOSITION_ROOTS or parts[0] not in SECOND_LEVEL or len(parts) == 1:
+        return root
+    return ".".join(parts[:2])
+
+
+def package_graph(level=package_of) -> dict[str, dict[str, set[str]]]:
     """Package -> package it imports -> the module-level edges behind that (for the failure message)."""
     mods = modules()
     graph: dict[str, dict[str, set[str]]] = {}
     for name, path in mods.items():
         for target in module_edges(name, path, set(mods)):
-            a, b = package_of(name), package_of(target)
+            a, b = level(name), level(target)
             if a != b:
                 graph.setdefault(a, {}).setdefault(b, set()).add(f"{name} -> {target}")
     return graph
@@ -141,7 +143,13 @@ def test_no_cycle_between_packages():
     assert not found, "package-level import circles:\n" + "\n".join(_describe(graph, c) for c in found)
 
 
-def test_no_cycle_among_files_of_runtime_and_weights():
+def test_no_cycle_between_the_subpackages_of_runtime_and_cute_kernels():
+    graph = package_graph(subpackage_of)
+    found = cycles({a: set(bs) for a, bs in graph.items()})
+    assert not found, "subpackage-level import circles:\n" + "\n".join(_describe(graph, c) for c in found)
+
+
+def test_no_cycle_among_files():
     found = cycles(file_graph())
     assert not found, "file-level import circles:\n" + "\n".join(" <-> ".join(c) for c in found)
 

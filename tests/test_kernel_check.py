@@ -188,13 +188,14 @@ def test_real_compile_cache_reuses_the_kernel():
 
 def test_check_reports_and_fails_on_a_broken_variant(monkeypatch, capsys):
     from cute_kernels.hopper import prefill_compile
+    from cute_kernels.hopper.families import selected_variants
     from cute_kernels.toolchain import check
 
     def broken(spec, keep_artifacts=False):
         raise RuntimeError("boom")
 
     monkeypatch.setattr(prefill_compile, "compile_prefill", broken)
-    assert check.main(["--only", "bfloat16_d64_g1_causal"]) == 1
+    assert check.main(["--only", "bfloat16_d64_g1_causal"], selected_variants) == 1
     assert "FAIL: compile failed: RuntimeError: boom" in capsys.readouterr().out
 
 
@@ -215,7 +216,7 @@ def test_check_flags_missing_hgmma(monkeypatch):
 
 def test_check_cli_one_variant():
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    out = subprocess.run([sys.executable, "-m", "cute_kernels.toolchain.check", "--only", "bfloat16_d64_g1_causal"],
+    out = subprocess.run([sys.executable, "-m", "cute_kernels.check", "--only", "bfloat16_d64_g1_causal"],
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "prefill_bfloat16_d64_g1_causal" in out.stdout and " ok" in out.stdout
@@ -323,8 +324,8 @@ def test_stack_frame_is_read_from_the_cubin(compiled_bf16_d128_gqa4):
 def test_kernel_families_import_without_the_dsl():
     code = ("import sys; sys.modules['cutlass'] = None\n"
             "from cute_kernels.hopper.families import FAMILIES, selected_variants\n"
-            "from cute_kernels.toolchain.aot_manifest import kernel_source_hash\n"
-            "assert selected_variants() and kernel_source_hash()\n"
+            "from cute_kernels.toolchain.aot_manifest import kernel_source_hash, kernel_sources\n"
+            "assert selected_variants() and kernel_source_hash(kernel_sources(FAMILIES))\n"
             "print(sorted(f.name for f in FAMILIES))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
                          capture_output=True, text=True, timeout=60)

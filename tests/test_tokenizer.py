@@ -19,7 +19,7 @@ from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import pre_tokenizers
 
 from runtime.errors import ModelLoadError, UserError
-from runtime.tokenizer import IncrementalDetokenizer, Tokenizer, render_chat_template
+from runtime.tokenizer import Tokenizer, render_chat_template
 from runtime.tokenizer.chat_template import CHATML_TEMPLATE
 from weights.gguf_metadata import open_gguf, read_metadata
 
@@ -229,65 +229,6 @@ def test_missing_template_falls_back_to_chatml(tok):
 def test_strftime_now_available():
     got = render_chat_template("{{ strftime_now('%Y') }}", [{"role": "user", "content": "x"}])
     assert got == str(datetime.datetime.now().year)
-
-
-# ---- incremental detokenizer -------------------------------------------------------------------
-
-def _stream(detok: IncrementalDetokenizer, ids: list[int]) -> list[str]:
-    return [detok.add(i) for i in ids] + [detok.flush()]
-
-
-def test_detokenizer_streams_emoji_and_cjk(tok):
-    text = "Hi 👋🏽! 你好，世界 🎉 naïve café — done."
-    ids = tok.encode(text)
-    chunks = _stream(IncrementalDetokenizer(tok), ids)
-    assert all("\ufffd" not in c for c in chunks)
-    assert "".join(chunks) == tok.decode(ids) == text
-
-
-def test_detokenizer_holds_back_partial_utf8(tok):
-    ids = tok.encode("🎉")
-    # The emoji's 4 bytes span several byte-level tokens: each prefix alone is broken UTF-8.
-    assert len(ids) > 1 and "\ufffd" in tok.decode(ids[:1])
-    detok = IncrementalDetokenizer(tok)
-    outs = [detok.add(i) for i in ids]
-    assert outs[:-1] == [""] * (len(ids) - 1) and outs[-1] == "🎉"
-    assert detok.flush() == ""
-
-
-def test_detokenizer_flush_emits_an_unfinished_tail(tok):
-    ids = tok.encode("ok 🎉")[:-1]  # cut inside the emoji
-    chunks = _stream(IncrementalDetokenizer(tok), ids)
-    assert "".join(chunks) == tok.decode(ids)
-    assert chunks[-1].endswith("\ufffd")
-
-
-def test_detokenizer_skips_special_tokens_and_uses_prompt_context(tok):
-    prompt = tok.encode_chat([{"role": "user", "content": "hi"}])
-    out = tok.encode("Hello there!<|im_end|>")
-    chunks = _stream(IncrementalDetokenizer(tok, prompt_ids=prompt), out)
-    assert "".join(chunks) == "Hello there!" == tok.decode(out, skip_special_tokens=True)
-    kept = _stream(IncrementalDetokenizer(tok, skip_special_tokens=False), out)
-    assert "".join(kept) == "Hello there!<|im_end|>"
-
-
-class _CountingTokenizer:
-    """Records how many ids each decode sees, to check the window stays short."""
-
-    def __init__(self, tok: Tokenizer):
-        self.tok, self.sizes = tok, []
-
-    def decode(self, ids, skip_special_tokens=False):
-        self.sizes.append(len(ids))
-        return self.tok.decode(ids, skip_special_tokens=skip_special_tokens)
-
-
-def test_detokenizer_decodes_a_bounded_window(tok):
-    ids = tok.encode("The quick brown fox jumps over the lazy dog. " * 20 + "🎉你好")
-    counting = _CountingTokenizer(tok)
-    chunks = _stream(IncrementalDetokenizer(counting, prompt_ids=list(range(100, 150))), ids)
-    assert "".join(chunks) == tok.decode(ids)
-    assert len(ids) > 150 and max(counting.sizes) <= 8
 
 
 # ---- Hugging Face folder -----------------------------------------------------------------------

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-KV_BLOCK_SIZE = 16  # tokens per paged-KV block; the runtime's cache layout
+from cute_kernels.paged_tables import KV_BLOCK_SIZE  # noqa: F401  (its kernels' layout, re-exported)
+
 SUPPORTED_HEAD_DIMS = (64, 128)
 SUPPORTED_DTYPES = ("bfloat16", "float16")
 

@@ -19,9 +19,8 @@ import argparse
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-
-from cute_kernels.hopper.families import selected_variants
 
 from .aot_build import build, format_manifest
 from .aot_manifest import default_aot_dir, read_manifest
@@ -41,7 +40,8 @@ def status(aot_dir: Path) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None, select: Callable[[bool, list[str] | None], list]) -> int:
+    """select(include_unused, only) -> [(family, spec)]: the kernels' registry (cute_kernels/hopper/families.py)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: build/aot)")
     parser.add_argument("--only", nargs="*", help="substrings of variant names to keep")
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         return status(out)
 
     os.environ.setdefault("TMPDIR", tempfile.mkdtemp(prefix="cute_aot_"))  # the DSL's cache
-    variants = selected_variants(args.all, args.only)
+    variants = select(args.all, args.only)
     if not variants:
         print("aot: no variants selected", file=sys.stderr)
         return 1
@@ -63,6 +63,3 @@ def main(argv: list[str] | None = None) -> int:
     print(format_manifest(manifest))
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

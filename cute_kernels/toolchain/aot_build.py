@@ -7,7 +7,7 @@ from __future__ import annotations
 from importlib import metadata
 from pathlib import Path
 
-from .aot_manifest import ABI_VERSION, MANIFEST, kernel_source_hash, write_manifest
+from .aot_manifest import ABI_VERSION, MANIFEST, kernel_source_hash, kernel_sources, write_manifest
 
 LIBRARIES = {"static": "libcute_kernels_static.so", "shared": "libcute_kernels_shared.so"}
 
@@ -44,7 +44,8 @@ def build(out: Path, variants: list, flavors: tuple[str, ...] = ("shared", "stat
         info = inspect_library(so)
         libraries.append({"file": so.name, "cudart": flavor, "bytes": info.bytes, "needed": list(info.needed),
                           "max_glibc": info.max_glibc, "machine": info.machine})
-    manifest = {"abi": ABI_VERSION, "arch": "sm_90a", "source_hash": kernel_source_hash(),
+    sources = kernel_sources({family for family, _ in variants})
+    manifest = {"abi": ABI_VERSION, "arch": "sm_90a", "sources": list(sources), "source_hash": kernel_source_hash(sources),
                 "dsl_version": _dsl_version(), "cuda_toolkit": str(kit.lib), "variants": built,
                 "libraries": libraries}
     write_manifest(out, manifest)

@@ -7,7 +7,7 @@ import ctypes
 from pathlib import Path
 from typing import Any
 
-from cute_kernels.hopper.prefill_spec import KV_BLOCK_SIZE
+from cute_kernels.paged_tables import KV_BLOCK_SIZE
 
 from .aot_library import AotLibrary, AotUnavailable, current_stream, get_library, open_library
 

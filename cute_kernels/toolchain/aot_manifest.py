@@ -9,7 +9,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Iterable
 from pathlib import Path
+
+from .family import KernelFamily
 
 ABI_VERSION = 1  # toolchain/csrc/aot_common.h CUTE_AOT_ABI
 MANIFEST = "manifest.json"
@@ -20,15 +23,17 @@ COMMON_SOURCES = (  # relative to PACKAGE; each family adds its own (KernelFamil
 )
 
 
-def kernel_sources() -> tuple[str, ...]:
-    from cute_kernels.hopper.families import FAMILIES  # pure Python: no DSL
+def kernel_sources(families: Iterable[KernelFamily]) -> tuple[str, ...]:
+    """The files (relative to cute_kernels/) the families' kernels are built from, in a fixed order."""
+    return COMMON_SOURCES + tuple(sorted({name for family in families for name in family.sources}))
 
-    return COMMON_SOURCES + tuple(name for family in FAMILIES for name in family.sources)
 
-
-def kernel_source_hash() -> str:
+def kernel_source_hash(sources: Iterable[str]) -> str:
+    """The hash of these files' names and bytes; ValueError when one is gone (renamed, removed)."""
     digest = hashlib.sha256()
-    for name in kernel_sources():
+    for name in sources:
+        if not (PACKAGE / name).is_file():
+            raise ValueError(f"kernel source {name} is not in this tree")
         digest.update(name.encode() + b"\0" + (PACKAGE / name).read_bytes() + b"\0")
     return digest.hexdigest()[:16]
 
@@ -52,7 +57,9 @@ def read_manifest(aot_dir: Path, check_sources: bool = True) -> dict:
     manifest = json.loads(path.read_text())
     if manifest.get("abi") != ABI_VERSION:
         raise ValueError(f"{path}: ABI {manifest.get('abi')}, this loader speaks {ABI_VERSION}; rebuild")
-    if check_sources and manifest.get("source_hash") != kernel_source_hash():
-        raise ValueError(f"{path}: built from kernel sources {manifest.get('source_hash')}, this tree is "
-                         f"{kernel_source_hash()}: stale artifacts, rebuild with python -m cute_kernels.aot")
+    if check_sources:  # the sources the manifest names, hashed as they are in this tree now
+        now = kernel_source_hash(manifest.get("sources", ()))
+        if not manifest.get("sources") or manifest.get("source_hash") != now:
+            raise ValueError(f"{path}: built from kernel sources {manifest.get('source_hash')}, this tree is "
+                             f"{now}: stale artifacts, rebuild with python -m cute_kernels.aot")
     return manifest

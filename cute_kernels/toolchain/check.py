@@ -15,10 +15,9 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-
-from cute_kernels.hopper.families import selected_variants
 
 from .family import KernelFamily
 
@@ -146,7 +145,8 @@ def format_resources(reports: list[VariantReport]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None, select: Callable[[bool, list[str] | None], list]) -> int:
+    """select(include_unused, only) -> [(family, spec)]: the kernels' registry (cute_kernels/hopper/families.py)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--all", action="store_true", help="also the variants the runtime does not use today")
     parser.add_argument("--only", nargs="*", help="substrings of variant names to keep")
@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     # The DSL writes its cache under $TMPDIR; keep it out of shared temp dirs.
     os.environ.setdefault("TMPDIR", tempfile.mkdtemp(prefix="cute_check_"))
     reports = []
-    for family, spec in selected_variants(args.all, args.only):
+    for family, spec in select(args.all, args.only):
         reports.append(check_variant(family, spec))
         print(f"  compiled {spec.name}", file=sys.stderr, flush=True)
     print(format_table(reports))
@@ -172,6 +172,3 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -7,14 +7,16 @@ replays CUDA graphs where a step fits one, the tensor-parallel runner over sever
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 import torch
 
+from runtime.kv.cache import KVLedger
 from runtime.model.attention_batch import AttentionBatch
 from runtime.model.llama import LlamaModel
-from runtime.sequence import SeqChunk
+from runtime.sequence import Proposer, SeqChunk
 
 
 class Prepared(NamedTuple):
@@ -115,3 +117,17 @@ class ModelRunner:
 
     def describe(self) -> dict[str, str]:
         return {"backend": self.model.backend.describe(), "tensor parallel": "off", "cuda graphs": "off"}
+
+
+@dataclass
+class EngineParts:
+    """What runtime/build.py hands the engine: its runner, this process's model runner, the KV plan."""
+
+    runner: Runner  # what a step runs on
+    model_runner: ModelRunner  # this process's model and KV caches (rank 0's under tensor parallelism)
+    ledger: KVLedger
+    pool_blocks: int  # KV blocks the pool hands out (a CUDA graph's scratch block is kept out)
+    device: torch.device
+    dtype: torch.dtype
+    max_model_len: int
+    proposer: Proposer | None = None

@@ -15,22 +15,6 @@ class LogitsProcessor(Protocol):
         """Adjust one row's logits [vocab] in place."""
 
 
-class GrammarMask(Protocol):
-    """A sequence's grammar state (structured output): which tokens may come next, advanced by the
-    tokens kept. The sampler applies a step's masks of one kind in one call, after the row processors
-    (-inf stays -inf under them, so the order does not change the result)."""
-
-    def prefetch(self) -> None:
-        """Start computing the next mask (it fills while the forward pass runs)."""
-
-    def accept(self, token: int) -> bool:
-        """Advance by a kept token; False when the grammar does not allow it."""
-
-    @staticmethod
-    def apply_batch(logits: torch.Tensor, rows: list[int], masks: list) -> None:
-        """-inf into logits[rows[i]] wherever masks[i] forbids a token."""
-
-
 class LogitBias:
     def __init__(self, bias: dict[int, float]) -> None:
         self.ids, self.values = list(bias), list(bias.values())

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from runtime.sampling.processors import GrammarMask, LogitsProcessor, request_processors
+from runtime.sampling.processors import LogitsProcessor, request_processors
 from runtime.sampling.verify import verify_one
 from runtime.sampling_params import SamplingParams
-from runtime.sequence import Draft, Sequence
+from runtime.sequence import Draft, GrammarMask, Sequence
 
 TRUNCATION_CANDIDATES = (256, 4096)  # top-k/top-p try these many leading tokens before a full sort
 

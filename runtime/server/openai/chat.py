@@ -8,13 +8,15 @@ from fastapi.responses import Response
 
 from runtime.outputs import CompletionOutput, RequestOutput
 from runtime.server.openai.generation import Generation
+from runtime.server.openai.leniency import check_fields
+from runtime.server.openai.prepare import start_generation
 from runtime.server.openai.protocol import (
     ChatCompletionChunk,
     ChatCompletionRequest,
     ChatCompletionResponse,
 )
 from runtime.server.openai.reasoning import ReasoningSplitter, split_reasoning
-from runtime.server.openai.sse import ChunkRenderer, answer
+from runtime.server.openai.sse import ChunkRenderer, respond, with_ignored
 from runtime.server.openai.tool_output import ToolDeltas, chat_message
 from runtime.server.openapi import generation_responses
 from runtime.server.state import ServerState, server_state
@@ -85,4 +87,6 @@ class ChatChunks(ChunkRenderer):
 @router.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=RESPONSES)
 async def create_chat_completion(body: ChatCompletionRequest, request: Request,
                                  state: ServerState = Depends(server_state)) -> Response:
-    return await answer(state, body, request, "chatcmpl", ChatChunks, chat_body)
+    ignored = check_fields(body, state.options.strict_api)
+    gen, stream = await start_generation(state, body, "chatcmpl")
+    return with_ignored(await respond(state, body, request, gen, stream, ChatChunks, chat_body), ignored)

@@ -8,9 +8,11 @@ from fastapi.responses import Response
 
 from runtime.outputs import CompletionOutput, RequestOutput
 from runtime.server.openai.generation import Generation, PreparedPrompt
+from runtime.server.openai.leniency import check_fields
 from runtime.server.openai.logprobs import TextOffsets
+from runtime.server.openai.prepare import start_generation
 from runtime.server.openai.protocol import CompletionChunk, CompletionRequest, CompletionResponse
-from runtime.server.openai.sse import ChunkRenderer, answer
+from runtime.server.openai.sse import ChunkRenderer, respond, with_ignored
 from runtime.server.openapi import generation_responses
 from runtime.server.state import ServerState, server_state
 
@@ -70,4 +72,6 @@ class CompletionChunks(ChunkRenderer):
 @router.post("/v1/completions", response_model=CompletionResponse, responses=RESPONSES)
 async def create_completion(body: CompletionRequest, request: Request,
                             state: ServerState = Depends(server_state)) -> Response:
-    return await answer(state, body, request, "cmpl", CompletionChunks, completion_body)
+    ignored = check_fields(body, state.options.strict_api)
+    gen, stream = await start_generation(state, body, "cmpl")
+    return with_ignored(await respond(state, body, request, gen, stream, CompletionChunks, completion_body), ignored)

@@ -13,8 +13,7 @@ from runtime.outputs import CompletionOutput, RequestOutput
 from runtime.server.async_engine import AsyncEngine, RequestStream
 from runtime.server.errors import APIError, as_api_error, error_body
 from runtime.server.openai.generation import Generation, aborted_error, json_response
-from runtime.server.openai.leniency import IGNORED_HEADER, check_fields, header_value
-from runtime.server.openai.prepare import start_generation
+from runtime.server.openai.leniency import IGNORED_HEADER, header_value
 from runtime.server.openai.protocol import SamplingFields
 from runtime.server.state import ServerState
 
@@ -114,16 +113,17 @@ def sse_response(stream: RequestStream, renderer: ChunkRenderer, engine: AsyncEn
                              background=BackgroundTask(stream.close))
 
 
-async def answer(state: ServerState, body: SamplingFields, request: Request, id_prefix: str,
-                 renderer: Callable[[Generation], ChunkRenderer],
-                 json_body: Callable[[Generation, dict[str, RequestOutput]], dict[str, Any]]) -> Response:
-    """Start the request's generation; stream renderer(gen)'s events, or answer json_body(gen, finals)."""
-    ignored = check_fields(body, state.options.strict_api)
-    gen, stream = await start_generation(state, body, id_prefix)
+async def respond(state: ServerState, body: SamplingFields, request: Request, gen: Generation, stream: RequestStream,
+                  renderer: Callable[[Generation], ChunkRenderer],
+                  json_body: Callable[[Generation, dict[str, RequestOutput]], dict[str, Any]]) -> Response:
+    """A started generation's answer: renderer(gen)'s events streamed, or json_body(gen, finals)."""
     if body.stream:
-        response = sse_response(stream, renderer(gen), state.engine)
-    else:
-        response = await json_response(request, stream, state.engine, lambda finals: json_body(gen, finals))
+        return sse_response(stream, renderer(gen), state.engine)
+    return await json_response(request, stream, state.engine, lambda finals: json_body(gen, finals))
+
+
+def with_ignored(response: Response, ignored: list[str]) -> Response:
+    """The response, naming the request fields this server ignored (leniency.check_fields)."""
     if ignored:
         response.headers[IGNORED_HEADER] = header_value(ignored)
     return response
