@@ -4,6 +4,7 @@ they export ahead of time, the compile cache keys on the spec only, and the GPU 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import subprocess
@@ -237,12 +238,42 @@ def test_check_fails_a_variant_that_does_not_export(monkeypatch):
     assert report.aot == "FAIL" and "aot export failed: RuntimeError: Failed to dump" in report.problems
 
 
+def _gpu_suite(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(REPO / "profiling" / "gpu_suite.sh"), *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, **(env or {})})
+
+
 def test_gpu_suite_dry_run():
-    out = subprocess.run(["bash", str(REPO / "profiling" / "gpu_suite.sh"), "--dry-run"], cwd=REPO,
-                         capture_output=True, text=True, timeout=120)
+    """The CPU rehearsal of the one GPU command: the GPU image's imports, every smoke check, bench case and
+    GPU test collected, the carried AOT build (fresh, or how to build it), the size of what travels."""
+    out = _gpu_suite("--dry-run")
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "prefill" in out.stdout
-    assert "opens here (1 variants)" in out.stdout, "the dry run builds one AOT variant and opens its library"
+    assert "bash syntax ok" in out.stdout and "gpu image: 0 problems" in out.stdout
+    for family in ("decode", "fused", "fp8", "prefill"):
+        assert re.search(rf"smoke +profiling/gpu_smoke.py --family {family} +3 checks", out.stdout), family
+    assert re.search(r"bench +profiling/bench_kernels.py prefill +\d+ cases", out.stdout)
+    assert re.search(r"tests +tests/test_engine_gpu.py +[1-9]\d* gpu tests collect", out.stdout)
+    assert re.search(r"size +travels +ok [\d.]+ MiB of 64 MiB", out.stdout)
+    carry = next(line for line in out.stdout.splitlines() if line.startswith("carry"))
+    assert "fresh, built from this tree" in carry or ("NOT READY" in carry and "--prepare" in carry), carry
+    assert 'GPU command: run(command="bash profiling/gpu_suite.sh", carry=["build/aot"]' in out.stdout
+    helped = _gpu_suite("--help")
+    assert helped.returncode == 0 and 'run(command="bash profiling/gpu_suite.sh"' in helped.stdout
+
+
+def test_gpu_suite_dry_run_calls_a_stale_build_not_ready(tmp_path):
+    """An AOT folder built from another tree (one recorded source hash differs) is NOT READY, with the fix."""
+    from cute_kernels.hopper.families import selected_variants
+    from cute_kernels.toolchain.aot_manifest import ABI_VERSION, kernel_source_hash
+
+    names = {spec.name: {} for family, spec in selected_variants(include_unused=True) if family.shim}
+    (tmp_path / "manifest.json").write_text(json.dumps({"abi": ABI_VERSION, "source_hash": kernel_source_hash(),
+                                                        "variants": names, "libraries": []}))
+    (tmp_path / "suite_tree.json").write_text(json.dumps({"files": {"cute_kernels/hopper/prefill_loads.py": "0" * 20}}))
+    out = subprocess.run([sys.executable, str(REPO / "profiling" / "gpu_suite_prep.py"), "check-aot", str(tmp_path)],
+                         cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "stale: built from another tree" in out.stdout, out.stdout + out.stderr
+    assert "cute_kernels/hopper/prefill_loads.py" in out.stdout and "--prepare" in out.stdout
 
 
 def test_gpu_suite_fails_on_a_device_that_is_not_sm90(tmp_path):
@@ -319,6 +350,26 @@ def test_stack_frame_is_read_from_the_cubin(compiled_bf16_d128_gqa4):
     patched = bytearray(cubin)
     struct.pack_into("<I", patched, record + 8, 48)
     assert cubin_stack_bytes(bytes(patched)) == 48
+
+
+def test_register_pool_and_barrier_inventory_of_a_real_variant(compiled_bf16_d128_gqa4):
+    """REGCOUNT and REQNTID per kernel from .nv.info (past its 4-byte no-value records), USETMAXREG and
+    BAR from the SASS: the d128 split uses the whole pool, every barrier is one declared role."""
+    from cute_kernels.hopper.prefill_family import PREFILL
+    from cute_kernels.toolchain import check
+    from cute_kernels.toolchain.sass import cubin_launch_info, find_nvdisasm, sass_stats
+
+    spec, compiled = compiled_bf16_d128_gqa4
+    cubin = compiled.artifacts["cubin"]
+    assert list(cubin_launch_info(cubin).values()) == [(168, 384)]
+    if find_nvdisasm() is None:
+        pytest.skip("nvdisasm not installed (pip install nvidia-cuda-nvdisasm)")
+    problems, pools, rows = check.resource_report(PREFILL, spec, sass_stats(cubin), cubin)
+    assert problems == []
+    assert pools[0]["needed"] == pools[0]["available"] == 40 * 128 + 232 * 256 == 168 * 384  # no slack
+    assert {(r["id"], r["role"], r["threads"]) for r in rows} == {
+        (0, "cta", "all"), (1, "producer", 128), (2, "scheduler", 256), ("reg", "scheduler", 256),
+        (5, "epilogue", 256)}
 
 
 def test_kernel_families_import_without_the_dsl():

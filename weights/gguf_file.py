@@ -11,10 +11,12 @@ import mmap
 import struct
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+if TYPE_CHECKING:
+    from gguf import GGMLQuantizationType
 
 MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
@@ -99,6 +101,8 @@ class GGUFFile:
     """metadata: every key/value (str/int/float/bool/list); tensors: the tensor table in file order."""
 
     def __init__(self, path: str) -> None:
+        from gguf import GGMLQuantizationType  # lazily: only reading a GGUF file needs gguf
+
         with open(path, "rb") as f:
             self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         cur = _Cursor(memoryview(self._map))
@@ -125,6 +129,8 @@ class GGUFFile:
     @staticmethod
     def _tensor(whole: np.ndarray, start: int, name: str, dims: list[int], kind: GGMLQuantizationType,
                 offset: int) -> TensorInfo:
+        from gguf import GGML_QUANT_SIZES
+
         block, block_bytes = GGML_QUANT_SIZES[kind]
         n = int(np.prod(dims)) if dims else 1
         n_bytes = n // block * block_bytes

@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType
-from gguf.quants import dequantize as gguf_dequantize
 
 # Torch versions of gguf.quants' numpy code for the common types: same arithmetic (bit-identical
 # results, checked by the tests) but several times faster on the 100M+ element tensors of a real model.
@@ -42,6 +40,9 @@ def dequantize_gguf(data: np.ndarray, type_name: str) -> torch.Tensor:
         return _nibbles(b[:, 4:]).mul_(_f16_col(b, 0)).add_(_f16_col(b, 2)).reshape(-1)
     if type_name in ("Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"):  # only for the float path (--quantization
         # none): the quantized path reads these blocks in place, its torch reference is in cute_kernels/cpu
+        from gguf import GGMLQuantizationType  # lazily: the GPU image lacks gguf; only GGUF data need it
+        from gguf.quants import dequantize as gguf_dequantize
+
         return torch.from_numpy(gguf_dequantize(raw.numpy(), GGMLQuantizationType[type_name]).reshape(-1))
     raise AssertionError(type_name)  # callers check SUPPORTED_TYPES first
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from weights.gguf_quants import dequantize_gguf
 
@@ -19,6 +18,8 @@ KEPT_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 
 def block_shape(type_name: str) -> tuple[int, int]:
     """(values, bytes) of one block: 32 values, or 256 for the K-quants' super-blocks."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType  # lazily: only GGUF weights need gguf
+
     return GGML_QUANT_SIZES[GGMLQuantizationType[type_name]]
 
 
