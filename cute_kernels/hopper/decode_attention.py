@@ -22,6 +22,8 @@ Design: one CTA = one (split, KV head, sequence); 4 consumer warps (one warpgrou
   would cost more issue slots for the same bytes.
 - Cache slots past the context (the last block's tail) may hold anything, NaN included: their
   scores are masked by select, and their V rows zeroed in shared memory, since 0 * NaN is NaN.
+- The index arithmetic (split ranges, table columns and lanes, masks, the merge's weights) lives in
+  decode_schedule.py, which the CPU emulation and the protocol model (hopper/protocol) call too.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ import cutlass.pipeline as pipeline
 from cutlass import Float32, Int32, Int64
 from cutlass.cute.nvgpu import cpasync
 
+from . import decode_schedule as sched
 from .decode_spec import BLOCKS_PER_TILE, KEYS_PER_TILE, QUERY_ROWS, DecodeSpec
 from .prefill_spec import KV_BLOCK_SIZE
 from .warpgroup_ops import (
@@ -51,7 +54,6 @@ from .wgmma_layouts import acc_as_operand_a, acc_as_rows_cols
 CONSUMER_THREADS = 128  # one warpgroup
 PRODUCER_WARP = CONSUMER_THREADS // 32
 CONSUMER_BARRIER = 1  # named barrier among the consumer warps only (0 is __syncthreads)
-TABLE_GROUP = 32  # block-table entries the producer warp reads at once, one per lane
 
 
 class DecodeAttentionSm90:
@@ -150,18 +152,14 @@ class DecodeAttentionSm90:
         q_start = mCuSeqlensQ[batch_idx]
         q_len = mCuSeqlensQ[batch_idx + 1] - q_start
         group = mQ.shape[1] // gK_all.shape[2]
-        # This split's key tiles (decode_spec.split_tile_range).
-        n_tiles = (context_len + KEYS_PER_TILE - 1) // KEYS_PER_TILE
-        per_split = (n_tiles + num_splits - 1) // num_splits
-        tile_lo = cutlass.min(split * per_split, n_tiles)
-        n_local = cutlass.min(tile_lo + per_split, n_tiles) - tile_lo
+        tile_lo, n_local = sched.split_tiles(split, num_splits, context_len, cutlass.min)  # this split's key tiles
 
         smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(SharedStorage)
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = storage.sK.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)
         sV = storage.sV.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)
-        tile_bytes = 2 * KEYS_PER_TILE * self.head_dim * (self.dtype.width // 8)
+        tile_bytes = sched.stage_tx_bytes(self.head_dim, self.dtype.width // 8)
         kv_pipeline = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.barriers.data_ptr(),
             num_stages=self.stages,
@@ -191,30 +189,29 @@ class DecodeAttentionSm90:
         tVsV, tVgV = cpasync.tma_partition(tma_v, 0, cute.make_layout(1), cute.group_modes(sVb, 0, 2),
                                            cute.group_modes(gV_all[None, None, kv_head, None], 0, 2))
         lane = cute.arch.lane_idx()
-        first_col = tile_lo * BLOCKS_PER_TILE
-        last_col = (context_len - 1) // KV_BLOCK_SIZE  # columns past it repeat it (masked later)
-        entries = self._table_entry(mBlockTables, batch_idx, first_col + lane, last_col)
-        next_entries = self._table_entry(mBlockTables, batch_idx, first_col + TABLE_GROUP + lane, last_col)
-        tiles_per_group = TABLE_GROUP // BLOCKS_PER_TILE
+        last_col = sched.last_table_column(context_len)  # columns past it repeat it (masked later)
+        entries = self._table_entry(mBlockTables, batch_idx, tile_lo, 0, lane, last_col)
+        next_entries = self._table_entry(mBlockTables, batch_idx, tile_lo, 1, lane, last_col)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
         for i in cutlass.range(n_local, unroll=1):
             kv_pipeline.producer_acquire(state)
             barrier = kv_pipeline.producer_get_barrier(state)
             for j in cutlass.range_constexpr(BLOCKS_PER_TILE):
-                block = cute.arch.shuffle_sync(entries, (i % tiles_per_group) * BLOCKS_PER_TILE + j)
+                block = cute.arch.shuffle_sync(entries, sched.block_lane(i, j))
                 slot = state.index * BLOCKS_PER_TILE + j
                 cute.copy(tma_k, tKgK[None, block], tKsK[None, slot], tma_bar_ptr=barrier)
                 cute.copy(tma_v, tVgV[None, block], tVsV[None, slot], tma_bar_ptr=barrier)
             kv_pipeline.producer_commit(state)
             state.advance()
-            if i % tiles_per_group == tiles_per_group - 1:  # next group's entries, read a group ago
+            if sched.refills_table_group(i):  # next group's entries, read a group ago
                 entries = next_entries
-                next_col = first_col + (i // tiles_per_group + 2) * TABLE_GROUP + lane
-                next_entries = self._table_entry(mBlockTables, batch_idx, next_col, last_col)
+                next_entries = self._table_entry(mBlockTables, batch_idx, tile_lo, sched.next_table_group(i), lane,
+                                                 last_col)
 
     @cute.jit
-    def _table_entry(self, mBlockTables, batch_idx: Int32, col: Int32, last_col: Int32) -> Int32:
-        return mBlockTables[batch_idx, cutlass.min(col, last_col)]
+    def _table_entry(self, mBlockTables, batch_idx: Int32, tile_lo: Int32, group_index: Int32, lane: Int32,
+                     last_col: Int32) -> Int32:
+        return mBlockTables[batch_idx, sched.table_column(tile_lo, group_index, lane, last_col, cutlass.min)]
 
     # ------------------------------------------------------------------ consumer warpgroup
     @cute.jit
@@ -245,7 +242,7 @@ class DecodeAttentionSm90:
         row_sum.fill(0.0)
         tScS_rc = acc_as_rows_cols(thr_mma_qk.partition_C(cute.make_identity_tensor((QUERY_ROWS, KEYS_PER_TILE))))
         # Keys at or past mask_from are hidden from some query row (its later tokens, the cache's tail).
-        mask_from = ctx.context_len - ctx.q_len + 1
+        mask_from = sched.mask_from(ctx.context_len, ctx.q_len)
 
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
         for i in cutlass.range(n_local, unroll=1):
@@ -253,9 +250,9 @@ class DecodeAttentionSm90:
             kv_pipeline.consumer_wait(state)
             acc_S = cute.make_rmem_tensor(thr_mma_qk.partition_shape_C((QUERY_ROWS, KEYS_PER_TILE)), Float32)
             wgmma(mma_qk, acc_S, tSrQ, tSrK[None, None, None, state.index], zero_init=True)
-            if (tile + 1) * KEYS_PER_TILE > mask_from:
+            if sched.tile_needs_mask(tile, mask_from):
                 self.apply_mask(acc_S, tScS_rc, tile, ctx)
-                self.zero_v_tail(sV, state.index, ctx.context_len - tile * KEYS_PER_TILE, tidx)
+                self.zero_v_tail(sV, state.index, sched.tile_valid_keys(tile, ctx.context_len), tidx)
             online_softmax(acc_S, acc_O, row_max, row_sum, softmax_scale_log2)
             tOrP = cute.make_rmem_tensor_like(acc_as_operand_a(acc_S), self.dtype)
             tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
@@ -273,8 +270,8 @@ class DecodeAttentionSm90:
         tQcQ = thr_copy.partition_S(cute.make_identity_tensor((QUERY_ROWS, self.head_dim)))
         for i in cutlass.range_constexpr(cute.size(tQsQ, mode=[1])):
             coord = tQcQ[0, i, 0]
-            token = cutlass.min(coord[0] // ctx.group, ctx.q_len - 1)
-            head = ctx.kv_head * ctx.group + coord[0] % ctx.group
+            token = sched.padding_token(coord[0] // ctx.group, ctx.q_len, cutlass.min)
+            head = sched.packed_row(coord[0], ctx.kv_head, ctx.group)[1]
             offset = (Int64(ctx.q_start + token) * Int64(mQ.stride[0]) + Int64(head) * Int64(mQ.stride[1])
                       + Int64(coord[1]))
             copy_row_chunk(q_copy, self.dtype, mQ, offset, tQsQ[None, i, 0])
@@ -284,8 +281,8 @@ class DecodeAttentionSm90:
         """-inf for keys past each row's last visible position: context_len - q_len + token."""
         s = acc_as_rows_cols(acc_S)
         for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
-            token = cutlass.min(tScS_rc[r, 0][0] // ctx.group, ctx.q_len - 1)
-            col_limit = ctx.context_len - ctx.q_len + token + 1 - tile * KEYS_PER_TILE
+            token = sched.padding_token(tScS_rc[r, 0][0] // ctx.group, ctx.q_len, cutlass.min)
+            col_limit = sched.key_limit(token, tile, ctx.context_len, ctx.q_len)
             for c in cutlass.range_constexpr(cute.size(s, mode=[1])):
                 if tScS_rc[0, c][1] >= col_limit:
                     s[r, c] = -Float32.inf
@@ -315,9 +312,7 @@ class DecodeAttentionSm90:
         for r in cutlass.range_constexpr(cute.size(o, mode=[0])):
             total = quad_allreduce_sum(row_sum[r])
             inv = 1.0 / total if total > 0.0 else Float32(0.0)
-            row = tOcO[r, 0][0]
-            token = row // ctx.group
-            head = ctx.kv_head * ctx.group + row % ctx.group
+            token, head = sched.packed_row(tOcO[r, 0][0], ctx.kv_head, ctx.group)
             if token < ctx.q_len:
                 q_row = ctx.q_start + token
                 lse = row_lse(row_max[r], total, softmax_scale_log2)

@@ -20,7 +20,7 @@ DECODE_SHIM_ABI = (_ROWS, _CACHE, _CACHE, _TABLE, _VECTOR, _VECTOR, _ROWS, _TABL
                    None, None, None)
 MERGE_SHIM_ABI = (_PARTIAL_O, _PARTIAL_LSE, _ROWS, _TABLE, None)
 
-_SOURCES = ("hopper/decode_attention.py", "hopper/decode_merge.py", "hopper/decode_spec.py",
+_SOURCES = ("hopper/decode_attention.py", "hopper/decode_merge.py", "hopper/decode_spec.py", "hopper/decode_schedule.py",
             "hopper/decode_compile.py", "hopper/decode_checks.py", "hopper/decode_family.py",
             "hopper/warpgroup_ops.py", "hopper/wgmma_layouts.py", "toolchain/csrc/decode_aot.h")
 

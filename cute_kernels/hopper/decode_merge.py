@@ -13,8 +13,9 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
 
+from . import decode_schedule as sched
 from .decode_spec import MAX_SPLITS, DecodeMergeSpec
-from .warpgroup_ops import DTYPES, LOG2_E
+from .warpgroup_ops import DTYPES
 
 WARPS_PER_CTA = 4
 
@@ -52,7 +53,7 @@ class DecodeMergeSm90:
         heads = mO.shape[1]
         pair = bidx * WARPS_PER_CTA + tidx // 32
         if pair < mO.shape[0] * heads:
-            row, head = pair // heads, pair % heads
+            row, head = sched.merge_pair(pair, heads)
             splits = mLSEPartial.shape[0]
             lse_s = -Float32.inf
             if lane < splits:
@@ -60,7 +61,7 @@ class DecodeMergeSm90:
             top = _warp_allreduce(lse_s, cutlass.max)
             weight = Float32(0.0)
             if lse_s > -Float32.inf:
-                weight = cute.math.exp2((lse_s - top) * LOG2_E, fastmath=True)
+                weight = sched.split_weight(lse_s, top, _exp2)
             total = _warp_allreduce(weight, lambda a, b: a + b)
             inv = 1.0 / total if total > 0.0 else Float32(0.0)
             cols = self.head_dim // 32
@@ -76,8 +77,16 @@ class DecodeMergeSm90:
             if lane == 0:
                 lse = -Float32.inf
                 if total > 0.0:
-                    lse = top + cute.math.log2(total, fastmath=True) / LOG2_E
+                    lse = sched.merged_lse(top, total, _log2)
                 mLSE[row, head] = lse
+
+
+def _exp2(x: Float32) -> Float32:
+    return cute.math.exp2(x, fastmath=True)
+
+
+def _log2(x: Float32) -> Float32:
+    return cute.math.log2(x, fastmath=True)
 
 
 @cute.jit

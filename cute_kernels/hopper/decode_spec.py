@@ -101,7 +101,8 @@ def num_splits(batch: int, kv_heads: int, max_context: int, num_sms: int = H100_
 
 def split_tile_range(split: int, splits: int, context_len: int) -> tuple[int, int]:
     """[first, last) key tiles of `split`: the sequence's tiles in equal contiguous runs (the last
-    runs may be short or empty). The kernel computes exactly this; a CPU test checks the cover."""
+    runs may be short or empty). The kernel's decode_schedule.split_tiles as a range (a CPU test
+    checks the two agree, and the cover)."""
     tiles = ceil_div(context_len, KEYS_PER_TILE)
     per_split = ceil_div(tiles, splits)
     first = min(split * per_split, tiles)

@@ -15,6 +15,8 @@ Split-K (spec.split_k, for decode-sized M whose output tiles leave SMs idle): th
 mode is the split; the CTA on tile (m, n, s) runs only split s's k-tiles, applies the scales as above
 and stores its fp32 partial into workspace[s] by the same TMA-store epilogue (fp32 strips); the host
 sums the splits into bf16 (fp8_gemm_launch).
+Per-tile control flow (k range per split, expect-tx bytes, epilogue buffer) is fp8_gemm_schedule.py's,
+shared with the protocol model (hopper/protocol).
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
 from . import fp8_gemm_layouts as layouts
+from . import fp8_gemm_schedule as schedule
 from .fp8_gemm_spec import NUM_SMS, SCALE_BLOCK, TILE_K, Fp8GemmSpec
 
 PRODUCER_REGISTERS = 40
@@ -87,8 +90,7 @@ class Fp8GemmSm90:
             cpasync.prefetch_descriptor(tma_c)
 
         storage = cutlass.memory.SmemAllocator().allocate(self.shared_storage)
-        tx_bytes = (cute.size_in_bytes(cutlass.Float8E4M3FN, cute.slice_(a_staged, (None, None, 0)))
-                    + cute.size_in_bytes(cutlass.Float8E4M3FN, cute.slice_(b_staged, (None, None, 0))))
+        tx_bytes = schedule.stage_tx_bytes(self.spec.tile_m, self.spec.tile_n)
         mainloop = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.pipeline_barriers.data_ptr(), num_stages=self.stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
@@ -109,13 +111,13 @@ class Fp8GemmSm90:
         k_tiles = cute.size(gA, mode=[3])
         # Split-K: the tile's batch index is its split; each split takes k_per_split k-tiles (the host
         # picks a split count that leaves none empty). One split: every k-tile.
-        k_per_split = cute.ceil_div(k_tiles, cute.size(mC, mode=[2]))
+        k_per_split = schedule.k_tiles_per_split(k_tiles, cute.size(mC, mode=[2]), cute.ceil_div)
 
         warpgroup_idx = cute.arch.make_warp_uniform(tidx // 128)
         pipeline_init_wait(cluster_shape_mn=(1, 1))
         if warpgroup_idx == 0:
             cute.arch.setmaxregister_decrease(PRODUCER_REGISTERS)
-            if warp_idx == 0:
+            if warp_idx == schedule.PRODUCER_WARP:
                 self.produce(mainloop, tma_a, tma_b, tAsA, tAgA, tBsB, tBgB, k_tiles, k_per_split, sched_params)
         else:
             cute.arch.setmaxregister_increase(CONSUMER_REGISTERS)
@@ -132,8 +134,8 @@ class Fp8GemmSm90:
             m_idx, n_idx, l_idx = work.tile_idx
             tile_a = tAgA[(None, m_idx, None, 0)]  # A and B have one batch; l_idx is the split
             tile_b = tBgB[(None, n_idx, None, 0)]
-            k_begin = l_idx * k_per_split
-            for k_tile in range(k_begin, cutlass.min(k_begin + k_per_split, k_tiles)):
+            k_begin, k_end = schedule.split_k_range(l_idx, k_per_split, k_tiles, cutlass.min)
+            for k_tile in range(k_begin, k_end):
                 mainloop.producer_acquire(state)
                 full = mainloop.producer_get_barrier(state)
                 cute.copy(tma_a, tile_a[(None, k_tile)], tAsA[(None, state.index)], tma_bar_ptr=full)
@@ -169,8 +171,8 @@ class Fp8GemmSm90:
             m_idx, n_idx, l_idx = work.tile_idx
             m0, n0 = m_idx * self.spec.tile_m, n_idx * self.spec.tile_n
             acc.fill(0.0)
-            k_begin = l_idx * k_per_split
-            for k_tile in range(k_begin, cutlass.min(k_begin + k_per_split, k_tiles)):
+            k_begin, k_end = schedule.split_k_range(l_idx, k_per_split, k_tiles, cutlass.min)
+            for k_tile in range(k_begin, k_end):
                 # Block scales load before the wait and the wgmma: their latency hides behind both.
                 self.load_block_scales(block_scales, coords, scale_a, scale_b, m0, n0, k_tile, rows)
                 mainloop.consumer_wait(state)
@@ -243,11 +245,11 @@ class Fp8GemmSm90:
         for sub in cutlass.range_constexpr(num_subtiles):
             sub_acc = cute.make_tensor(tRS_acc.iterator + sub * sub_size, sub_layout)
             sub_out.store(sub_acc.load().to(self.out_dtype))
-            buffer = (tiles_done * num_subtiles + sub) % layouts.EPI_STAGES
+            buffer = schedule.epilogue_buffer(tiles_done, num_subtiles, sub, layouts.EPI_STAGES)
             cute.copy(r2s, sub_out, tRS_sC[(None, None, None, buffer)])
             cute.arch.fence_proxy("async.shared", space="cta")  # make the writes visible to the TMA unit
             self.epilogue_barrier.arrive_and_wait()
-            if warp_idx == 4:  # the first consumer warp issues the store
+            if warp_idx == schedule.STORE_WARP:  # the first consumer warp issues the store
                 cute.copy(tma_c, bSG_sC[(None, buffer)], bSG_gC[(None, subtile_order.get_hier_coord(sub))])
                 store_pipeline.producer_commit()
                 store_pipeline.producer_acquire()

@@ -35,14 +35,14 @@ FP8_GEMM = KernelFamily(
     name="fp8_gemm", specs=selected_specs, compile=_compile, sass_problems=fp8_gemm_sass_problems,
     fake_args=_fake_args, shim_abi=GEMM_SHIM_ABI, shim="fp8_gemm_aot_shim.c",
     register_split=fp8_gemm_register_split, barriers=fp8_gemm_barriers,
-    sources=_COMMON + ("hopper/fp8_gemm.py", "hopper/fp8_gemm_layouts.py", "toolchain/csrc/fp8_gemm_aot_shim.c"),
+    sources=_COMMON + ("hopper/fp8_gemm.py", "hopper/fp8_gemm_layouts.py", "hopper/fp8_gemm_schedule.py", "toolchain/csrc/fp8_gemm_aot_shim.c"),
 )
 
 FP8_GEMM_SPLITK = KernelFamily(
     name="fp8_gemm_splitk", specs=lambda include_unused: split_variants(), compile=_compile,
     sass_problems=fp8_gemm_sass_problems, fake_args=_fake_args, shim_abi=SPLIT_SHIM_ABI,
     shim="fp8_gemm_splitk_aot_shim.c", register_split=fp8_gemm_register_split, barriers=fp8_gemm_barriers,
-    sources=_COMMON + ("hopper/fp8_gemm.py", "hopper/fp8_gemm_layouts.py", "toolchain/csrc/fp8_gemm_aot_shim.c",
+    sources=_COMMON + ("hopper/fp8_gemm.py", "hopper/fp8_gemm_layouts.py", "hopper/fp8_gemm_schedule.py", "toolchain/csrc/fp8_gemm_aot_shim.c",
                        "toolchain/csrc/fp8_gemm_splitk_aot_shim.c"),
 )
 

@@ -8,6 +8,7 @@ import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
+from .fp8_gemm_schedule import stage_tx_bytes
 from .fp8_gemm_spec import TILE_K, Fp8GemmSpec
 
 SMEM_BYTES = 232448  # sm_90 dynamic shared memory per CTA
@@ -31,7 +32,7 @@ def out_dtype(spec: Fp8GemmSpec):
 
 
 def num_ab_stages(spec: Fp8GemmSpec) -> int:
-    ab_bytes = (spec.tile_m + spec.tile_n) * TILE_K  # one byte per e4m3 element
+    ab_bytes = stage_tx_bytes(spec.tile_m, spec.tile_n)
     epi_bytes = spec.tile_m * EPI_TILE_N * out_dtype(spec).width // 8 * EPI_STAGES
     stages = (SMEM_BYTES - 1024 - epi_bytes) // ab_bytes
     if stages < 4:

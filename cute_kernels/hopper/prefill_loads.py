@@ -21,7 +21,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64
 
-from .prefill_schedule import key_row_coords
+from .prefill_schedule import key_row_coords, ring_slot
 from .prefill_spec import KV_BLOCK_SIZE
 from .warpgroup_ops import copy_row_chunk
 
@@ -44,7 +44,7 @@ class PrefillLoads:
             self.tma_load(q_tma[0], q_tma[2], q_tma[1], bars.q_full, self.q_tile_bytes)
         for i in cutlass.range(n_block_max, unroll=1):
             n_block = n_block_max - 1 - i
-            stage, phase = (kv_count + i) % self.stages, ((kv_count + i) // self.stages) % 2
+            stage, phase = ring_slot(kv_count + i, self.stages)
             cute.arch.mbarrier_wait(bars.k_empty + stage, phase ^ 1)
             self.load_kv_tile(k_src, mBlockTables, bars.k_full + stage, thr_copy, row_copy, ptid, pwarp, ctx,
                               n_block, stage)

@@ -11,7 +11,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import warpgroup
 
-from .prefill_schedule import query_key_position
+from .prefill_schedule import query_key_position, ring_slot
 from .warpgroup_ops import rescale_rows, softmax_update, wgmma_issue
 from .wgmma_layouts import acc_as_operand_a, acc_as_rows_cols
 
@@ -84,11 +84,11 @@ class PrefillMma:
             self.overlapped_step(i, n_block_max - 1 - i, True, wg, *common)
         for i in cutlass.range(cutlass.max(n_masked, 1), n_block_max, unroll=1):
             self.overlapped_step(i, n_block_max - 1 - i, False, wg, *common)
-        last = kv_count + n_block_max - 1
-        cute.arch.mbarrier_wait(bars.v_full + last % self.stages, (last // self.stages) % 2)
-        wgmma_issue(mma_pv, acc_O, tOrP, tOrVt[None, None, None, last % self.stages], zero_init=False)
+        last, last_phase = ring_slot(kv_count + n_block_max - 1, self.stages)
+        cute.arch.mbarrier_wait(bars.v_full + last, last_phase)
+        wgmma_issue(mma_pv, acc_O, tOrP, tOrVt[None, None, None, last], zero_init=False)
         warpgroup.wait_group(0)
-        cute.arch.mbarrier_arrive(bars.v_empty + last % self.stages)
+        cute.arch.mbarrier_arrive(bars.v_empty + last)
         cute.arch.mbarrier_arrive(bars.q_empty)  # every QK GEMM of this tile is done: sQ may be refilled
         self.epilogue(out, acc_O, row_max, row_sum, mma_pv, ctid, ctx, softmax_scale_log2)
 
@@ -96,7 +96,7 @@ class PrefillMma:
     def first_tile(self, n_block: Int32, bars, mma_qk, mma_pv, tSrQ, tSrK, tOrVt, tOrP, acc_O, row_max, row_sum,
                    tScS_rc, t0ScS_rc, shape_S, ctx, softmax_scale_log2: Float32, kv_count: Int32):
         """S[0] and its softmax into P; its PV GEMM is issued by the next step (or the tail)."""
-        stage, phase = kv_count % self.stages, (kv_count // self.stages) % 2
+        stage, phase = ring_slot(kv_count, self.stages)
         cute.arch.mbarrier_wait(bars.k_full + stage, phase)
         acc_S = cute.make_rmem_tensor(shape_S, Float32)
         wgmma_issue(mma_qk, acc_S, tSrQ, tSrK[None, None, None, stage], zero_init=True)
@@ -112,9 +112,9 @@ class PrefillMma:
                         softmax_scale_log2: Float32, kv_count: Int32):
         """Issue S[i] = Q K[i]^T and O += P[i-1] V[i-1]; softmax S[i] while the PV GEMM runs."""
         pos = kv_count + i  # ring position
-        stage, phase = pos % self.stages, (pos // self.stages) % 2
+        stage, phase = ring_slot(pos, self.stages)
         prev = pos - 1
-        prev_stage, prev_phase = prev % self.stages, (prev // self.stages) % 2
+        prev_stage, prev_phase = ring_slot(prev, self.stages)
         cute.arch.mbarrier_wait(bars.k_full + stage, phase)
         cute.arch.barrier(barrier_id=SCHEDULER_BARRIER_ID + wg, number_of_threads=PAIR)
         acc_S = cute.make_rmem_tensor(shape_S, Float32)

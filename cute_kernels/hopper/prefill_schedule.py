@@ -61,6 +61,11 @@ def kv_block_range(m_block, q_len, seqlen_k, group: int, tile_rows: int, tile_n:
     return n_max, n_mask_start
 
 
+def ring_slot(pos, stages: int):
+    """(stage, phase bit) of K/V ring position pos: the producer and the consumers count positions alike."""
+    return pos % stages, (pos // stages) % 2
+
+
 def tile_has_rows(m_block, tile_tokens: int, q_len):
     """Whether query tile m_block holds any token of its sequence (tiles past the end do no work)."""
     return m_block * tile_tokens < q_len
