@@ -41,9 +41,9 @@ def bench_case(case: GemmCase, time_ms) -> dict:
     import torch
 
     from cute_kernels.fp8_quant import quantize_activation_blocks, quantize_rowwise, quantize_weight_blocks
-    from cute_kernels.hopper.fp8_gemm_host import prepare_fp8_gemm
-    from cute_kernels.hopper.fp8_gemm_launch import launch_fp8_gemm
-    from cute_kernels.hopper.fp8_gemm_spec import num_splits
+    from cute_kernels.hopper.fp8_gemm.fp8_gemm_host import prepare_fp8_gemm
+    from cute_kernels.hopper.fp8_gemm.fp8_gemm_launch import launch_fp8_gemm
+    from cute_kernels.hopper.fp8_gemm.fp8_gemm_spec import num_splits
     from cute_kernels.toolchain.kernel_path import kernel_path
 
     x = torch.randn(case.m, case.k, device="cuda", dtype=torch.bfloat16)
@@ -79,7 +79,7 @@ def bench_case(case: GemmCase, time_ms) -> dict:
 def run_fp8_bench(dry_run: bool, time_ms) -> list[dict]:
     """time_ms(fn) -> mean milliseconds of fn on the GPU (bench_kernels' timer)."""
     if dry_run:
-        from cute_kernels.hopper.fp8_gemm_spec import num_splits
+        from cute_kernels.hopper.fp8_gemm.fp8_gemm_spec import num_splits
         from cute_kernels.toolchain.kernel_path import kernel_path
 
         return [{"case": c.name, "path": kernel_path(), "decode": c.decode, "gflop": round(c.flops() / 1e9, 1),

@@ -28,7 +28,7 @@ def _inputs(case: FusedCase):
     import torch
 
     from cute_kernels import reference
-    from cute_kernels.hopper import fused_ops
+    from cute_kernels.hopper.fused import fused_ops
 
     bf16, n = dict(device="cuda", dtype=torch.bfloat16), case.rows
     if case.op == "add_rms_norm":

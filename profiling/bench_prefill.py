@@ -108,8 +108,8 @@ def bench_prefill_case(case: PrefillCase) -> dict:
     import torch
     from torch.nn.attention import SDPBackend
 
-    from cute_kernels.hopper.prefill_host import prepare_prefill_args
-    from cute_kernels.hopper.prefill_launch import launch_prefill
+    from cute_kernels.hopper.prefill.prefill_host import prepare_prefill_args
+    from cute_kernels.hopper.prefill.prefill_launch import launch_prefill
     from cute_kernels.toolchain.kernel_path import kernel_path
 
     args = _inputs(case)
@@ -133,8 +133,8 @@ def bench_tile_order(case: PrefillCase) -> dict:
 
     import torch
 
-    from cute_kernels.hopper.prefill_host import prepare_prefill_args
-    from cute_kernels.hopper.prefill_launch import launch_prefill
+    from cute_kernels.hopper.prefill.prefill_host import prepare_prefill_args
+    from cute_kernels.hopper.prefill.prefill_launch import launch_prefill
 
     longest_first = prepare_prefill_args(_inputs(case))
     in_order = dataclasses.replace(longest_first, tile_order=torch.sort(longest_first.tile_order).values)

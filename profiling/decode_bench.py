@@ -109,8 +109,8 @@ def _peer_columns(name: str, measure: Callable[[], float | None], gbs: Callable,
 
 def bench_decode_case(case: DecodeCase, copy_gbs: float, time_ms: Callable) -> dict:
 
-    from cute_kernels.hopper.decode_host import prepare_decode_args
-    from cute_kernels.hopper.decode_launch import launch_decode
+    from cute_kernels.hopper.decode.decode_host import prepare_decode_args
+    from cute_kernels.hopper.decode.decode_launch import launch_decode
     from cute_kernels.reference import decode_attention_ref, plan_decode
     from cute_kernels.toolchain.kernel_path import kernel_path
 
@@ -133,7 +133,7 @@ def bench_decode_case(case: DecodeCase, copy_gbs: float, time_ms: Callable) -> d
 
 
 def run_decode_bench(dry_run: bool, time_ms: Callable) -> list[dict]:
-    from cute_kernels.hopper.decode_spec import num_splits
+    from cute_kernels.hopper.decode.decode_spec import num_splits
     from cute_kernels.toolchain.kernel_path import kernel_path
 
     if dry_run:

@@ -29,10 +29,10 @@ CHECKS = {
     "prefill": "prefill (2 ragged sequences, GQA 4, causal) matches the reference",
 }
 MODULES = {  # what each family's check imports (the dry run imports them too)
-    "decode": ("cute_kernels.hopper.decode_host", "cute_kernels.hopper.decode_launch", "cute_kernels.hopper.decode_aot"),
-    "fused": ("cute_kernels.hopper.fused_ops", "cute_kernels.hopper.fused_aot"),
-    "fp8": ("cute_kernels.hopper.fp8_gemm_launch", "cute_kernels.hopper.fp8_gemm_aot", "cute_kernels.fp8_quant"),
-    "prefill": ("cute_kernels.hopper.prefill_launch", "cute_kernels.toolchain.aot_loader"),
+    "decode": ("cute_kernels.hopper.decode.decode_host", "cute_kernels.hopper.decode.decode_launch", "cute_kernels.hopper.decode.decode_aot"),
+    "fused": ("cute_kernels.hopper.fused.fused_ops", "cute_kernels.hopper.fused.fused_aot"),
+    "fp8": ("cute_kernels.hopper.fp8_gemm.fp8_gemm_launch", "cute_kernels.hopper.fp8_gemm.fp8_gemm_aot", "cute_kernels.fp8_quant"),
+    "prefill": ("cute_kernels.hopper.prefill.prefill_launch", "cute_kernels.toolchain.aot_loader"),
 }
 TOLERANCE = 1e-2
 
@@ -50,7 +50,7 @@ def _library_reason(family: str) -> str | None:
     from cute_kernels.toolchain.kernel_path import kernel_path, kernels_unavailable_reason
 
     if family == "fp8":
-        from cute_kernels.hopper.fp8_gemm_launch import fp8_kernels_unavailable_reason
+        from cute_kernels.hopper.fp8_gemm.fp8_gemm_launch import fp8_kernels_unavailable_reason
 
         return fp8_kernels_unavailable_reason()
     if kernel_path() == "jit":
@@ -58,8 +58,8 @@ def _library_reason(family: str) -> str | None:
     from cute_kernels.toolchain.aot_library import AotUnavailable, get_library
 
     module, cls = {"prefill": ("cute_kernels.toolchain.aot_loader", "AotPrefillKernels"),
-                   "decode": ("cute_kernels.hopper.decode_aot", "AotDecodeKernels"),
-                   "fused": ("cute_kernels.hopper.fused_aot", "AotFusedOps")}[family]
+                   "decode": ("cute_kernels.hopper.decode.decode_aot", "AotDecodeKernels"),
+                   "fused": ("cute_kernels.hopper.fused.fused_aot", "AotFusedOps")}[family]
     try:
         get_library(getattr(importlib.import_module(module), cls))
     except AotUnavailable as exc:
@@ -71,7 +71,7 @@ def _decode(rnd) -> dict:
     import torch
 
     from cute_kernels.attention_args import DecodeArgs
-    from cute_kernels.hopper.decode_host import decode_attention
+    from cute_kernels.hopper.decode.decode_host import decode_attention
     from cute_kernels.reference import decode_attention_ref
 
     g = torch.Generator(device="cuda").manual_seed(1)
@@ -90,7 +90,7 @@ def _fused(rnd) -> dict:
     import torch
 
     from cute_kernels import reference
-    from cute_kernels.hopper import fused_ops as ops
+    from cute_kernels.hopper.fused import fused_ops as ops
 
     x, res, w = rnd(3, 4096), rnd(3, 4096), rnd(4096).abs()
     errs = {"add_rms_norm": _rel(ops.add_rms_norm(x, res, w, 1e-5)[0],
@@ -115,7 +115,7 @@ def _fp8(rnd) -> dict:
     import torch
 
     from cute_kernels.fp8_quant import quantize_rowwise
-    from cute_kernels.hopper.fp8_gemm_launch import fp8_gemm, quantize_rows
+    from cute_kernels.hopper.fp8_gemm.fp8_gemm_launch import fp8_gemm, quantize_rows
     from cute_kernels.reference import fp8_gemm_ref
 
     x, w = rnd(5, 256), rnd(128, 256)
@@ -132,7 +132,7 @@ def _prefill(rnd) -> dict:
     import torch
 
     from cute_kernels.attention_args import PrefillArgs
-    from cute_kernels.hopper.prefill_launch import prefill_attention
+    from cute_kernels.hopper.prefill.prefill_launch import prefill_attention
     from cute_kernels.reference import prefill_attention_ref
 
     q, k, v = rnd(40, 8, 128), rnd(40, 2, 128), rnd(40, 2, 128)

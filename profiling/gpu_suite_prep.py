@@ -117,9 +117,9 @@ def aot_problems(aot_dir: Path) -> tuple[list[str], str]:
 
 def open_libraries(aot_dir: Path) -> str:
     """Open every family's library from aot_dir (dlopen + ABI checks: no CUDA call); one line."""
-    from cute_kernels.hopper.decode_aot import AotDecodeKernels
-    from cute_kernels.hopper.fp8_gemm_aot import AotFp8Kernels
-    from cute_kernels.hopper.fused_aot import AotFusedOps
+    from cute_kernels.hopper.decode.decode_aot import AotDecodeKernels
+    from cute_kernels.hopper.fp8_gemm.fp8_gemm_aot import AotFp8Kernels
+    from cute_kernels.hopper.fused.fused_aot import AotFusedOps
     from cute_kernels.toolchain.aot_library import open_library
     from cute_kernels.toolchain.aot_loader import AotPrefillKernels
 

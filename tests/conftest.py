@@ -14,8 +14,6 @@ from collections import defaultdict
 import pytest
 
 from cute_kernels.cpu import build
-from tests.server_utils import live_server, openai_client
-from tests.tiny_engine import tiny_engine
 
 
 def _routes() -> list[str]:
@@ -66,12 +64,17 @@ def pytest_terminal_summary(terminalreporter) -> None:
 @pytest.fixture(scope="module")
 def server():
     """A real uvicorn server over the tiny engine, one per test module."""
+    from tests.server_utils import live_server  # the server stack: not on the GPU image, which runs this conftest
+    from tests.tiny_engine import tiny_engine
+
     with live_server(tiny_engine()) as srv:
         yield srv
 
 
 @pytest.fixture(scope="module")
 def client(server):
+    from tests.server_utils import openai_client
+
     return openai_client(server.url)
 
 

@@ -18,9 +18,9 @@ import pytest
 import torch
 
 from cute_kernels.attention_args import PrefillArgs
-from cute_kernels.hopper.prefill_family import PREFILL
-from cute_kernels.hopper.prefill_host import prepare_prefill_args
-from cute_kernels.hopper.prefill_spec import KV_BLOCK_SIZE, PrefillSpec
+from cute_kernels.hopper.prefill.prefill_family import PREFILL
+from cute_kernels.hopper.prefill.prefill_host import prepare_prefill_args
+from cute_kernels.hopper.prefill.prefill_spec import KV_BLOCK_SIZE, PrefillSpec
 from cute_kernels.toolchain.aot_loader import (
     AotPrefillKernels,
     AotUnavailable,
@@ -378,7 +378,7 @@ def test_aot_prefill_on_a_side_stream_matches_reference_gpu(monkeypatch, dtype, 
 def test_aot_and_jit_kernels_each_match_the_reference_gpu(path):
     """Each path against the torch reference on its own (not one cubin against itself): the AOT
     library's export and C shim, and the JIT's DLPack descriptors, can each break alone."""
-    from cute_kernels.hopper.prefill_launch import _launch_prefill_jit
+    from cute_kernels.hopper.prefill.prefill_launch import _launch_prefill_jit
     from cute_kernels.toolchain.aot_loader import launch_prefill_aot
     from tests.test_prefill_attention import assert_matches_reference
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from cute_kernels import reference
-from cute_kernels.hopper.decode_host import DecodePlan
-from cute_kernels.hopper.decode_spec import num_splits
+from cute_kernels.hopper.decode.decode_host import DecodePlan
+from cute_kernels.hopper.decode.decode_spec import num_splits
 from runtime.accel.cuda_graphs import StaticDecodeInputs
 from runtime.accel.cute_backend import CuteBackend
 from runtime.model.attention_batch import AttentionBatch

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from cute_kernels.hopper.decode_aot import AotDecodeKernels, decode_c_args
-from cute_kernels.hopper.decode_family import DECODE, DECODE_MERGE
-from cute_kernels.hopper.decode_host import prepare_decode_args
-from cute_kernels.hopper.decode_spec import DecodeMergeSpec, DecodeSpec
+from cute_kernels.hopper.decode.decode_aot import AotDecodeKernels, decode_c_args
+from cute_kernels.hopper.decode.decode_family import DECODE, DECODE_MERGE
+from cute_kernels.hopper.decode.decode_host import prepare_decode_args
+from cute_kernels.hopper.decode.decode_spec import DecodeMergeSpec, DecodeSpec
 from tests.test_aot import build_aot
 from tests.test_decode_attention import decode_case
 
@@ -39,7 +39,7 @@ _LOAD_WITHOUT_DSL = r"""
 import ctypes, sys
 from pathlib import Path
 sys.modules["cutlass"] = None  # any DSL import now fails
-from cute_kernels.hopper.decode_aot import AotDecodeKernels
+from cute_kernels.hopper.decode.decode_aot import AotDecodeKernels
 from cute_kernels.toolchain.aot_manifest import read_manifest
 aot_dir, preload = sys.argv[1:3]
 ctypes.CDLL(preload, mode=ctypes.RTLD_GLOBAL)  # as torch cu13x does for libcudart.so.13
@@ -143,7 +143,7 @@ def test_decode_shim_packs_the_dsl_descriptors(built, toolkit, tmp_path):
 
 
 def test_merge_shim_packs_the_dsl_descriptors(built, toolkit, tmp_path):
-    from cute_kernels.hopper.decode_aot import merge_c_args
+    from cute_kernels.hopper.decode.decode_aot import merge_c_args
 
     kernels = _mock_shim(built, toolkit, tmp_path, DECODE_MERGE, MERGE)
     args = launch_args(splits=2)

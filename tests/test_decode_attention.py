@@ -16,9 +16,9 @@ import torch
 
 from cute_kernels.attention_args import DecodeArgs
 from cute_kernels.cpu.decode_attention import decode_attention_cpu
-from cute_kernels.hopper.decode_host import decode_attention, plan_decode, prepare_decode_args
-from cute_kernels.hopper.decode_reference import decode_split_ref, merge_splits_ref
-from cute_kernels.hopper.decode_spec import (
+from cute_kernels.hopper.decode.decode_host import decode_attention, plan_decode, prepare_decode_args
+from cute_kernels.hopper.decode.decode_reference import decode_split_ref, merge_splits_ref
+from cute_kernels.hopper.decode.decode_spec import (
     BLOCKS_PER_TILE,
     KEYS_PER_TILE,
     MAX_SPLITS,
@@ -27,7 +27,7 @@ from cute_kernels.hopper.decode_spec import (
     num_splits,
     split_tile_range,
 )
-from cute_kernels.hopper.prefill_spec import KV_BLOCK_SIZE
+from cute_kernels.hopper.prefill.prefill_spec import KV_BLOCK_SIZE
 from cute_kernels.reference import decode_attention_ref
 
 
@@ -242,7 +242,7 @@ def _grid():
 
 
 def _launch_poisoned(args: DecodeArgs, splits: int | None):
-    from cute_kernels.hopper.decode_launch import launch_decode
+    from cute_kernels.hopper.decode.decode_launch import launch_decode
 
     launch = prepare_decode_args(args, splits)
     for t in (launch.out, launch.lse, launch.out_partial, launch.lse_partial):

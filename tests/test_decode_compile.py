@@ -10,8 +10,8 @@ import pytest
 
 cutlass = pytest.importorskip("cutlass", reason="needs nvidia-cutlass-dsl (the hopper extra)")
 
-from cute_kernels.hopper.decode_checks import decode_sass_problems  # noqa: E402
-from cute_kernels.hopper.decode_spec import DECODE_MAX_REGISTERS, DecodeMergeSpec, DecodeSpec  # noqa: E402
+from cute_kernels.hopper.decode.decode_checks import decode_sass_problems  # noqa: E402
+from cute_kernels.hopper.decode.decode_spec import DECODE_MAX_REGISTERS, DecodeMergeSpec, DecodeSpec  # noqa: E402
 from cute_kernels.toolchain.sass import SassStats, find_nvdisasm, sass_stats  # noqa: E402
 
 
@@ -21,7 +21,7 @@ def _private_tmpdir(tmp_path, monkeypatch):
 
 
 def _stats(spec):
-    from cute_kernels.hopper.decode_compile import compile_decode
+    from cute_kernels.hopper.decode.decode_compile import compile_decode
 
     compiled = compile_decode(spec, keep_artifacts=True)
     if find_nvdisasm() is None:
@@ -68,7 +68,7 @@ def test_rules_fail_a_kernel_off_the_design(broken, message):
 
 def test_check_fails_a_decode_variant_off_the_design_or_over_budget(monkeypatch):
     """Through `python -m cute_kernels.check`'s own path: the registered family's rules and budget."""
-    from cute_kernels.hopper.decode_family import DECODE
+    from cute_kernels.hopper.decode.decode_family import DECODE
     from cute_kernels.hopper.families import FAMILIES
     from cute_kernels.toolchain import check, sass
     from cute_kernels.toolchain.compile_cache import CompiledKernel

@@ -1,4 +1,4 @@
-"""A numpy emulation of the split-KV decode kernel and its merge, driven by hopper/decode_schedule.py
+"""A numpy emulation of the split-KV decode kernel and its merge, driven by hopper/decode/decode_schedule.py
 (the functions the kernels call): each CTA's split range, the block-table columns its producer
 lanes read (clamped, a group ahead) and shuffle out per tile, the packed (token, head) rows with
 padding, the mask and V-tail tests, the kernel's exp2 online softmax and LSE, then decode_merge's
@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from cute_kernels.attention_args import DecodeArgs
-from cute_kernels.hopper import decode_schedule
-from cute_kernels.hopper.decode_spec import BLOCKS_PER_TILE, KEYS_PER_TILE, QUERY_ROWS, split_tile_range
+from cute_kernels.hopper.decode import decode_schedule
+from cute_kernels.hopper.decode.decode_spec import BLOCKS_PER_TILE, KEYS_PER_TILE, QUERY_ROWS, split_tile_range
 from cute_kernels.reference import decode_attention_ref
 
 BLOCK = 16

@@ -17,8 +17,8 @@ from cute_kernels.fp8_quant import (
     quantize_rowwise,
     quantize_weight_blocks,
 )
-from cute_kernels.hopper.fp8_gemm_host import check_splits, prepare_fp8_gemm
-from cute_kernels.hopper.fp8_gemm_spec import NUM_SMS, TILE_K, Fp8GemmSpec, num_splits, spec_for
+from cute_kernels.hopper.fp8_gemm.fp8_gemm_host import check_splits, prepare_fp8_gemm
+from cute_kernels.hopper.fp8_gemm.fp8_gemm_spec import NUM_SMS, TILE_K, Fp8GemmSpec, num_splits, spec_for
 from cute_kernels.reference import fp8_gemm_ref
 
 # e4m3 keeps 3 mantissa bits: round-to-nearest is within 2^-4 relative of the value, and values far
@@ -202,7 +202,7 @@ def test_host_rejects_what_no_variant_takes():
 
 
 def test_cute_path_refuses_cpu_tensors():
-    from cute_kernels.hopper.fp8_gemm_launch import fp8_gemm
+    from cute_kernels.hopper.fp8_gemm.fp8_gemm_launch import fp8_gemm
 
     with pytest.raises(ValueError, match="CUDA"):
         fp8_gemm(*_operands(2, 64, 128, "rowwise"))
@@ -232,7 +232,7 @@ def test_fp8_gemm_numerics_gpu(m, n, k, mode):
     """Per row against the fp32 product rounded to bf16: the inputs are exact e4m3 values, so only
     the order of fp32 accumulation differs, which moves a result by at most one bf16 rounding step
     where it lies next to a rounding boundary: rows agree to 1e-3 relative (norm-wise)."""
-    from cute_kernels.hopper.fp8_gemm_launch import fp8_gemm
+    from cute_kernels.hopper.fp8_gemm.fp8_gemm_launch import fp8_gemm
 
     torch.backends.cuda.matmul.allow_tf32 = False
     a, b, sa, sb = _operands(m, n, k, mode, seed=m + n + k, device="cuda")
@@ -252,7 +252,7 @@ def test_fp8_gemm_numerics_gpu(m, n, k, mode):
 def test_fp8_gemm_split_k_numerics_gpu(m, n, k, splits, mode):
     """Split-K: fp32 partials per split reduced into bf16 match the fp32 product as the unsplit
     kernel does (1e-3 per row), every output written (poisoned), and the host took the split path."""
-    from cute_kernels.hopper.fp8_gemm_launch import fp8_gemm
+    from cute_kernels.hopper.fp8_gemm.fp8_gemm_launch import fp8_gemm
 
     a, b, sa, sb = _operands(m, n, k, mode, seed=m + n + k, device="cuda")
     assert prepare_fp8_gemm(a, b, sa, sb, splits=splits).spec.split_k
@@ -267,7 +267,7 @@ def test_fp8_gemm_split_k_numerics_gpu(m, n, k, splits, mode):
 @pytest.mark.parametrize("m, k", [(1, 576), (16, 4096), (300, 14336)])
 def test_quantize_rows_kernel_matches_torch_gpu(m, k):
     """Same amax, same fp32 division, same satfinite rounding: bit-equal to quantize_rowwise."""
-    from cute_kernels.hopper.fp8_gemm_launch import quantize_rows
+    from cute_kernels.hopper.fp8_gemm.fp8_gemm_launch import quantize_rows
 
     x = (torch.randn(m, k, device="cuda") * torch.rand(m, 1, device="cuda") * 10).bfloat16()
     x[0] = 0.0
@@ -278,7 +278,7 @@ def test_quantize_rows_kernel_matches_torch_gpu(m, k):
 
 
 def test_quantize_rows_rejects_cpu_and_odd_k():
-    from cute_kernels.hopper.fp8_gemm_launch import quantize_rows
+    from cute_kernels.hopper.fp8_gemm.fp8_gemm_launch import quantize_rows
 
     with pytest.raises(ValueError, match="CUDA"):
         quantize_rows(torch.zeros(2, 32, dtype=torch.bfloat16))

@@ -8,10 +8,16 @@ import pytest
 import torch
 
 from cute_kernels.fp8_quant import quantize_rowwise
-from cute_kernels.hopper.fp8_gemm_aot import AotFp8Kernels, Fp8GemmArgsC, Fp8QuantArgsC, gemm_c_args, quant_c_args
-from cute_kernels.hopper.fp8_gemm_family import FP8_GEMM, FP8_GEMM_SPLITK, FP8_QUANT
-from cute_kernels.hopper.fp8_gemm_host import prepare_fp8_gemm
-from cute_kernels.hopper.fp8_gemm_spec import Fp8GemmSpec, Fp8QuantRowsSpec
+from cute_kernels.hopper.fp8_gemm.fp8_gemm_aot import (
+    AotFp8Kernels,
+    Fp8GemmArgsC,
+    Fp8QuantArgsC,
+    gemm_c_args,
+    quant_c_args,
+)
+from cute_kernels.hopper.fp8_gemm.fp8_gemm_family import FP8_GEMM, FP8_GEMM_SPLITK, FP8_QUANT
+from cute_kernels.hopper.fp8_gemm.fp8_gemm_host import prepare_fp8_gemm
+from cute_kernels.hopper.fp8_gemm.fp8_gemm_spec import Fp8GemmSpec, Fp8QuantRowsSpec
 
 
 def test_gemm_c_args_carry_pointers_sizes_and_strides():

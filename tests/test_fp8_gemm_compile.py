@@ -7,8 +7,14 @@ import dataclasses
 
 import pytest
 
-from cute_kernels.hopper.fp8_gemm_check import fp8_gemm_sass_problems, required_qgmma_shape
-from cute_kernels.hopper.fp8_gemm_spec import Fp8GemmSpec, Fp8QuantRowsSpec, runtime_variants, selected_specs, spec_for
+from cute_kernels.hopper.fp8_gemm.fp8_gemm_check import fp8_gemm_sass_problems, required_qgmma_shape
+from cute_kernels.hopper.fp8_gemm.fp8_gemm_spec import (
+    Fp8GemmSpec,
+    Fp8QuantRowsSpec,
+    runtime_variants,
+    selected_specs,
+    spec_for,
+)
 from cute_kernels.toolchain.sass import SassStats
 
 GOOD = SassStats(hgmma=0, qgmma=4, hmma=0, tma_load=14, cp_async=0, local_load=0, local_store=0, registers=168,
@@ -55,8 +61,8 @@ def test_variant_choice_by_rows():
 def test_runtime_variants_compile_to_qgmma(spec, tmp_path, monkeypatch):
     pytest.importorskip("cutlass", reason="needs nvidia-cutlass-dsl (the hopper extra)")
     monkeypatch.setenv("TMPDIR", str(tmp_path))  # the DSL's cache stays in the test's temp dir
-    from cute_kernels.hopper.fp8_gemm_compile import compile_fp8_gemm
-    from cute_kernels.hopper.fp8_gemm_layouts import num_ab_stages
+    from cute_kernels.hopper.fp8_gemm.fp8_gemm_compile import compile_fp8_gemm
+    from cute_kernels.hopper.fp8_gemm.fp8_gemm_layouts import num_ab_stages
     from cute_kernels.toolchain.sass import find_nvdisasm, sass_stats
 
     compiled = compile_fp8_gemm(spec, keep_artifacts=True)
@@ -75,7 +81,7 @@ def test_runtime_variants_compile_to_qgmma(spec, tmp_path, monkeypatch):
 def test_quant_rows_kernel_compiles_to_vector_loads(tmp_path, monkeypatch):
     pytest.importorskip("cutlass", reason="needs nvidia-cutlass-dsl (the hopper extra)")
     monkeypatch.setenv("TMPDIR", str(tmp_path))
-    from cute_kernels.hopper.fp8_gemm_compile import compile_fp8_gemm
+    from cute_kernels.hopper.fp8_gemm.fp8_gemm_compile import compile_fp8_gemm
     from cute_kernels.toolchain.sass import disassemble, find_nvdisasm, sass_stats
 
     compiled = compile_fp8_gemm(Fp8QuantRowsSpec(), keep_artifacts=True)

@@ -11,9 +11,14 @@ import pytest
 import torch
 
 from cute_kernels import reference
-from cute_kernels.hopper.fused_aot import AotFusedOps, FusedOpsArgsC, fused_c_args
-from cute_kernels.hopper.fused_host import prepare_add_rms_norm, prepare_rope, prepare_silu_and_mul, prepare_write_kv
-from cute_kernels.hopper.fused_spec import FusedOpSpec, norm_size_class, runtime_variants
+from cute_kernels.hopper.fused.fused_aot import AotFusedOps, FusedOpsArgsC, fused_c_args
+from cute_kernels.hopper.fused.fused_host import (
+    prepare_add_rms_norm,
+    prepare_rope,
+    prepare_silu_and_mul,
+    prepare_write_kv,
+)
+from cute_kernels.hopper.fused.fused_spec import FusedOpSpec, norm_size_class, runtime_variants
 from cute_kernels.toolchain.aot_manifest import ABI_VERSION
 
 BF16 = torch.bfloat16
@@ -122,7 +127,7 @@ def test_launch_through_a_mock_of_the_c_signature():
 
 
 def test_entry_points_refuse_cpu_tensors():
-    from cute_kernels.hopper.fused_ops import silu_and_mul
+    from cute_kernels.hopper.fused.fused_ops import silu_and_mul
 
     with pytest.raises(ValueError, match="CUDA"):
         silu_and_mul(torch.randn(2, 32, dtype=BF16))
@@ -154,7 +159,7 @@ def assert_rows_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) 
 @pytest.mark.parametrize("rows,width", [(1, 576), (7, 4096), (64, 8192), (3, 16384)])
 @pytest.mark.parametrize("with_residual", [False, True])
 def test_add_rms_norm_gpu(rows, width, with_residual, dtype):
-    from cute_kernels.hopper.fused_ops import launch_fused
+    from cute_kernels.hopper.fused.fused_ops import launch_fused
 
     x = torch.randn(rows, width, device="cuda", dtype=dtype)
     residual = torch.randn_like(x) if with_residual else None
@@ -175,7 +180,7 @@ def test_add_rms_norm_gpu(rows, width, with_residual, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("tokens,heads,kv_heads,d", [(1, 9, 3, 64), (37, 32, 8, 128), (300, 8, 1, 128)])
 def test_rope_in_place_on_the_fused_qkv_gpu(tokens, heads, kv_heads, d, dtype):
-    from cute_kernels.hopper.fused_ops import rope_
+    from cute_kernels.hopper.fused.fused_ops import rope_
 
     qk, v = qkv_views(tokens, heads, kv_heads, d, dtype, "cuda")
     v_before = v.clone()
@@ -192,7 +197,7 @@ def test_rope_in_place_on_the_fused_qkv_gpu(tokens, heads, kv_heads, d, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows,inter", [(1, 1536), (33, 14336), (256, 8)])
 def test_silu_and_mul_gpu(rows, inter, dtype):
-    from cute_kernels.hopper.fused_ops import launch_fused
+    from cute_kernels.hopper.fused.fused_ops import launch_fused
 
     gate_up = torch.randn(rows, 2 * inter, device="cuda", dtype=dtype) * 3
     launch, out = prepare_silu_and_mul(gate_up)
@@ -206,7 +211,7 @@ def test_silu_and_mul_gpu(rows, inter, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kv_heads,d", [(3, 64), (8, 128)])
 def test_write_kv_skips_padding_slots_gpu(kv_heads, d, dtype):
-    from cute_kernels.hopper.fused_ops import write_kv
+    from cute_kernels.hopper.fused.fused_ops import write_kv
 
     tokens, num_blocks = 40, 64
     qk, v = qkv_views(tokens, 4 * kv_heads, kv_heads, d, dtype, "cuda")

@@ -8,8 +8,8 @@ import dataclasses
 
 import pytest
 
-from cute_kernels.hopper.fused_family import FUSED_OPS, MAX_REGISTERS, fused_sass_problems
-from cute_kernels.hopper.fused_spec import FusedOpSpec
+from cute_kernels.hopper.fused.fused_family import FUSED_OPS, MAX_REGISTERS, fused_sass_problems
+from cute_kernels.hopper.fused.fused_spec import FusedOpSpec
 
 cutlass = pytest.importorskip("cutlass", reason="needs nvidia-cutlass-dsl (the hopper extra)")
 
@@ -55,7 +55,7 @@ def test_the_checker_fails_a_kernel_off_the_vector_path(stats):
 
 
 def test_one_compile_serves_every_row_count_and_width():
-    from cute_kernels.hopper.fused_compile import fake_fused_arguments
+    from cute_kernels.hopper.fused.fused_compile import fake_fused_arguments
 
     args = fake_fused_arguments(FusedOpSpec("rope", "bfloat16", 64))
     assert FUSED_OPS.shim_abi[0] == (tuple(args[0].dynamic_shapes_mask), tuple(args[0].dynamic_strides_mask))
@@ -63,7 +63,7 @@ def test_one_compile_serves_every_row_count_and_width():
 
 
 def test_family_exports_and_links_one_library(tmp_path):
-    from cute_kernels.hopper.fused_aot import AotFusedOps, FusedOpsArgsC
+    from cute_kernels.hopper.fused.fused_aot import AotFusedOps, FusedOpsArgsC
     from cute_kernels.toolchain.aot_build import build
     from cute_kernels.toolchain.aot_link import find_cuda_toolkit
 
@@ -112,8 +112,8 @@ def test_shim_packs_every_operand_in_order(tmp_path):
 
     import torch
 
-    from cute_kernels.hopper.fused_aot import AotFusedOps
-    from cute_kernels.hopper.fused_host import prepare_write_kv
+    from cute_kernels.hopper.fused.fused_aot import AotFusedOps
+    from cute_kernels.hopper.fused.fused_host import prepare_write_kv
     from cute_kernels.toolchain.aot_export import export_variant
     from cute_kernels.toolchain.aot_link import _cc, _cflags, compile_common, compile_shim, find_cuda_toolkit
 

@@ -68,7 +68,7 @@ def test_the_blocker_behaves_like_a_missing_package():
 
 def test_a_module_level_gguf_import_on_the_engine_path_fails_the_check():
     pytest.importorskip("gguf", reason="the control half imports the engine with gguf present")
-    code = PUT_THE_BUG_BACK + "import runtime.engine\n"
+    code = PUT_THE_BUG_BACK + "import runtime.build\n"
     control = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert control.returncode == 0, control.stderr  # with gguf installed the engine imports ...
     run = helper("--run", "-c", code, timeout=120)  # ... on the GPU image it does not
@@ -76,5 +76,5 @@ def test_a_module_level_gguf_import_on_the_engine_path_fails_the_check():
     check = helper("--prelude", PUT_THE_BUG_BACK)  # and the whole check names it
     assert check.returncode == 1, check.stdout[-3000:]
     failures = [line for line in check.stdout.splitlines() if line.startswith("FAIL")]
-    assert any("runtime.engine" in f and "gguf" in f for f in failures), failures
+    assert any("runtime.build" in f and "gguf" in f for f in failures), failures
     assert any("tests/test_engine_gpu.py" in f for f in failures), failures

@@ -25,15 +25,15 @@ def _private_tmpdir(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def compiled_bf16_d128_gqa4():
-    from cute_kernels.hopper.prefill_compile import compile_prefill
-    from cute_kernels.hopper.prefill_spec import PrefillSpec
+    from cute_kernels.hopper.prefill.prefill_compile import compile_prefill
+    from cute_kernels.hopper.prefill.prefill_spec import PrefillSpec
 
     spec = PrefillSpec("bfloat16", 128, 4)
     return spec, compile_prefill(spec, keep_artifacts=True)
 
 
 def test_prefill_sass_has_the_warp_specialized_design(compiled_bf16_d128_gqa4):
-    from cute_kernels.hopper.prefill_family import PREFILL, prefill_sass_problems, required_hgmma_shapes
+    from cute_kernels.hopper.prefill.prefill_family import PREFILL, prefill_sass_problems, required_hgmma_shapes
     from cute_kernels.toolchain.sass import find_nvdisasm, sass_stats
 
     spec, compiled = compiled_bf16_d128_gqa4
@@ -80,9 +80,9 @@ GOOD_STATS = dict(hgmma=48, qgmma=0, hmma=0, tma_load=6, cp_async=64, local_load
 ])
 def test_each_prefill_rule_fails_a_kernel_lacking_it(monkeypatch, lacking, message):
     """Through the check itself: the family's rules plus the ones every family gets."""
-    from cute_kernels.hopper import prefill_compile
-    from cute_kernels.hopper.prefill_family import PREFILL
-    from cute_kernels.hopper.prefill_spec import PrefillSpec
+    from cute_kernels.hopper.prefill import prefill_compile
+    from cute_kernels.hopper.prefill.prefill_family import PREFILL
+    from cute_kernels.hopper.prefill.prefill_spec import PrefillSpec
     from cute_kernels.toolchain import aot_build, check, sass
     from cute_kernels.toolchain.compile_cache import CompiledKernel
 
@@ -99,8 +99,8 @@ def test_each_prefill_rule_fails_a_kernel_lacking_it(monkeypatch, lacking, messa
 
 def test_d64_tile_is_held_to_its_own_launch_share(monkeypatch):
     """192x128 at d 64 runs 512 threads: 128 registers each at launch, below the family's 168."""
-    from cute_kernels.hopper.prefill_family import prefill_sass_problems
-    from cute_kernels.hopper.prefill_spec import PrefillSpec
+    from cute_kernels.hopper.prefill.prefill_family import prefill_sass_problems
+    from cute_kernels.hopper.prefill.prefill_spec import PrefillSpec
     from cute_kernels.toolchain.sass import SassStats
 
     spec = PrefillSpec("bfloat16", 64, 3)
@@ -165,7 +165,7 @@ def test_pv_overlap_detector(middle, expected):
 
 
 def test_compile_cache_compiles_each_spec_once():
-    from cute_kernels.hopper.prefill_spec import PrefillSpec
+    from cute_kernels.hopper.prefill.prefill_spec import PrefillSpec
     from cute_kernels.toolchain.compile_cache import CompileCache, CompiledKernel
 
     calls = []
@@ -178,8 +178,8 @@ def test_compile_cache_compiles_each_spec_once():
 
 @pytest.mark.slow
 def test_real_compile_cache_reuses_the_kernel():
-    from cute_kernels.hopper.prefill_compile import compile_prefill
-    from cute_kernels.hopper.prefill_spec import PrefillSpec
+    from cute_kernels.hopper.prefill.prefill_compile import compile_prefill
+    from cute_kernels.hopper.prefill.prefill_spec import PrefillSpec
     from cute_kernels.toolchain.compile_cache import CompileCache
 
     cache = CompileCache(compile_prefill)
@@ -188,8 +188,8 @@ def test_real_compile_cache_reuses_the_kernel():
 
 
 def test_check_reports_and_fails_on_a_broken_variant(monkeypatch, capsys):
-    from cute_kernels.hopper import prefill_compile
     from cute_kernels.hopper.families import selected_variants
+    from cute_kernels.hopper.prefill import prefill_compile
     from cute_kernels.toolchain import check
 
     def broken(spec, keep_artifacts=False):
@@ -201,9 +201,9 @@ def test_check_reports_and_fails_on_a_broken_variant(monkeypatch, capsys):
 
 
 def test_check_flags_missing_hgmma(monkeypatch):
-    from cute_kernels.hopper import prefill_compile
-    from cute_kernels.hopper.prefill_family import PREFILL
-    from cute_kernels.hopper.prefill_spec import PrefillSpec
+    from cute_kernels.hopper.prefill import prefill_compile
+    from cute_kernels.hopper.prefill.prefill_family import PREFILL
+    from cute_kernels.hopper.prefill.prefill_spec import PrefillSpec
     from cute_kernels.toolchain import check, sass
     from cute_kernels.toolchain.compile_cache import CompiledKernel
 
@@ -225,14 +225,14 @@ def test_check_cli_one_variant():
 
 
 def test_check_fails_a_variant_that_does_not_export(monkeypatch):
-    from cute_kernels.hopper.prefill_spec import PrefillSpec
+    from cute_kernels.hopper.prefill.prefill_spec import PrefillSpec
     from cute_kernels.toolchain import aot_build, check
 
     def broken(family, spec, compiled, work):
         raise RuntimeError("Failed to dump object file with PIC relocation")
 
     monkeypatch.setattr(aot_build, "link_one", broken)
-    from cute_kernels.hopper.prefill_family import PREFILL
+    from cute_kernels.hopper.prefill.prefill_family import PREFILL
 
     report = check.check_variant(PREFILL, PrefillSpec("bfloat16", 64, 1))
     assert report.aot == "FAIL" and "aot export failed: RuntimeError: Failed to dump" in report.problems
@@ -263,17 +263,20 @@ def test_gpu_suite_dry_run():
 
 def test_gpu_suite_dry_run_calls_a_stale_build_not_ready(tmp_path):
     """An AOT folder built from another tree (one recorded source hash differs) is NOT READY, with the fix."""
-    from cute_kernels.hopper.families import selected_variants
-    from cute_kernels.toolchain.aot_manifest import ABI_VERSION, kernel_source_hash
+    from cute_kernels.hopper.families import FAMILIES, selected_variants
+    from cute_kernels.toolchain.aot_manifest import ABI_VERSION, kernel_source_hash, kernel_sources
 
     names = {spec.name: {} for family, spec in selected_variants(include_unused=True) if family.shim}
-    (tmp_path / "manifest.json").write_text(json.dumps({"abi": ABI_VERSION, "source_hash": kernel_source_hash(),
+    sources = kernel_sources(FAMILIES)
+    (tmp_path / "manifest.json").write_text(json.dumps({"abi": ABI_VERSION, "sources": list(sources),
+                                                        "source_hash": kernel_source_hash(sources),
                                                         "variants": names, "libraries": []}))
-    (tmp_path / "suite_tree.json").write_text(json.dumps({"files": {"cute_kernels/hopper/prefill_loads.py": "0" * 20}}))
+    loads = "cute_kernels/hopper/prefill/prefill_loads.py"
+    (tmp_path / "suite_tree.json").write_text(json.dumps({"files": {loads: "0" * 20}}))
     out = subprocess.run([sys.executable, str(REPO / "profiling" / "gpu_suite_prep.py"), "check-aot", str(tmp_path)],
                          cwd=REPO, capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and "stale: built from another tree" in out.stdout, out.stdout + out.stderr
-    assert "cute_kernels/hopper/prefill_loads.py" in out.stdout and "--prepare" in out.stdout
+    assert loads in out.stdout and "--prepare" in out.stdout
 
 
 def test_gpu_suite_fails_on_a_device_that_is_not_sm90(tmp_path):
@@ -315,9 +318,9 @@ def test_bench_prefill_counts_only_visible_scores():
 def test_check_fails_local_memory_a_stack_frame_and_registers_over_budget(monkeypatch):
     import dataclasses
 
-    from cute_kernels.hopper import prefill_compile
-    from cute_kernels.hopper.prefill_family import PREFILL
-    from cute_kernels.hopper.prefill_spec import PrefillSpec
+    from cute_kernels.hopper.prefill import prefill_compile
+    from cute_kernels.hopper.prefill.prefill_family import PREFILL
+    from cute_kernels.hopper.prefill.prefill_spec import PrefillSpec
     from cute_kernels.toolchain import aot_build, check, sass
     from cute_kernels.toolchain.compile_cache import CompiledKernel
 
@@ -355,7 +358,7 @@ def test_stack_frame_is_read_from_the_cubin(compiled_bf16_d128_gqa4):
 def test_register_pool_and_barrier_inventory_of_a_real_variant(compiled_bf16_d128_gqa4):
     """REGCOUNT and REQNTID per kernel from .nv.info (past its 4-byte no-value records), USETMAXREG and
     BAR from the SASS: the d128 split uses the whole pool, every barrier is one declared role."""
-    from cute_kernels.hopper.prefill_family import PREFILL
+    from cute_kernels.hopper.prefill.prefill_family import PREFILL
     from cute_kernels.toolchain import check
     from cute_kernels.toolchain.sass import cubin_launch_info, find_nvdisasm, sass_stats
 

@@ -12,10 +12,12 @@ import types
 
 import pytest
 
-from cute_kernels.hopper import decode_schedule, fp8_gemm_schedule, prefill_schedule
-from cute_kernels.hopper.fp8_gemm_spec import Fp8GemmSpec
-from cute_kernels.hopper.prefill_schedule import ring_slot
-from cute_kernels.hopper.prefill_spec import PrefillSpec
+from cute_kernels.hopper.decode import decode_schedule
+from cute_kernels.hopper.fp8_gemm import fp8_gemm_schedule
+from cute_kernels.hopper.fp8_gemm.fp8_gemm_spec import Fp8GemmSpec
+from cute_kernels.hopper.prefill import prefill_schedule
+from cute_kernels.hopper.prefill.prefill_schedule import ring_slot
+from cute_kernels.hopper.prefill.prefill_spec import PrefillSpec
 from cute_kernels.hopper.protocol import dsl, engine
 from cute_kernels.hopper.protocol.decode import DecodeCase, decode_agents
 from cute_kernels.hopper.protocol.fp8_gemm import GemmCase, ab_stages, gemm_agents
@@ -261,7 +263,7 @@ def _prefill_cases(spec: PrefillSpec, seqs, kv_heads: int, num_ctas: int) -> lis
     """The tile list the kernel gets (prefill_tile_order, torch), split over num_ctas CTAs."""
     import torch
 
-    from cute_kernels.hopper.prefill_tile_order import longest_first_tiles
+    from cute_kernels.hopper.prefill.prefill_tile_order import longest_first_tiles
 
     cum = lambda xs: torch.tensor([0, *torch.tensor(xs).cumsum(0).tolist()], dtype=torch.int32)  # noqa: E731
     order = longest_first_tiles(cum([s[0] for s in seqs]), cum([s[1] for s in seqs]),
@@ -322,7 +324,9 @@ def test_prefill_ring_is_the_kernels_formula():
 # ----------------------------------------------------------------------- the model's kernel constants
 def test_model_constants_match_the_kernels():
     pytest.importorskip("cutlass", reason="needs nvidia-cutlass-dsl (the hopper extra)")
-    from cute_kernels.hopper import decode_attention, fp8_gemm_layouts, prefill_epilogue, prefill_loads, prefill_mma
+    from cute_kernels.hopper.decode import decode_attention
+    from cute_kernels.hopper.fp8_gemm import fp8_gemm_layouts
+    from cute_kernels.hopper.prefill import prefill_epilogue, prefill_loads, prefill_mma
     from cute_kernels.hopper.protocol import decode, fp8_gemm, prefill
 
     assert (decode.CONSUMER_THREADS, decode.CONSUMER_BARRIER) == (decode_attention.CONSUMER_THREADS,

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from cute_kernels.attention_args import PrefillArgs
-from cute_kernels.hopper.prefill_host import prepare_prefill_args
-from cute_kernels.hopper.prefill_schedule import (
+from cute_kernels.hopper.prefill.prefill_host import prepare_prefill_args
+from cute_kernels.hopper.prefill.prefill_schedule import (
     ceil_div,
     key_row_coords,
     kv_block_range,
@@ -17,7 +17,7 @@ from cute_kernels.hopper.prefill_schedule import (
     query_key_position,
     tile_tokens,
 )
-from cute_kernels.hopper.prefill_spec import KV_BLOCK_SIZE, TileConfig
+from cute_kernels.hopper.prefill.prefill_spec import KV_BLOCK_SIZE, TileConfig
 from cute_kernels.reference import prefill_attention_ref
 
 
@@ -239,7 +239,7 @@ def test_prepare_args_rejects_block_ids_outside_the_cache(bad):
 def test_step_plan_spares_every_layer_a_device_sync(monkeypatch):
     """With the step's plan (block ids and lengths checked once) and max_seqlen_q, preparing a layer reads
     no tensor value on the host (no int()/item()/bool() of a tensor: each is a device sync on a GPU)."""
-    from cute_kernels.hopper.prefill_host import plan_prefill
+    from cute_kernels.hopper.prefill.prefill_host import plan_prefill
 
     x = make_batch([4, 9], [20, 40], 4, 2, d=64, dtype=torch.bfloat16)
     plan = plan_prefill(x["prefix_lens"], x["block_tables"], x["k_cache"].shape[0], x["cu_seqlens_q"],
@@ -299,7 +299,7 @@ HEAD_MIX = [(4, 4), (9, 3), (32, 8), (8, 1)]  # group 1, 3, 4, 8: the runtime's 
 def run_kernel(x: dict, scale: float, causal: bool, with_prefix: bool, num_ctas: int | None = None):
     """Launch through the path this process uses (JIT or AOT) on NaN-poisoned outputs; num_ctas
     shrinks the persistent grid (default: one CTA per SM)."""
-    from cute_kernels.hopper.prefill_launch import launch_prefill
+    from cute_kernels.hopper.prefill.prefill_launch import launch_prefill
 
     cache_kw = dict(k_cache=x["k_cache"], v_cache=x["v_cache"], block_tables=x["block_tables"],
                     prefix_lens=x["prefix_lens"]) if with_prefix else {}

@@ -5,9 +5,9 @@ LSE = -inf instead of waiting for stages no one fills (GPU test)."""
 import pytest
 import torch
 
-import cute_kernels.hopper.prefill_host as host
+import cute_kernels.hopper.prefill.prefill_host as host
 from cute_kernels.attention_args import PrefillArgs
-from cute_kernels.hopper.prefill_host import plan_prefill, prepare_prefill_args
+from cute_kernels.hopper.prefill.prefill_host import plan_prefill, prepare_prefill_args
 from cute_kernels.reference import prefill_attention_ref
 from tests.test_prefill_attention import gpu, make_batch
 
@@ -53,7 +53,7 @@ def test_a_checked_plan_spares_the_per_layer_check(monkeypatch):
 @pytest.mark.parametrize("q_lens,k_lens,prefix_lens,causal", UNSEEING)
 def test_the_kernel_writes_zero_and_minus_inf_where_no_key_is_seen_gpu(q_lens, k_lens, prefix_lens, causal,
                                                                          monkeypatch):
-    from cute_kernels.hopper.prefill_launch import launch_prefill
+    from cute_kernels.hopper.prefill.prefill_launch import launch_prefill
 
     monkeypatch.setattr(host, "check_queries_see_keys", lambda *a: None)  # feed the kernel what the host refuses
     launch = prepare_prefill_args(args_of(q_lens, k_lens, prefix_lens, causal, device="cuda"))

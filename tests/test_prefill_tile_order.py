@@ -6,15 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cute_kernels.hopper.prefill_schedule import (
+from cute_kernels.hopper.prefill.prefill_schedule import (
     kv_block_range,
     num_query_tiles,
     packed_row_token_head,
     tile_coords,
     tile_tokens,
 )
-from cute_kernels.hopper.prefill_spec import TileConfig
-from cute_kernels.hopper.prefill_tile_order import longest_first_tiles, persistent_ctas
+from cute_kernels.hopper.prefill.prefill_spec import TileConfig
+from cute_kernels.hopper.prefill.prefill_tile_order import longest_first_tiles, persistent_ctas
 from tests.test_prefill_attention import (
     LENGTH_MIX,
     PREFIX_MIX,

@@ -33,8 +33,8 @@ def test_a_collective_fallback_fails_the_check():
 def test_the_prefill_kernel_has_no_collective_fallback(tmp_path, monkeypatch):
     pytest.importorskip("cutlass", reason="needs nvidia-cutlass-dsl (the hopper extra)")
     monkeypatch.setenv("TMPDIR", str(tmp_path))  # the DSL's cache
-    from cute_kernels.hopper.prefill_compile import compile_prefill
-    from cute_kernels.hopper.prefill_spec import PrefillSpec
+    from cute_kernels.hopper.prefill.prefill_compile import compile_prefill
+    from cute_kernels.hopper.prefill.prefill_spec import PrefillSpec
 
     stats = sass_stats(compile_prefill(PrefillSpec("bfloat16", 64, 3), keep_artifacts=True).artifacts["cubin"])
     assert stats.tma_load > 0 and stats.collective_fallbacks == 0

@@ -120,8 +120,8 @@ def test_a_cta_wide_barrier_may_name_every_thread():
 
 def test_the_check_fails_a_variant_through_its_own_path(monkeypatch):
     """check_variant runs the rules on the stats sass_stats reads; stats without kernels fail a real cubin."""
-    from cute_kernels.hopper.prefill_family import PREFILL
-    from cute_kernels.hopper.prefill_spec import PrefillSpec
+    from cute_kernels.hopper.prefill.prefill_family import PREFILL
+    from cute_kernels.hopper.prefill.prefill_spec import PrefillSpec
     from cute_kernels.toolchain import check, sass
     from cute_kernels.toolchain.compile_cache import CompiledKernel
 
@@ -155,8 +155,8 @@ def dsl(tmp_path_factory):
 def test_raised_mma_registers_overflow_the_pool_in_a_real_compile(dsl):
     """prefill d64 causal: 32 x 128 + 160 x 384 = 65536 = 128 x 512 exactly; 168 for the MMA warpgroups
     compiles (ptxas accepts it) but would hang the first launch: the check must fail it."""
-    from cute_kernels.hopper.prefill_family import PREFILL
-    from cute_kernels.hopper.prefill_spec import PrefillSpec
+    from cute_kernels.hopper.prefill.prefill_family import PREFILL
+    from cute_kernels.hopper.prefill.prefill_spec import PrefillSpec
     from cute_kernels.toolchain import check
 
     @dataclasses.dataclass(frozen=True)
@@ -174,11 +174,11 @@ def test_raised_mma_registers_overflow_the_pool_in_a_real_compile(dsl):
 def test_an_epilogue_barrier_on_the_producers_id_fails_in_a_real_compile(dsl, monkeypatch):
     """The kernel compiled with EPILOGUE_BARRIER_ID = PRODUCER_BARRIER_ID (the declared inventory keeps 5):
     id 1 then meets 128 producer threads and 384 MMA threads."""
-    from cute_kernels.hopper import prefill_epilogue
-    from cute_kernels.hopper.prefill_compile import compile_prefill
-    from cute_kernels.hopper.prefill_family import PREFILL
-    from cute_kernels.hopper.prefill_loads import PRODUCER_BARRIER_ID
-    from cute_kernels.hopper.prefill_spec import PrefillSpec
+    from cute_kernels.hopper.prefill import prefill_epilogue
+    from cute_kernels.hopper.prefill.prefill_compile import compile_prefill
+    from cute_kernels.hopper.prefill.prefill_family import PREFILL
+    from cute_kernels.hopper.prefill.prefill_loads import PRODUCER_BARRIER_ID
+    from cute_kernels.hopper.prefill.prefill_spec import PrefillSpec
     from cute_kernels.toolchain import check, sass
 
     spec = PrefillSpec("bfloat16", 64, 1)

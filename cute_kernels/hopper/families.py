@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from cute_kernels.toolchain.family import KernelFamily
 
-from .decode_family import DECODE, DECODE_MERGE
-from .fp8_gemm_family import FP8_GEMM, FP8_GEMM_SPLITK, FP8_QUANT
-from .fused_family import FUSED_OPS
-from .prefill_family import PREFILL
+from .decode.decode_family import DECODE, DECODE_MERGE
+from .fp8_gemm.fp8_gemm_family import FP8_GEMM, FP8_GEMM_SPLITK, FP8_QUANT
+from .fused.fused_family import FUSED_OPS
+from .prefill.prefill_family import PREFILL
 
 FAMILIES: tuple[KernelFamily, ...] = (PREFILL, DECODE, DECODE_MERGE, FUSED_OPS, FP8_GEMM, FP8_GEMM_SPLITK, FP8_QUANT)
 

@@ -53,3 +53,8 @@ class KernelFamily:
             if got != want or getattr(arg, "_use_32bit_stride", False):
                 raise RuntimeError(f"{spec.name} AOT: tensor argument {i} has dynamic (shape, stride) modes {got}; "
                                    f"csrc/{self.shim} packs {want} with int64 strides")
+
+
+def sources_in(folder: str, *names: str) -> tuple[str, ...]:
+    """KernelFamily.sources entries for files of one folder (relative to cute_kernels/)."""
+    return tuple(f"{folder}/{name}" for name in names)

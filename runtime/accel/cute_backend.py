@@ -47,7 +47,8 @@ class CuteBackend(TorchBackend):
     def __init__(self) -> None:
         # each device is checked once: the check is not free, and prefill runs once per layer
         self._ready_devices: set[torch.device] = set()
-        from cute_kernels.hopper import decode_host, fused_ops
+        from cute_kernels.hopper.decode import decode_host
+        from cute_kernels.hopper.fused import fused_ops
 
         self._decode_host, self._fused = decode_host, fused_ops
 
@@ -59,7 +60,7 @@ class CuteBackend(TorchBackend):
     def graph_decode_plan(self, batch: AttentionBatch, max_context: int) -> Any:
         """A plan over the static tables with a split count fixed for max_context (any count is correct
         for any context), so a replay syncs nothing."""
-        from cute_kernels.hopper.decode_spec import num_splits
+        from cute_kernels.hopper.decode.decode_spec import num_splits
 
         rows, kv_heads = batch.num_decode_tokens, batch.num_kv_heads
         return self._decode_host.plan_decode(batch.decode_block_tables, batch.decode_context_lens,
@@ -70,7 +71,7 @@ class CuteBackend(TorchBackend):
         ids checked against the cache (a bad table is a ValueError here, not an illegal address in every
         layer's kernel)."""
         if batch.cu_seqlens_q is not None and batch.prefill_plan is None:
-            from cute_kernels.hopper.prefill_host import plan_prefill
+            from cute_kernels.hopper.prefill.prefill_host import plan_prefill
 
             batch.prefill_plan = plan_prefill(batch.prefix_lens, batch.prefill_block_tables, batch.num_blocks,
                                               batch.cu_seqlens_q, batch.cu_seqlens_q)  # new keys = new queries
@@ -86,7 +87,7 @@ class CuteBackend(TorchBackend):
             if reason is not None:
                 raise CuteBackendUnavailable(f"cute prefill attention unavailable: {reason}")
             self._ready_devices.add(device)
-        from cute_kernels.hopper.prefill_launch import prefill_attention
+        from cute_kernels.hopper.prefill.prefill_launch import prefill_attention
 
         return prefill_attention(args)
 

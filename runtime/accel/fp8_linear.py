@@ -32,7 +32,7 @@ _GEMM_ALIGN = 16  # the kernel's TMA rows: N and K multiples of 16
 def _cute_gemm_here(device: torch.device) -> bool:
     if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] != 9:
         return False
-    from cute_kernels.hopper.fp8_gemm_launch import fp8_kernels_unavailable_reason
+    from cute_kernels.hopper.fp8_gemm.fp8_gemm_launch import fp8_kernels_unavailable_reason
 
     return fp8_kernels_unavailable_reason() is None
 
@@ -79,7 +79,7 @@ class Fp8Linear:
         return F.linear(x, dequantize(self.weight, self.scale, rows.dtype), self.bias)
 
     def _cute(self, rows: torch.Tensor) -> torch.Tensor:
-        from cute_kernels.hopper.fp8_gemm_launch import fp8_gemm, quantize_rows
+        from cute_kernels.hopper.fp8_gemm.fp8_gemm_launch import fp8_gemm, quantize_rows
 
         rows = rows.contiguous()
         q, scale = quantize_activation_blocks(rows) if self.block_scaled else quantize_rows(rows)

@@ -2,7 +2,7 @@
 
 Each kernel's producer, consumer warps, epilogue and copy engines are small state machines (Python
 generators of ops.py operations) driven by the same per-tile schedule functions the kernel calls
-(hopper/decode_schedule.py, fp8_gemm_schedule.py, prefill_schedule.py) and by dsl.py's model of the
+(hopper/decode/decode_schedule.py, fp8_gemm_schedule.py, prefill_schedule.py) and by dsl.py's model of the
 DSL's pipeline helpers. engine.run executes one CTA under a seeded random interleaving with copies
 landing in random order, and raises engine.ProtocolError on a deadlock, a stage refilled while read,
 a read of the wrong ring position or phase, a missing proxy fence, or copies outliving the CTA.

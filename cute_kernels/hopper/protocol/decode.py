@@ -1,5 +1,5 @@
-"""Protocol model of one CTA of the split-KV decode kernel (hopper/decode_attention.py): the producer
-warp, the four consumer warps and the TMA engine, driven by hopper/decode_schedule.py exactly where
+"""Protocol model of one CTA of the split-KV decode kernel (hopper/decode/decode_attention.py): the producer
+warp, the four consumer warps and the TMA engine, driven by hopper/decode/decode_schedule.py exactly where
 the kernel calls it (split_tiles, the block-table columns and lanes, the expect-tx bytes, the mask and
 V-tail tests) and by the DSL's PipelineTmaAsync (dsl.py).
 
@@ -14,9 +14,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from types import ModuleType
 
-from cute_kernels.hopper import decode_schedule
-from cute_kernels.hopper.decode_spec import BLOCKS_PER_TILE, KEYS_PER_TILE, QUERY_ROWS, DecodeSpec
-from cute_kernels.hopper.prefill_spec import KV_BLOCK_SIZE
+from cute_kernels.hopper.decode import decode_schedule
+from cute_kernels.hopper.decode.decode_spec import BLOCKS_PER_TILE, KEYS_PER_TILE, QUERY_ROWS, DecodeSpec
+from cute_kernels.hopper.prefill.prefill_spec import KV_BLOCK_SIZE
 
 from . import dsl as dsl_model
 from .engine import ANY, Machine, ProtocolError

@@ -1,6 +1,6 @@
-"""Protocol model of one persistent CTA of the FP8 GEMM (hopper/fp8_gemm.py): the producer warp, the
+"""Protocol model of one persistent CTA of the FP8 GEMM (hopper/fp8_gemm/fp8_gemm.py): the producer warp, the
 consumer warps (4 per warpgroup), the epilogue's store warp and the TMA load / store engines, driven by
-hopper/fp8_gemm_schedule.py where the kernel calls it (k-tiles per split, each role's k range, the
+hopper/fp8_gemm/fp8_gemm_schedule.py where the kernel calls it (k-tiles per split, each role's k range, the
 expect-tx bytes, the epilogue buffer) and by the DSL's PipelineTmaAsync, PipelineTmaStore and
 StaticPersistentTileScheduler (dsl.py).
 
@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from types import ModuleType
 
-from cute_kernels.hopper import fp8_gemm_schedule
-from cute_kernels.hopper.fp8_gemm_spec import TILE_K, Fp8GemmSpec
+from cute_kernels.hopper.fp8_gemm import fp8_gemm_schedule
+from cute_kernels.hopper.fp8_gemm.fp8_gemm_spec import TILE_K, Fp8GemmSpec
 
 from . import dsl as dsl_model
 from .engine import Machine

@@ -1,8 +1,8 @@
-"""Protocol model of one persistent CTA of the prefill kernel (hopper/prefill_attention.py,
+"""Protocol model of one persistent CTA of the prefill kernel (hopper/prefill/prefill_attention.py,
 prefill_loads.py, prefill_mma.py, prefill_epilogue.py as of commit b787bfc): the four producer warps,
 the MMA warpgroups (4 warps each), the O store and the copy engines.
 
-Per tile it calls hopper/prefill_schedule.py as the kernel does: tile_coords, tile_has_rows,
+Per tile it calls hopper/prefill/prefill_schedule.py as the kernel does: tile_coords, tile_has_rows,
 kv_block_range and loads_key_tiles (produce_tile and consume_tile each call them: the model gives each
 role its own schedule, so a test can make them disagree), tile_tokens, num_query_tiles and ring_slot
 (the (stage, phase) of a K/V ring position, passed as `ring` so a test can break it). Key tiles touching the paged prefix
@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from types import ModuleType
 
-from cute_kernels.hopper import prefill_schedule
-from cute_kernels.hopper.prefill_spec import PrefillSpec
+from cute_kernels.hopper.prefill import prefill_schedule
+from cute_kernels.hopper.prefill.prefill_spec import PrefillSpec
 
 from .engine import Machine
 from .ops import (

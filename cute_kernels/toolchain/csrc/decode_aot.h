@@ -1,11 +1,11 @@
-/* Public C ABI of the ahead-of-time exported decode-attention kernels (hopper/decode_aot.py).
+/* Public C ABI of the ahead-of-time exported decode-attention kernels (hopper/decode/decode_aot.py).
  *
  * Two kernels per (dtype, head_dim): cute_aot_decode_<dtype>_d<d>_launch takes cute_aot_decode_args_t
  * (with one split it writes out/lse; with several, the fp32 partials), and
  * cute_aot_decode_merge_<dtype>_d<d>_launch takes cute_aot_decode_merge_args_t (partials -> out/lse).
  * Raw device pointers, runtime sizes, and strides in elements for the modes whose stride is not fixed
  * by the variant; head_dim and the 16-token KV block are compiled in. Python mirrors both structs in
- * hopper/decode_aot.py; the loader checks cute_aot_decode_args_size() / _merge_args_size() against them.
+ * hopper/decode/decode_aot.py; the loader checks cute_aot_decode_args_size() / _merge_args_size() against them.
  */
 #pragma once
 #include <stdint.h>

@@ -2,7 +2,7 @@
  * and the per-token activation quantizer (cute_aot_fp8_quant_<...>_launch).
  *
  * Raw device pointers, runtime sizes, and row strides in elements (the column stride is 1, compiled
- * in). Python mirrors these structs in hopper/fp8_gemm_aot.py; keep them in sync (the loader checks
+ * in). Python mirrors these structs in hopper/fp8_gemm/fp8_gemm_aot.py; keep them in sync (the loader checks
  * cute_aot_fp8_gemm_args_size() and cute_aot_fp8_quant_args_size() against its own sizes).
  */
 #pragma once

@@ -9,13 +9,13 @@ import cutlass
 import cutlass.cute as cute
 from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_stream
 
+from cute_kernels.paged_tables import KV_BLOCK_SIZE
 from cute_kernels.toolchain.compile_cache import CompileCache, CompiledKernel, compile_sm90
 
+from ..common.warpgroup_ops import DTYPES
 from .decode_attention import DecodeAttentionSm90
 from .decode_merge import DecodeMergeSm90
 from .decode_spec import DecodeMergeSpec, DecodeSpec
-from .prefill_spec import KV_BLOCK_SIZE
-from .warpgroup_ops import DTYPES
 
 
 def _compact(dtype, shape: tuple, align: int = 16):

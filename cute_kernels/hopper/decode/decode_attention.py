@@ -35,10 +35,9 @@ import cutlass.pipeline as pipeline
 from cutlass import Float32, Int32, Int64
 from cutlass.cute.nvgpu import cpasync
 
-from . import decode_schedule as sched
-from .decode_spec import BLOCKS_PER_TILE, KEYS_PER_TILE, QUERY_ROWS, DecodeSpec
-from .prefill_spec import KV_BLOCK_SIZE
-from .warpgroup_ops import (
+from cute_kernels.paged_tables import KV_BLOCK_SIZE
+
+from ..common.warpgroup_ops import (
     DTYPES,
     attention_tiled_mmas,
     copy_row_chunk,
@@ -49,7 +48,9 @@ from .warpgroup_ops import (
     swizzled_rows_layout,
     wgmma,
 )
-from .wgmma_layouts import acc_as_operand_a, acc_as_rows_cols
+from ..common.wgmma_layouts import acc_as_operand_a, acc_as_rows_cols
+from . import decode_schedule as sched
+from .decode_spec import BLOCKS_PER_TILE, KEYS_PER_TILE, QUERY_ROWS, DecodeSpec
 
 CONSUMER_THREADS = 128  # one warpgroup
 PRODUCER_WARP = CONSUMER_THREADS // 32

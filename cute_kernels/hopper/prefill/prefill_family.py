@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cute_kernels.toolchain.family import KernelFamily
+from cute_kernels.toolchain.family import KernelFamily, sources_in
 from cute_kernels.toolchain.sass_resources import WARPGROUP, BarrierRole, RegisterSplit
 
 from .prefill_spec import PrefillSpec, runtime_variants
@@ -104,9 +104,9 @@ PREFILL = KernelFamily(
     name="prefill", specs=prefill_specs, compile=_compile, sass_problems=prefill_sass_problems,
     max_registers=LAUNCH_REGISTERS, fake_args=_fake_args, shim_abi=SHIM_ABI, shim="prefill_aot_shim.c",
     register_split=prefill_register_split, barriers=prefill_barriers,
-    sources=("hopper/prefill_attention.py", "hopper/prefill_loads.py", "hopper/prefill_mma.py",
-             "hopper/prefill_epilogue.py", "hopper/prefill_tma.py", "hopper/prefill_tile_order.py",
-             "hopper/prefill_schedule.py", "hopper/prefill_spec.py", "hopper/prefill_compile.py",
-             "hopper/wgmma_layouts.py", "hopper/warpgroup_ops.py", "hopper/prefill_family.py",
-             "toolchain/csrc/prefill_aot.h", "toolchain/csrc/prefill_aot_shim.c"),
+    sources=(sources_in("hopper/prefill", "prefill_attention.py", "prefill_loads.py", "prefill_mma.py",
+                        "prefill_epilogue.py", "prefill_tma.py", "prefill_tile_order.py", "prefill_schedule.py",
+                        "prefill_spec.py", "prefill_compile.py", "prefill_family.py")
+             + sources_in("hopper/common", "wgmma_layouts.py", "warpgroup_ops.py", "attention_spec.py") + ("paged_tables.py",)
+             + sources_in("toolchain/csrc", "prefill_aot.h", "prefill_aot_shim.c")),
 )

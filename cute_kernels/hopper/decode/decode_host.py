@@ -18,10 +18,9 @@ from dataclasses import dataclass
 import torch
 
 from cute_kernels.attention_args import DecodeArgs
-from cute_kernels.paged_tables import as_int32, check_block_ids
+from cute_kernels.paged_tables import KV_BLOCK_SIZE, as_int32, check_block_ids
 
 from .decode_spec import H100_SMS, MAX_SPLITS, QUERY_ROWS, DecodeMergeSpec, DecodeSpec, num_splits
-from .prefill_spec import KV_BLOCK_SIZE
 
 _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import math
 
+from cute_kernels.paged_tables import KV_BLOCK_SIZE
+
 from .decode_spec import BLOCKS_PER_TILE, KEYS_PER_TILE
-from .prefill_spec import KV_BLOCK_SIZE
 
 TABLE_GROUP = 32  # block-table entries the producer warp reads at once, one per lane
 TILES_PER_GROUP = TABLE_GROUP // BLOCKS_PER_TILE

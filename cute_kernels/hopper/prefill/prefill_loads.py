@@ -21,9 +21,9 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, Int64
 
+from ..common.warpgroup_ops import copy_row_chunk
 from .prefill_schedule import key_row_coords, ring_slot
 from .prefill_spec import KV_BLOCK_SIZE
-from .warpgroup_ops import copy_row_chunk
 
 PRODUCER_BARRIER_ID = 1  # named barrier of the producer warpgroup; 0 is the CTA-wide one
 

@@ -9,7 +9,7 @@ import torch
 
 from cute_kernels.toolchain.kernel_path import kernel_path
 
-from .prefill_launch import _as_cute
+from ..common.cute_tensors import as_cute
 
 # Which modes of each kernel tensor are runtime sizes (head_dim and the 16-token block are static).
 _DECODE_DYNAMIC_MODES = ((0, 1), (0, 2), (0, 2), (0, 1), (0,), (0,), (0, 1), (0, 1), (0, 1, 2), (0, 1, 2))
@@ -32,9 +32,9 @@ def _launch_decode_jit(args: Any) -> None:
     from .decode_compile import DECODE_CACHE
 
     stream = cuda.CUstream(torch.cuda.current_stream(args.q.device).cuda_stream)
-    tensors = [_as_cute(t, modes) for t, modes in zip(args.kernel_tensors(), _DECODE_DYNAMIC_MODES)]
+    tensors = [as_cute(t, modes) for t, modes in zip(args.kernel_tensors(), _DECODE_DYNAMIC_MODES)]
     DECODE_CACHE.get(args.spec).fn(*tensors, cutlass.Float32(args.softmax_scale_log2),
                                    cutlass.Int32(args.num_splits), stream)
     if args.num_splits > 1:
-        tensors = [_as_cute(t, modes) for t, modes in zip(args.merge_tensors(), _MERGE_DYNAMIC_MODES)]
+        tensors = [as_cute(t, modes) for t, modes in zip(args.merge_tensors(), _MERGE_DYNAMIC_MODES)]
         DECODE_CACHE.get(args.merge_spec).fn(*tensors, stream)

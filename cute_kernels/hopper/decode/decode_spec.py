@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .prefill_spec import KV_BLOCK_SIZE, SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS
+from cute_kernels.paged_tables import KV_BLOCK_SIZE
+
+from ..common.attention_spec import SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS
 
 KEYS_PER_TILE = 64  # keys per pipeline stage: 4 cache blocks, the N of S = Q K^T (a wgmma N)
 BLOCKS_PER_TILE = KEYS_PER_TILE // KV_BLOCK_SIZE

@@ -33,13 +33,13 @@ import cutlass.memory
 from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import cpasync
 
+from ..common.warpgroup_ops import DTYPES, attention_tiled_mmas, make_row_copy, swizzled_rows_layout
 from .prefill_epilogue import PrefillEpilogue
 from .prefill_loads import KeySource, PrefillLoads
 from .prefill_mma import PrefillMma
 from .prefill_schedule import kv_block_range, loads_key_tiles, tile_coords, tile_has_rows, tile_tokens
 from .prefill_spec import PrefillSpec
 from .prefill_tma import packed_rows_partition, packed_rows_smem_layout, packed_rows_tma
-from .warpgroup_ops import DTYPES, attention_tiled_mmas, make_row_copy, swizzled_rows_layout
 
 
 class PrefillAttentionSm90(PrefillLoads, PrefillMma, PrefillEpilogue):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cute_kernels.toolchain.family import KernelFamily
+from cute_kernels.toolchain.family import KernelFamily, sources_in
 
 from .fused_spec import FAMILY, fused_specs
 
@@ -45,7 +45,7 @@ def _fake_args(spec) -> tuple:
 FUSED_OPS = KernelFamily(
     name=FAMILY, specs=fused_specs, compile=_compile, sass_problems=fused_sass_problems,
     max_registers=MAX_REGISTERS, fake_args=_fake_args, shim_abi=SHIM_ABI, shim="fused_ops_aot_shim.c",
-    sources=("hopper/fused_spec.py", "hopper/fused_common.py", "hopper/fused_norm.py", "hopper/fused_rope.py",
-             "hopper/fused_silu.py", "hopper/kv_write.py", "hopper/fused_compile.py", "hopper/fused_family.py",
-             "toolchain/csrc/fused_ops_aot.h", "toolchain/csrc/fused_ops_aot_shim.c"),
+    sources=(sources_in("hopper/fused", "fused_spec.py", "fused_common.py", "fused_norm.py", "fused_rope.py",
+                        "fused_silu.py", "kv_write.py", "fused_compile.py", "fused_family.py")
+             + sources_in("toolchain/csrc", "fused_ops_aot.h", "fused_ops_aot_shim.c")),
 )

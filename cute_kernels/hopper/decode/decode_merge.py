@@ -13,9 +13,9 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
 
+from ..common.warpgroup_ops import DTYPES
 from . import decode_schedule as sched
 from .decode_spec import MAX_SPLITS, DecodeMergeSpec
-from .warpgroup_ops import DTYPES
 
 WARPS_PER_CTA = 4
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cute_kernels.toolchain.family import KernelFamily
+from cute_kernels.toolchain.family import KernelFamily, sources_in
 
 from .decode_checks import decode_barriers, decode_sass_problems
 from .decode_spec import DECODE_MAX_REGISTERS, DecodeMergeSpec, DecodeSpec, decode_specs
@@ -20,9 +20,9 @@ DECODE_SHIM_ABI = (_ROWS, _CACHE, _CACHE, _TABLE, _VECTOR, _VECTOR, _ROWS, _TABL
                    None, None, None)
 MERGE_SHIM_ABI = (_PARTIAL_O, _PARTIAL_LSE, _ROWS, _TABLE, None)
 
-_SOURCES = ("hopper/decode_attention.py", "hopper/decode_merge.py", "hopper/decode_spec.py", "hopper/decode_schedule.py",
-            "hopper/decode_compile.py", "hopper/decode_checks.py", "hopper/decode_family.py",
-            "hopper/warpgroup_ops.py", "hopper/wgmma_layouts.py", "toolchain/csrc/decode_aot.h")
+_SOURCES = (sources_in("hopper/decode", "decode_attention.py", "decode_merge.py", "decode_spec.py", "decode_schedule.py",
+                       "decode_compile.py", "decode_checks.py", "decode_family.py")
+            + sources_in("hopper/common", "wgmma_layouts.py", "warpgroup_ops.py", "attention_spec.py") + ("paged_tables.py",) + ("toolchain/csrc/decode_aot.h",))
 
 
 def _compile(spec, keep_artifacts: bool) -> Any:

@@ -11,9 +11,9 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import warpgroup
 
+from ..common.warpgroup_ops import rescale_rows, softmax_update, wgmma_issue
+from ..common.wgmma_layouts import acc_as_operand_a, acc_as_rows_cols
 from .prefill_schedule import query_key_position, ring_slot
-from .warpgroup_ops import rescale_rows, softmax_update, wgmma_issue
-from .wgmma_layouts import acc_as_operand_a, acc_as_rows_cols
 
 SCHEDULER_BARRIER_ID = 2  # named barriers 2, 3(, 4): each MMA warpgroup's turn at the tensor cores
 PAIR = 256  # threads meeting at a scheduler barrier: the waiting warpgroup and the one handing over

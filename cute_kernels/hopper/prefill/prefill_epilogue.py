@@ -16,8 +16,8 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32
 from cutlass.tensor_utils import LayoutEnum
 
-from .warpgroup_ops import quad_allreduce_sum, row_lse
-from .wgmma_layouts import acc_as_rows_cols
+from ..common.warpgroup_ops import quad_allreduce_sum, row_lse
+from ..common.wgmma_layouts import acc_as_rows_cols
 
 EPILOGUE_BARRIER_ID = 5  # after the producer's (1) and the MMA warpgroups' turn barriers (2-4)
 

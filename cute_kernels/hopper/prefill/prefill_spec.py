@@ -10,8 +10,7 @@ from dataclasses import dataclass
 
 from cute_kernels.paged_tables import KV_BLOCK_SIZE  # noqa: F401  (its kernels' layout, re-exported)
 
-SUPPORTED_HEAD_DIMS = (64, 128)
-SUPPORTED_DTYPES = ("bfloat16", "float16")
+from ..common.attention_spec import SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS
 
 
 @dataclass(frozen=True)

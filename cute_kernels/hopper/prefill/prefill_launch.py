@@ -12,18 +12,8 @@ import torch
 from cute_kernels.attention_args import PrefillArgs
 from cute_kernels.toolchain.kernel_path import kernel_path
 
+from ..common.cute_tensors import as_cute
 from .prefill_host import PrefillLaunchArgs, prepare_prefill_args
-
-
-def _as_cute(t: torch.Tensor, dynamic_modes: tuple[int, ...]):
-    """DLPack view whose runtime-sized modes are dynamic, matching the fake tensors compiled against."""
-    from cutlass.cute.runtime import from_dlpack
-
-    x = from_dlpack(t.detach(), assumed_align=16 if t.element_size() == 2 else 4)
-    for mode in dynamic_modes:
-        x = x.mark_compact_shape_dynamic(mode=mode, stride_order=t.dim_order())
-    return x
-
 
 # Which modes of each kernel tensor are runtime sizes (head_dim and the 16-token block are static).
 _DYNAMIC_MODES = ((0, 1), (0, 1), (0, 1), (0, 2), (0, 2), (0, 1), (0,), (0,), (0,), (0, 1), (0, 1), (0,))
@@ -44,7 +34,7 @@ def _launch_prefill_jit(args: PrefillLaunchArgs) -> None:
     from .prefill_compile import PREFILL_CACHE
 
     compiled = PREFILL_CACHE.get(args.spec)
-    tensors = [_as_cute(t, modes) for t, modes in zip(args.kernel_tensors(), _DYNAMIC_MODES)]
+    tensors = [as_cute(t, modes) for t, modes in zip(args.kernel_tensors(), _DYNAMIC_MODES)]
     stream = cuda.CUstream(torch.cuda.current_stream(args.q.device).cuda_stream)
     compiled.fn(*tensors, cutlass.Float32(args.softmax_scale_log2), cutlass.Int32(args.max_seqlen_q),
                 cutlass.Int32(args.num_ctas), stream)
