@@ -1,4 +1,4 @@
-"""The About panel's view of the latest optimization ladder (profiling/optimization_ladder.py), when
+"""The About panel's view of the latest optimization ladder (profiling/benchmarks/optimization_ladder.py), when
 its JSON exists: what each optimization bought on this machine, as the script measured it."""
 from __future__ import annotations
 

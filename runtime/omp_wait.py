@@ -3,7 +3,7 @@ runtime reads GOMP_SPINCOUNT once, when it loads).
 
 libgomp's default spins ~300,000 times. On a machine the engine shares (a 2-core box with another busy
 process) a thread spinning at one of a step's hundreds of barriers holds the core its partner needs,
-and a decode step ran up to ~10x slower (profiling/bench_offline.py --requests 16 under load: 15 useful
+and a decode step ran up to ~10x slower (profiling/benchmarks/bench_offline.py --requests 16 under load: 15 useful
 tok/s against 33-48 with 10,000 spins). 10,000 spins still outlast the short waits of a quiet machine.
 A value the user set wins."""
 from __future__ import annotations

@@ -15,7 +15,7 @@ import httpx
 import openai
 import uvicorn
 
-from profiling.bench_serving import BenchError, start_server, stop_server
+from profiling.benchmarks.bench_serving import BenchError, start_server, stop_server
 from runtime.engine import LLMEngine
 from runtime.server.app import create_app
 from runtime.server.async_engine import AsyncEngine

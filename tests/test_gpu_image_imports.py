@@ -1,4 +1,4 @@
-"""The GPU image's import check (CPU; profiling/gpu_suite_image.py): with the packages the GPU machine
+"""The GPU image's import check (CPU; profiling/gpu/gpu_suite_image.py): with the packages the GPU machine
 lacks blocked (gguf, xgrammar, fastapi, uvicorn, gradio, the DSL, ...), every GPU test module the suite
 runs collects its GPU tests, and the smoke and every benchmark entry point import and list their
 checks and cases. A module-level `import gguf` put back on the engine's import path fails the check."""
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-HELPER = REPO / "profiling" / "gpu_suite_image.py"
+HELPER = REPO / "profiling" / "gpu" / "gpu_suite_image.py"
 BLOCKED = "(the GPU image lacks it)"
 # The engine's import path as it was: weights/quantized.py importing gguf at module level.
 PUT_THE_BUG_BACK = """
@@ -31,7 +31,7 @@ def helper(*args: str, timeout: int = 180) -> subprocess.CompletedProcess:
 
 
 def plan() -> list[list[str]]:
-    out = subprocess.run(["bash", str(REPO / "profiling" / "gpu_suite.sh"), "--list"], cwd=REPO,
+    out = subprocess.run(["bash", str(REPO / "profiling" / "gpu" / "gpu_suite.sh"), "--list"], cwd=REPO,
                          capture_output=True, text=True, check=True, timeout=30).stdout
     return [line.split() for line in out.splitlines()]
 

@@ -239,7 +239,7 @@ def test_check_fails_a_variant_that_does_not_export(monkeypatch):
 
 
 def _gpu_suite(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(REPO / "profiling" / "gpu_suite.sh"), *args], cwd=REPO, capture_output=True,
+    return subprocess.run(["bash", str(REPO / "profiling" / "gpu" / "gpu_suite.sh"), *args], cwd=REPO, capture_output=True,
                           text=True, timeout=120, env={**os.environ, **(env or {})})
 
 
@@ -250,15 +250,15 @@ def test_gpu_suite_dry_run():
     assert out.returncode == 0, out.stdout + out.stderr
     assert "bash syntax ok" in out.stdout and "gpu image: 0 problems" in out.stdout
     for family in ("decode", "fused", "fp8", "prefill"):
-        assert re.search(rf"smoke +profiling/gpu_smoke.py --family {family} +3 checks", out.stdout), family
-    assert re.search(r"bench +profiling/bench_kernels.py prefill +\d+ cases", out.stdout)
+        assert re.search(rf"smoke +profiling/gpu/gpu_smoke.py --family {family} +3 checks", out.stdout), family
+    assert re.search(r"bench +profiling/gpu/bench_kernels.py prefill +\d+ cases", out.stdout)
     assert re.search(r"tests +tests/test_engine_gpu.py +[1-9]\d* gpu tests collect", out.stdout)
     assert re.search(r"size +travels +ok [\d.]+ MiB of 64 MiB", out.stdout)
     carry = next(line for line in out.stdout.splitlines() if line.startswith("carry"))
     assert "fresh, built from this tree" in carry or ("NOT READY" in carry and "--prepare" in carry), carry
-    assert 'GPU command: run(command="bash profiling/gpu_suite.sh", carry=["build/aot"]' in out.stdout
+    assert 'GPU command: run(command="bash profiling/gpu/gpu_suite.sh", carry=["build/aot"]' in out.stdout
     helped = _gpu_suite("--help")
-    assert helped.returncode == 0 and 'run(command="bash profiling/gpu_suite.sh"' in helped.stdout
+    assert helped.returncode == 0 and 'run(command="bash profiling/gpu/gpu_suite.sh"' in helped.stdout
 
 
 def test_gpu_suite_dry_run_calls_a_stale_build_not_ready(tmp_path):
@@ -273,7 +273,7 @@ def test_gpu_suite_dry_run_calls_a_stale_build_not_ready(tmp_path):
                                                         "variants": names, "libraries": []}))
     loads = "cute_kernels/hopper/prefill/prefill_loads.py"
     (tmp_path / "suite_tree.json").write_text(json.dumps({"files": {loads: "0" * 20}}))
-    out = subprocess.run([sys.executable, str(REPO / "profiling" / "gpu_suite_prep.py"), "check-aot", str(tmp_path)],
+    out = subprocess.run([sys.executable, str(REPO / "profiling" / "gpu" / "gpu_suite_prep.py"), "check-aot", str(tmp_path)],
                          cwd=REPO, capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and "stale: built from another tree" in out.stdout, out.stdout + out.stderr
     assert loads in out.stdout and "--prepare" in out.stdout
@@ -289,7 +289,7 @@ def test_gpu_suite_fails_on_a_device_that_is_not_sm90(tmp_path):
         "    get_device_capability = staticmethod(lambda *a: (8, 0))\n"
         "    get_device_name = staticmethod(lambda *a: 'NVIDIA A100-SXM4-80GB')\n")
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "OUT": str(tmp_path / "out")}
-    out = subprocess.run(["bash", str(REPO / "profiling" / "gpu_suite.sh")], cwd=REPO, env=env,
+    out = subprocess.run(["bash", str(REPO / "profiling" / "gpu" / "gpu_suite.sh")], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode != 0 and "sm_80" in out.stderr and "need sm_90" in out.stderr, out.stdout + out.stderr
 
@@ -297,13 +297,13 @@ def test_gpu_suite_fails_on_a_device_that_is_not_sm90(tmp_path):
 @pytest.mark.parametrize("name,peak", [("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H100 PCIe", 756.0),
                                        ("NVIDIA H100 NVL", 835.0), ("NVIDIA H200", 989.0), ("NVIDIA A100", None)])
 def test_bench_peak_table_reads_the_device_name(name, peak):
-    from profiling.gpu_peaks import peak_tflops
+    from profiling.gpu.gpu_peaks import peak_tflops
 
     assert peak_tflops(name) == peak
 
 
 def test_bench_prefill_counts_only_visible_scores():
-    from profiling.bench_prefill import PREFILL_CASES, PrefillCase
+    from profiling.gpu.bench_prefill import PREFILL_CASES, PrefillCase
 
     full, causal = PrefillCase(1024, 128, False), PrefillCase(1024, 128, True)
     assert causal.flops() == pytest.approx(full.flops() * (1024 + 1) / 2 / 1024)

@@ -1,4 +1,4 @@
-"""profiling/llama_cpp_emulation.py: with the engine's own arithmetic it reproduces the engine's logits on a
+"""profiling/quality/llama_cpp_emulation.py: with the engine's own arithmetic it reproduces the engine's logits on a
 tiny Q4_1 GGUF (so the rows of its table that add llama.cpp's roundings differ from the engine by those
 roundings alone), each rounding switch takes effect, and its activation blocks are the engine's reference's."""
 from dataclasses import replace
@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from cute_kernels.cpu.quant_reference import quantize_activations_ref
-from profiling import llama_cpp_emulation as emulation
-from profiling.quant_quality import all_logits, top1_agreement
+from profiling.quality import llama_cpp_emulation as emulation
+from profiling.quality.quant_quality import all_logits, top1_agreement
 from runtime.engine_config import FLOAT_MODE
 from tests.model_files import write_tiny_gguf
 from weights.load import load_checkpoint

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from profiling.hf_export import export_hf_folder, hf_config_dict
+from profiling.common.hf_export import export_hf_folder, hf_config_dict
 from runtime.errors import ModelLoadError
 from tests.model_files import llama_cpp_rope_freqs, random_tensors, tiny_config, write_tiny_gguf, write_tiny_hf
 from weights.checkpoint import expected_shapes

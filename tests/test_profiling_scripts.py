@@ -24,7 +24,7 @@ def is_png(path) -> bool:
 
 def test_optimization_ladder_smoke(tmp_path):
     out, png = tmp_path / "ladder.json", tmp_path / "ladder.png"
-    proc = run_script("profiling/optimization_ladder.py", "--smoke", "--json", str(out), "--png", str(png))
+    proc = run_script("profiling/benchmarks/optimization_ladder.py", "--smoke", "--json", str(out), "--png", str(png))
     assert proc.returncode == 0, proc.stderr
     report = json.loads(out.read_text())
     rungs = report["rungs"]
@@ -50,7 +50,7 @@ def test_roofline_smoke_with_a_measured_run(tmp_path):
                                     "rungs": [{"rung": "a run", "output_tokens": 100, "prefill_tokens_computed": 400,
                                                "steps": 60, "wall_s": 2.0}]}))
     out, png = tmp_path / "roofline.json", tmp_path / "roofline.png"
-    proc = run_script("profiling/roofline.py", "--smoke", "--chips", "cpu,h100,h200", "--measured", str(measured),
+    proc = run_script("profiling/benchmarks/roofline.py", "--smoke", "--chips", "cpu,h100,h200", "--measured", str(measured),
                       "--json", str(out), "--png", str(png))
     assert proc.returncode == 0, proc.stderr
     report = json.loads(out.read_text())
@@ -66,7 +66,7 @@ def test_roofline_smoke_with_a_measured_run(tmp_path):
 
 def test_cpu_profile_smoke(tmp_path):
     trace, ops = tmp_path / "trace.json", tmp_path / "ops.json"
-    proc = run_script("profiling/cpu_profile.py", "--smoke", "--trace", str(trace), "--json", str(ops))
+    proc = run_script("profiling/benchmarks/cpu_profile.py", "--smoke", "--trace", str(trace), "--json", str(ops))
     assert proc.returncode == 0, proc.stderr
     table = json.loads(ops.read_text())
     names = {r["op"] for r in table["ops"]}
@@ -81,7 +81,7 @@ def _has_gpu() -> bool:
 
 
 @pytest.mark.skipif(_has_gpu(), reason="checks the scripts' refusal on a machine without a GPU")
-@pytest.mark.parametrize("script", [["profiling/nsys.sh"], ["profiling/ncu.sh", "decode_attention", "decode"]])
+@pytest.mark.parametrize("script", [["profiling/gpu/nsys.sh"], ["profiling/gpu/ncu.sh", "decode_attention", "decode"]])
 def test_nsys_and_ncu_refuse_without_a_gpu_in_one_line(script):
     proc = run_script("bash", *script, timeout=60)
     assert proc.returncode != 0
@@ -92,7 +92,7 @@ def test_nsys_and_ncu_refuse_without_a_gpu_in_one_line(script):
 def test_ladder_picks_up_quantization_modes_when_engine_config_grows_them(monkeypatch):
     from dataclasses import dataclass
 
-    from profiling import optimization_ladder as ol
+    from profiling.benchmarks import optimization_ladder as ol
     from runtime.engine_config import flag
 
     today = ol.ladder({})
@@ -115,7 +115,7 @@ def test_quant_quality_smoke_measures_every_mode_and_the_shipped_blocks(tmp_path
     from runtime.engine_config import QUANTIZATION_MODES
 
     out = tmp_path / "q.json"
-    proc = run_script("profiling/quant_quality.py", "--smoke", "--json", str(out))
+    proc = run_script("profiling/quality/quant_quality.py", "--smoke", "--json", str(out))
     assert proc.returncode == 0, proc.stderr
     report = json.loads(out.read_text())
     assert [r["path"] for r in report["paths"]] == ["float", "as shipped", "as shipped + bf16 KV",
@@ -126,7 +126,7 @@ def test_quant_quality_smoke_measures_every_mode_and_the_shipped_blocks(tmp_path
 
 
 def test_fp8_quality_sweep_smoke_swaps_only_the_layers_a_configuration_names():
-    proc = run_script("profiling/fp8_quality_sweep.py", "--smoke", "--positions", "64",
+    proc = run_script("profiling/quality/fp8_quality_sweep.py", "--smoke", "--positions", "64",
                       "--only", "kernel rowwise", "first and last")
     assert proc.returncode == 0, proc.stderr
     rows = {line[:52].strip(): line.split()[-1] for line in proc.stdout.splitlines()[2:]}
@@ -137,7 +137,7 @@ def test_fp8_quality_sweep_smoke_swaps_only_the_layers_a_configuration_names():
 
 def test_bench_tp_smoke_splits_steps_into_compute_and_communication(tmp_path):
     out = tmp_path / "tp.json"
-    proc = run_script("profiling/bench_tp.py", "--smoke", "--json", str(out))
+    proc = run_script("profiling/benchmarks/bench_tp.py", "--smoke", "--json", str(out))
     assert proc.returncode == 0, proc.stderr
     report = json.loads(out.read_text())
     one, two = report["rows"]

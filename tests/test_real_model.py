@@ -116,7 +116,7 @@ def test_quantized_default_tracks_the_float_path(engine, quantized_engine):
     """The only difference is int8 activation rounding (same Q4_1/Q8_0 weight values), which the
     quantized linears apply below 128 rows: fed in 64-token steps, the next-token choice on the long
     prompt agrees at >= 95% of positions and the mean log-likelihood moves by < 2%
-    (profiling/quant_quality.py measures the same on a natural text)."""
+    (profiling/quality/quant_quality.py measures the same on a natural text)."""
     assert "Q4_1 x 120, Q8_0 x 1" in quantized_engine.ledger.describe()
     ids = prompt_ids(engine, "long")
     ref, ours = all_logits(engine, ids), all_logits(quantized_engine, ids, step=64)

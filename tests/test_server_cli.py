@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from profiling import bench_serving
+from profiling.benchmarks import bench_serving
 from runtime.serve import intra_op_threads, parse_args
 from tests.server_utils import REPO, serve_subprocess, wait_for_chat_page, write_tiny_model
 
@@ -85,7 +85,7 @@ def test_bench_serving_launches_a_server_and_reports(tiny_model, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("\n".join(json.dumps({"prompt": f"prompt {i}", "max_tokens": 3 + i % 4}) for i in range(5)))
     out = tmp_path / "run"
-    res = subprocess.run([sys.executable, "profiling/bench_serving.py", "--launch", "--model", tiny_model,
+    res = subprocess.run([sys.executable, "profiling/benchmarks/bench_serving.py", "--launch", "--model", tiny_model,
                           "--server-args", " ".join(SMALL_KV), "--workload", str(prompts), "--num-requests", "12",
                           "--rate", "40", "--concurrency", "4", "--slo-ttft", "10", "--slo-tpot", "10",
                           "--max-duration", "120", "--out", str(out)],

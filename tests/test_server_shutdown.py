@@ -10,7 +10,7 @@ import threading
 import httpx
 import pytest
 
-from profiling.bench_serving import start_server, stop_server
+from profiling.benchmarks.bench_serving import start_server, stop_server
 from tests.server_utils import sse_payloads, write_tiny_model
 
 LONG = {"max_tokens": 480, "ignore_eos": True, "temperature": 0}  # seconds of decoding: outlasts the grace

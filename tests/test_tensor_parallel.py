@@ -271,7 +271,7 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.slow  # a server process with two ranks: ~40 s on 2 shared cores
 def test_server_with_two_ranks_serves_and_its_shutdown_stops_the_worker(tmp_path):
-    from profiling.bench_serving import start_server, stop_server
+    from profiling.benchmarks.bench_serving import start_server, stop_server
     from tests.server_utils import write_tiny_model
 
     log = tempfile.TemporaryFile("w+")

@@ -28,7 +28,7 @@ from cute_kernels.cpu.quant_reference import quant_linear_ref
 _P, _I, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 DEQUANT_MIN_ROWS = 128
 # (tiles ISA, type) -> (first row count for quant_tiles' GEMM, first for dequantize + fp32 GEMM). From
-# profiling/bench_quant_gemm.py --threads 1 --clock cpu on a busy 2-core AVX2 machine (Zen 3) the GEMM
+# profiling/benchmarks/bench_quant_gemm.py --threads 1 --clock cpu on a busy 2-core AVX2 machine (Zen 3) the GEMM
 # passes this GEMV at 8 rows for Q4 (Q8_0: 16) and is 1.2-3.0x fp32 F.linear for Q4_1 (Q8_0: 1.2-2.1x)
 # at 16-512 rows, where dequantize + fp32 is 0.4-1.0x; so on AVX2 Q4 never takes the dequantized route.
 # Q8_0 (the default model's tied LM head, 49152 rows): the GEMM from 16 rows, 1.5-1.8x the GEMV there

@@ -2,7 +2,7 @@
 
 F.linear hands the weight to MKL's sgemm, which repacks it on every call. At decode batch sizes that
 repacking is a large part of the product: oneDNN with a weight packed once is about 2x faster at 8
-rows, 5-30% at 64 rows and 1.5x for the LM head at 64 rows (profiling/bench_cpu_ops.py). From a few
+rows, 5-30% at 64 rows and 1.5x for the LM head at 64 rows (profiling/benchmarks/bench_cpu_ops.py). From a few
 hundred rows on (prefill chunks) plain F.linear is as fast or faster, so the layer keeps both and
 picks by row count; the packed copies cost one more copy of the linear weights in host memory.
 """

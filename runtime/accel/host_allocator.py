@@ -4,7 +4,7 @@ A CPU forward pass allocates and frees many temporaries of a few MB (a 1024-toke
 activations are 6-12 MB). With glibc's defaults freed memory at the top of the heap is trimmed
 back to the kernel, and large blocks are mmap'ed afresh, so the next step page-faults all of it in
 again. Raising the trim threshold and the top pad keeps that memory mapped. Measured:
-profiling/bench_offline.py went from ~120 to ~136 useful tok/s on 2 cores. vLLM's CPU recipe gets
+profiling/benchmarks/bench_offline.py went from ~120 to ~136 useful tok/s on 2 cores. vLLM's CPU recipe gets
 the same effect by preloading tcmalloc. Set CUTE_SERVE_MALLOC_TUNING=0 to keep glibc's defaults.
 """
 from __future__ import annotations

