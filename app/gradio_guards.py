@@ -31,7 +31,7 @@ def quiet_input_errors(demo: gr.Blocks) -> None:
     handler runs; Gradio prints the traceback of any exception but a gr.Error that asks it not to.
     Errors of the handlers themselves (bugs) keep their tracebacks."""
     preprocess = getattr(demo, "preprocess_data", None)
-    if preprocess is None:  # another Gradio: its tracebacks stay (tests/test_server_auth.py notices)
+    if preprocess is None:  # another Gradio: its tracebacks stay (tests/runtime/server/test_server_auth.py notices)
         return
 
     async def checked(block_fn: Any, inputs: list[Any], state: Any, *args: Any, **kwargs: Any) -> Any:

@@ -10,7 +10,7 @@ Routes (csrc/isa.h): every library is built for one SIMD route, by default the b
 `using_route` (or CUTE_SERVE_CPU_ROUTE) builds the others on the same machine: AVX2 with the AVX-512
 features turned off, and the plain C that non-x86 machines compile, so one x86 test run covers the code
 an AVX2, an AVX-512 and an ARM machine take. CUTE_SERVE_CPU_SANITIZE=1 builds with ASan + UBSan
-(the process must preload their runtimes: see tests/test_cpu_sanitizers.py).
+(the process must preload their runtimes: see tests/cute_kernels/cpu/test_cpu_sanitizers.py).
 """
 from __future__ import annotations
 

@@ -19,11 +19,11 @@ PLAN=(
   "fused   smoke fused      30 profiling/gpu/gpu_smoke.py --family fused"
   "fp8     smoke fp8        30 profiling/gpu/gpu_smoke.py --family fp8"
   "prefill smoke prefill    30 profiling/gpu/gpu_smoke.py --family prefill"
-  "decode  tests decode     90 tests/test_decode_attention.py"
-  "fused   tests fused      90 tests/test_fused_ops.py"
-  "fp8     tests fp8        90 tests/test_fp8_gemm.py"
-  "prefill tests prefill    90 tests/test_prefill_attention.py tests/test_prefill_tile_order.py tests/test_aot.py"
-  "engine  tests engine     90 tests/test_cuda_graphs.py tests/test_engine_gpu.py"
+  "decode  tests decode     90 tests/cute_kernels/hopper/test_decode_attention.py"
+  "fused   tests fused      90 tests/cute_kernels/hopper/test_fused_ops.py"
+  "fp8     tests fp8        90 tests/cute_kernels/hopper/test_fp8_gemm.py"
+  "prefill tests prefill    90 tests/cute_kernels/hopper/test_prefill_attention.py tests/cute_kernels/hopper/test_prefill_tile_order.py tests/cute_kernels/hopper/test_aot.py"
+  "engine  tests engine     90 tests/runtime/accel/test_cuda_graphs.py tests/runtime/accel/test_engine_gpu.py"
   "decode  bench decode     30 profiling/gpu/bench_kernels.py decode"
   "fused   bench fused      25 profiling/gpu/bench_kernels.py fused"
   "fp8     bench fp8        40 profiling/gpu/bench_kernels.py fp8"
@@ -47,7 +47,7 @@ profiling/gpu/gpu_suite.sh: the GPU suite as ONE prepared command for a lent Hop
                                           test file collects its GPU tests; build/aot present and fresh;
                                           what travels under 64 MiB; prints the command below
   bash profiling/gpu/gpu_suite.sh             on the GPU: the run itself
-  bash profiling/gpu/gpu_suite.sh --list      the plan, one step a line (tests/test_gpu_image_imports.py reads it)
+  bash profiling/gpu/gpu_suite.sh --list      the plan, one step a line (tests/profiling/test_gpu_image_imports.py reads it)
 
 The command a lent GPU runs (the device tool's run, from the repository root; \$OUT comes back):
   run(command="$GPU_COMMAND", carry=["${CARRY[*]}"], timeout_s=$RUN_TIMEOUT_S)

@@ -1,7 +1,7 @@
 """The GPU image, emulated here: block the Python packages the GPU machine lacks, then import, collect and
 list everything `profiling/gpu/gpu_suite.sh` runs there, in this one process.
 
-    python3 profiling/gpu/gpu_suite_image.py [--json PATH]     (the suite's --dry-run and tests/test_gpu_image_imports.py)
+    python3 profiling/gpu/gpu_suite_image.py [--json PATH]     (the suite's --dry-run and tests/profiling/test_gpu_image_imports.py)
     python3 profiling/gpu/gpu_suite_image.py --run -c CODE     run CODE with the packages blocked
     python3 profiling/gpu/gpu_suite_image.py --prelude CODE    run CODE, then the check (tests put a bug back so)
 

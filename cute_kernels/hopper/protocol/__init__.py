@@ -10,6 +10,6 @@ a read of the wrong ring position or phase, a missing proxy fence, or copies out
 Modules: engine (mbarriers, named barriers, slots, the scheduler), ops (the operations), dsl (the DSL
 helpers), decode / fp8_gemm / prefill (one model per kernel). Kept here beside the other kernel tools
 (the compile check, tma_lint) rather than under tests/: it is importable without pytest or the DSL,
-so a longer sweep or another check can reuse it; tests/test_kernel_protocol.py picks the shapes and
+so a longer sweep or another check can reuse it; tests/cute_kernels/hopper/test_kernel_protocol.py picks the shapes and
 the broken variants.
 """

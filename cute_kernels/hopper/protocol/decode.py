@@ -22,7 +22,7 @@ from . import dsl as dsl_model
 from .engine import ANY, Machine, ProtocolError
 from .ops import CpAsync, CpAsyncWait, Fence, NamedSync, Op, Read, Release, TmaLoad, Write, check_index
 
-# decode_attention.py's roles (that module imports the DSL; tests/test_kernel_protocol.py checks these)
+# decode_attention.py's roles (that module imports the DSL; tests/cute_kernels/hopper/test_kernel_protocol.py checks these)
 CONSUMER_THREADS = 128
 CONSUMER_WARPS = CONSUMER_THREADS // 32
 CONSUMER_BARRIER = 1
