@@ -7,6 +7,7 @@ one queue in the order they were freed; a fresh allocation takes the oldest, evi
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 
 import numpy as np
 
@@ -23,6 +24,8 @@ class BlockPool:
         self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.cached: dict[int, int] = {}  # block hash -> block id
         self.evictions = 0  # cached blocks whose contents were dropped for a fresh allocation
+        # called with (block, hash, tokens) before an eviction reuses a cached block (a KV connector's offer)
+        self.on_evict: Callable[[int, int, tuple[int, ...]], None] | None = None
 
     @property
     def num_free(self) -> int:
@@ -49,6 +52,8 @@ class BlockPool:
             if self.cached.get(h) == block:
                 del self.cached[h]
                 self.evictions += 1
+                if self.on_evict is not None:
+                    self.on_evict(block, h, self.block_tokens[block])
             self.block_hash[block] = None
             self.block_tokens[block] = None
 

@@ -1,0 +1,99 @@
+"""What can go wrong below the pool, each a logged miss (the block recomputed, the same tokens) or a clear
+start-up error, never a wrong token or a stuck request: corrupted, truncated or foreign block files, a
+full disk, a slow disk, a request aborted while its blocks load, a second server, an unusable path."""
+import errno
+import logging
+import shutil
+import time
+
+import pytest
+
+import runtime.tiers.connector as connector_module
+from runtime.errors import UserError
+from runtime.sampling_params import SamplingParams
+from runtime.tiers.disk_tier import DiskTier
+from tests.runtime.tiers.tier_workload import PROMPTS, baseline, engine, run_rounds
+from tests.tiny_engine import tiny_engine
+
+
+@pytest.fixture(scope="module")
+def want():
+    return baseline()
+
+
+def written(tmp_path) -> list:
+    with engine(kv_disk_path=str(tmp_path)) as e:
+        run_rounds(e, rounds=1)
+    return sorted(tmp_path.glob("*/*.kvb"))
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_damaged_block_files_are_recomputed(tmp_path, want, damage, caplog):
+    for f in written(tmp_path):
+        data = bytearray(f.read_bytes())
+        if damage == "flip":
+            data[-100] ^= 0xFF
+        f.write_bytes(data if damage == "flip" else data[:-7])
+    with caplog.at_level(logging.WARNING, "cute_serve"), engine(kv_disk_path=str(tmp_path)) as e:
+        assert run_rounds(e, rounds=1) == want[:len(PROMPTS)]
+        assert e.stats.tiers["corrupt_blocks"] >= len(PROMPTS) and not e.stats.tiers.get("disk_hits")
+    assert ("checksum" if damage == "flip" else "truncated") in caplog.text
+
+
+def test_a_block_file_of_another_model_is_refused(tmp_path):
+    mine = written(tmp_path)
+    with tiny_engine(num_blocks=24, seed=1) as other:  # other weights: same tokens, same hashes, other KV
+        want = run_rounds(other, rounds=1)
+    with tiny_engine(num_blocks=24, seed=1, kv_disk_path=str(tmp_path)) as other:
+        theirs = other.scheduler.connector.tiers[0]
+        for f in mine:  # planted where the other model looks for its own blocks
+            shutil.copy(f, theirs.dir / f.name)
+            theirs.index[int(f.stem, 16)] = f.stat().st_size
+        assert run_rounds(other, rounds=1) == want
+        assert other.stats.tiers["corrupt_blocks"] > 0 and not other.stats.tiers.get("disk_hits")
+
+
+def test_a_full_disk_costs_blocks_not_requests(tmp_path, want, monkeypatch, caplog):
+    def full(self, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    with caplog.at_level(logging.WARNING, "cute_serve"), engine(kv_disk_path=str(tmp_path)) as e:
+        monkeypatch.setattr(type(tmp_path), "write_bytes", full)  # from here on every block write fails
+        assert run_rounds(e) == want
+        assert e.stats.tiers["write_failures"] > 0 and not e.stats.tiers.get("disk_hits")
+    assert caplog.text.count("ENOSPC") == 1  # logged once, not per block
+
+
+def test_a_slow_disk_times_out_into_recomputing(tmp_path, want, monkeypatch):
+    written(tmp_path)
+    read = DiskTier.read
+    monkeypatch.setattr(DiskTier, "read", lambda self, h: time.sleep(0.15) or read(self, h))
+    monkeypatch.setattr(connector_module, "LOAD_TIMEOUT_S", 0.05)
+    with engine(kv_disk_path=str(tmp_path)) as e:
+        assert run_rounds(e, rounds=1) == want[:len(PROMPTS)]
+        assert e.stats.tiers["load_timeouts"] >= len(PROMPTS)
+        assert e.pool.num_free == e.pool.num_blocks
+
+
+def test_aborting_a_request_whose_blocks_are_loading_frees_them(tmp_path, want, monkeypatch):
+    written(tmp_path)
+    read = DiskTier.read
+    monkeypatch.setattr(DiskTier, "read", lambda self, h: time.sleep(0.05) or read(self, h))
+    with engine(kv_disk_path=str(tmp_path)) as e:
+        e.add_request("gone", PROMPTS[0], SamplingParams(temperature=0, max_tokens=4))
+        e.step()
+        assert e.scheduler.loading  # waiting aside for its blocks
+        e.abort_request("gone")
+        while e.has_unfinished_requests() or e.scheduler.loading:
+            e.step()
+        assert e.pool.num_free == e.pool.num_blocks
+        assert run_rounds(e, rounds=1) == want[:len(PROMPTS)]
+
+
+def test_two_servers_on_one_directory_and_unusable_paths_are_start_up_errors(tmp_path):
+    with engine(kv_disk_path=str(tmp_path)):
+        with pytest.raises(UserError, match="another server uses it"):
+            engine(kv_disk_path=str(tmp_path))
+    a_file = tmp_path / "not_a_dir"
+    a_file.write_text("")
+    with pytest.raises(UserError, match="cannot write"):
+        engine(kv_disk_path=str(a_file))

@@ -1,0 +1,55 @@
+"""KV tiers below the pool (runtime/tiers/): evicted prefix blocks come back from host memory or disk
+with greedy outputs identical to recomputing them, across a restart too; refused settings are one-line
+errors before any model loads."""
+import pytest
+
+from runtime.engine_config import EngineConfig
+from runtime.errors import UserError
+from runtime.tiers.attach import wants_tiers
+from tests.runtime.tiers.tier_workload import PROMPTS, baseline, engine, run_rounds
+
+
+@pytest.fixture(scope="module")
+def want():
+    return baseline()
+
+
+def test_disk_hits_give_the_tokens_recomputing_gives(tmp_path, want):
+    with engine(kv_disk_path=str(tmp_path)) as e:
+        assert run_rounds(e) == want
+        tiers = e.stats.tiers
+        assert tiers["disk_hits"] >= 5 * len(PROMPTS) // 2 and tiers["disk_written_bytes"] > 0
+        assert e.pool.num_free == e.pool.num_blocks and not e.scheduler.loading
+        assert "disk" in e.ledger.describe()
+
+
+def test_a_restarted_engine_starts_warm(tmp_path, want):
+    with engine(kv_disk_path=str(tmp_path)) as e:
+        run_rounds(e, rounds=1)
+    with engine(kv_disk_path=str(tmp_path)) as e:  # closing wrote the cached blocks out
+        assert run_rounds(e, rounds=1) == want[:len(PROMPTS)]
+        assert e.stats.tiers["disk_hits"] >= 5 * len(PROMPTS) - 6  # every prefix block but a few
+        assert e.stats.computed_prefill_tokens < 2 * 16 * len(PROMPTS)
+
+
+def test_the_host_tier_spills_to_disk(tmp_path, want):
+    block = 2 * 2 * 16 * 2 * 16 * 4  # 2 layers x (K, V) x 16 tokens x 2 heads x 16 dims x 4 bytes
+    with engine(kv_offload_bytes=3 * (block + 256), kv_disk_path=str(tmp_path)) as e:
+        assert run_rounds(e) == want
+        assert e.stats.tiers["host_hits"] > 0 and e.stats.tiers["disk_hits"] > 0
+        assert e.stats.tiers["host_used_bytes"] <= 3 * (block + 256)
+
+
+def test_the_disk_budget_holds(tmp_path, want):
+    with engine(kv_disk_path=str(tmp_path), kv_disk_bytes=8 * 10_000) as e:
+        assert run_rounds(e) == want
+        tier = e.scheduler.connector.tiers[0]
+        assert 0 < tier.used <= 8 * 10_000 and len(list(tier.dir.glob("*.kvb"))) == len(tier.index)
+
+
+@pytest.mark.parametrize("settings", [dict(enable_prefix_caching=False), dict(scheduler="static"),
+                                      dict(tensor_parallel_size=2)])
+def test_settings_tiers_cannot_run_with_are_refused_before_loading(settings):
+    with pytest.raises(UserError, match="kv-disk-path"):
+        wants_tiers(EngineConfig(kv_disk_path="/tmp/x", **settings))
+    assert not wants_tiers(EngineConfig())
