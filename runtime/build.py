@@ -29,7 +29,7 @@ from runtime.parallel.runner import make_tp_runner
 from runtime.sequence import Proposer
 from runtime.spec.draft_model import DraftModelProposer
 from runtime.spec.ngram import NgramProposer
-from runtime.tiers.attach import attach_tiers, wants_tiers
+from runtime.tiers.attach import attach_tiers, open_tiers, wants_tiers
 from runtime.tokenizer.tokenizer import Tokenizer
 from weights.config import ModelConfig
 
@@ -64,10 +64,11 @@ def build_engine(config: EngineConfig, model_config: ModelConfig, tensors: dict[
         local = runner.local
     ledger.require_blocks()
     runner, pool_blocks = _with_graphs(config, runner, local, ledger, max_model_len)
+    tiers = open_tiers(config, local, ledger, model_config) if tiered else None
     engine = LLMEngine(config, model_config, tokenizer,
                        EngineParts(runner, local, ledger, pool_blocks, device, dtype, max_model_len, proposer))
-    if tiered:
-        attach_tiers(engine)
+    if tiers is not None:
+        attach_tiers(engine, tiers)
     return engine
 
 

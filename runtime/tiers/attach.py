@@ -2,20 +2,20 @@
 plugged into the scheduler and the pool, and a runner whose close() writes the cached blocks out."""
 from __future__ import annotations
 
-import logging
+from dataclasses import dataclass
 from typing import Any
 
 from runtime.engine import LLMEngine
 from runtime.engine_config import EngineConfig
 from runtime.errors import UserError
-from runtime.model.runner import Runner
+from runtime.kv.cache import KVLedger
+from runtime.model.runner import ModelRunner, Runner
 from runtime.tiers.block_io import BlockIO
-from runtime.tiers.connector import TieredConnector
+from runtime.tiers.connector import Tier, TieredConnector
 from runtime.tiers.disk_tier import DiskTier
 from runtime.tiers.fingerprint import fingerprint
 from runtime.tiers.host_tier import HostTier
-
-log = logging.getLogger("cute_serve")
+from weights.config import ModelConfig
 
 
 def wants_tiers(config: EngineConfig) -> bool:
@@ -30,19 +30,30 @@ def wants_tiers(config: EngineConfig) -> bool:
     return True
 
 
-def attach_tiers(engine: LLMEngine) -> None:
-    """Call once the engine is built, before any request (wants_tiers said yes)."""
-    config = engine.config
-    fp = fingerprint(engine.model_runner, engine.ledger, engine.model_config)
-    tiers: list = [HostTier(config.kv_offload_bytes)] if config.kv_offload_bytes else []
+@dataclass
+class OpenTiers:
+    fingerprint: bytes
+    tiers: list[Tier]
+
+
+def open_tiers(config: EngineConfig, runner: ModelRunner, ledger: KVLedger, cfg: ModelConfig) -> OpenTiers:
+    """The tiers the settings ask for (wants_tiers said yes), named in the ledger before the engine logs it.
+    Runs the fingerprint's probe in the pool's first block: before any request."""
+    fp = fingerprint(runner, ledger, cfg)
+    tiers: list[Tier] = [HostTier(config.kv_offload_bytes)] if config.kv_offload_bytes else []
     if config.kv_disk_path:
         tiers.append(DiskTier(config.kv_disk_path, config.kv_disk_bytes, fp))
-    connector = TieredConnector(BlockIO(engine.model_runner.kv_caches), fp, tiers, engine.stats)
+    ledger.tiers = ", ".join(t.describe() for t in tiers)
+    return OpenTiers(fp, tiers)
+
+
+def attach_tiers(engine: LLMEngine, opened: OpenTiers) -> None:
+    """Plug the tiers into the built engine's scheduler, pool and runner."""
+    connector = TieredConnector(BlockIO(engine.model_runner.kv_caches), opened.fingerprint, opened.tiers,
+                                engine.stats)
     engine.scheduler.connector = connector
     engine.pool.on_evict = connector.offer
-    engine.ledger.tiers = connector.describe()
     engine.runner = FlushingRunner(engine.runner, connector, engine.pool)
-    log.info("KV tiers below the pool: %s", engine.ledger.tiers)
 
 
 class FlushingRunner:

@@ -1,15 +1,30 @@
 """A device block's KV as bytes (every layer's K block rows, then V), and bytes back into a block.
 
 Blocks are the first dimension of every cache tensor, so a block is one contiguous slice of each: on
-the CPU a read is a copy of those slices and a write copies into them; on a GPU the copies go through
-host memory (synchronously at eviction, on a side stream when loading)."""
+the CPU a snapshot is a copy of those slices and a write copies into them. On a GPU both go through
+pinned host memory on a side stream: an eviction's copy is queued behind the work that wrote the block
+and ahead of the work that reuses it (stream order, no host wait in the step); a load's copies run on a
+loader thread beside the step. The GPU path has not yet run on a GPU."""
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 
 import torch
 
 KVCaches = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass
+class Snapshot:
+    """A block's bytes as they were when it was evicted; on a GPU, a device-to-host copy under way."""
+    data: torch.Tensor  # uint8, on the host
+    done: torch.cuda.Event | None = None
+
+    def bytes(self) -> bytearray:
+        if self.done is not None:
+            self.done.synchronize()  # the writer thread waits, not the step
+        return bytearray(self.data.numpy().tobytes())
 
 
 class BlockIO:
@@ -23,18 +38,23 @@ class BlockIO:
     def _slices(self, block: int) -> list[torch.Tensor]:
         return [t[block].reshape(-1).view(torch.uint8) for t in self.tensors]
 
-    def read(self, block: int) -> bytearray:
-        """The block's KV bytes (call between steps: the block must not be written meanwhile)."""
+    def snapshot(self, block: int) -> Snapshot:
+        """The block's KV bytes as of now, safe from the block's next writer (call between steps)."""
         parts = self._slices(block)
-        if self.device.type != "cpu":
-            parts = [torch.cat(parts).cpu()]
-        out = bytearray(self.block_bytes)
-        at = 0
-        for part in parts:
-            n = part.numel()
-            out[at:at + n] = part.numpy().tobytes()
-            at += n
-        return out
+        if self.stream is None:
+            return Snapshot(torch.cat(parts))
+        out = torch.empty(self.block_bytes, dtype=torch.uint8, pin_memory=True)
+        current = torch.cuda.current_stream(self.device)
+        self.stream.wait_stream(current)  # after the step that filled the block
+        with torch.cuda.stream(self.stream):
+            at = 0
+            for part, n in zip(parts, self.slice_bytes):
+                out[at:at + n].copy_(part, non_blocking=True)
+                at += n
+            done = torch.cuda.Event()
+            done.record()
+        current.wait_event(done)  # before the step that reuses it
+        return Snapshot(out, done)
 
     def write(self, block: int, payload: bytearray | memoryview) -> None:
         """Fill the block from bytes read() made (of the same layout: the caller checked the fingerprint).

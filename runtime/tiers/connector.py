@@ -15,15 +15,31 @@ import time
 from collections.abc import Hashable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from runtime.engine_stats import EngineStats
 from runtime.kv.connector import BlockLoad
 from runtime.tiers.block_file import BlockRecord, CorruptBlock, decode, encode
-from runtime.tiers.block_io import BlockIO
+from runtime.tiers.block_io import BlockIO, Snapshot
 
 log = logging.getLogger("cute_serve")
 LOAD_TIMEOUT_S = 5.0  # a load slower than this (a slow or hung disk) gives up: recomputing is cheaper
+PAUSE_AFTER_TIMEOUT_S = 30.0  # then no load starts for a while: a hung read holds a loader thread until it returns
 WRITE_QUEUE_BLOCKS = 256  # evicted blocks waiting for the writer; past it they are dropped (counted)
+
+
+class Tier(Protocol):
+    """A store below the pool (host_tier.py, disk_tier.py): encoded blocks by their prefix hash."""
+    name: str
+    used: int
+
+    def contains(self, block_hash: int) -> bool: ...
+    def read(self, block_hash: int) -> bytearray | None: ...
+    def write(self, block_hash: int, data: bytes) -> bool | list[tuple[int, bytes]]: ...
+    def drop(self, block_hash: int) -> None: ...
+    def drain(self) -> list[tuple[int, bytes]]: ...  # what must go to the tiers below at shutdown
+    def close(self) -> None: ...
+    def describe(self) -> str: ...
 
 
 @dataclass
@@ -37,13 +53,14 @@ class _Load:
 
 
 class TieredConnector:
-    def __init__(self, io: BlockIO, fingerprint: bytes, tiers: list, stats: EngineStats) -> None:
+    def __init__(self, io: BlockIO, fingerprint: bytes, tiers: list[Tier], stats: EngineStats) -> None:
         self.io, self.fingerprint, self.tiers, self.stats = io, fingerprint, tiers, stats  # counters: stats.tiers
         self._counting = threading.Lock()
         self._loads: dict[Hashable, _Load] = {}
+        self._paused_until = 0.0
         self._done: queue.Queue[_Load] = queue.Queue()
         self._loader = ThreadPoolExecutor(2, thread_name_prefix="kv-tier-load")
-        self._writes: queue.Queue[tuple[int, bytes] | None] = queue.Queue(WRITE_QUEUE_BLOCKS)
+        self._writes: queue.Queue[tuple[int, tuple[int, ...], Snapshot] | None] = queue.Queue(WRITE_QUEUE_BLOCKS)
         self._writer = threading.Thread(target=self._write_loop, name="kv-tier-write", daemon=True)
         self._writer.start()
 
@@ -55,6 +72,9 @@ class TieredConnector:
     # -- the seam ---------------------------------------------------------------------------------
 
     def lookup(self, hashes: list[int]) -> int:
+        if time.perf_counter() < self._paused_until:  # a tier hung lately: recompute rather than queue behind it
+            self._count("lookups_paused")
+            return 0
         n = next((i for i, h in enumerate(hashes) if not any(t.contains(h) for t in self.tiers)), len(hashes))
         self._count("lookup_blocks", len(hashes))
         return n
@@ -76,14 +96,17 @@ class TieredConnector:
             if job not in done and now - job.started > LOAD_TIMEOUT_S:
                 with job.guard:  # at most one block write waits: the slow part, the read, is outside
                     job.abandoned = True
-                log.warning("KV tiers: a load took over %.0f s; the rest of its prefix is recomputed", LOAD_TIMEOUT_S)
+                log.warning("KV tiers: a load took over %.0f s; the rest of its prefix is recomputed, and no "
+                            "load starts for %.0f s", LOAD_TIMEOUT_S, PAUSE_AFTER_TIMEOUT_S)
                 self._count("load_timeouts")
+                self._paused_until = now + PAUSE_AFTER_TIMEOUT_S
                 done.append(job)
         out = []
         for job in done:
-            if self._loads.pop(job.key, None) is not None:
+            if self._loads.get(job.key) is job:  # not a load abandoned earlier for the same sequence
                 self._count("load_seconds", now - job.started)
                 self._count("loads")
+                del self._loads[job.key]
                 out.append((job.key, job.intact))
         return out
 
@@ -92,9 +115,9 @@ class TieredConnector:
         queue drops it (counted) rather than stall the step, unless wait."""
         if any(t.contains(block_hash) for t in self.tiers):
             return
-        data = encode(BlockRecord(self.fingerprint, block_hash, tokens, self.io.read(block)))
+        snapshot = self.io.snapshot(block)  # before the pool hands the block out again
         try:
-            self._writes.put((block_hash, data), block=wait)
+            self._writes.put((block_hash, tokens, snapshot), block=wait)
         except queue.Full:
             self._count("writes_dropped")
 
@@ -135,7 +158,7 @@ class TieredConnector:
     def _write_loop(self) -> None:
         while (item := self._writes.get()) is not None:
             try:
-                self._store(*item)
+                self._encode_and_store(*item)
             except Exception:
                 log.exception("KV tiers: writing a block failed")
                 self._count("write_failures")
@@ -143,11 +166,16 @@ class TieredConnector:
                 self._writes.task_done()
         self._writes.task_done()
 
-    def _store(self, block_hash: int, data: bytes) -> None:
+    def _encode_and_store(self, block_hash: int, tokens: tuple[int, ...], snapshot: Snapshot) -> None:
+        self._store(block_hash, encode(BlockRecord(self.fingerprint, block_hash, tokens, snapshot.bytes())))
+
+    def _store(self, block_hash: int, data: bytes, below: int = 0) -> None:
         pending = [(block_hash, data)]
-        for tier in self.tiers:  # a tier takes what comes; what it evicts falls to the next
+        for tier in self.tiers[below:]:  # a tier takes what comes; what it evicts falls to the next
             spilled = []
             for h, d in pending:
+                if tier.contains(h):  # held already (offered twice before the first write landed)
+                    continue
                 kept = tier.write(h, d)
                 if isinstance(kept, list):  # the host tier: what it had to let go
                     spilled += kept
@@ -160,14 +188,15 @@ class TieredConnector:
                 return
 
     def close(self, cached: list[BlockLoad]) -> None:
-        """Write out the cached blocks still on the device (a restart finds them), then stop the threads."""
+        """Write out the cached blocks still on the device and those in host memory to the tiers that
+        outlive the process (a restart finds them there), then stop the threads."""
         for block, block_hash, tokens in cached:
             self.offer(block, block_hash, tokens, wait=True)
         self._writes.join()
+        for i, tier in enumerate(self.tiers[:-1]):
+            for block_hash, data in tier.drain():
+                self._store(block_hash, data, below=i + 1)
         self._writes.put(None)
         self._loader.shutdown(wait=True)
         for tier in self.tiers:
             tier.close()
-
-    def describe(self) -> str:
-        return ", ".join(t.describe() for t in self.tiers)

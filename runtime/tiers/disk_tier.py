@@ -33,14 +33,15 @@ class DiskTier:
         try:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            self._lock.close()
             raise UserError(f"--kv-disk-path {root}: another server uses it for this model and settings; stop it "
                             "or give this one a path of its own") from None
         self.guard = threading.Lock()  # the index: the writer and loader threads share it
         self.index: OrderedDict[int, int] = OrderedDict()  # block hash -> file bytes, least recent first
         self.used = 0
-        for f in sorted(self.dir.glob("*.kvb"), key=lambda f: f.stat().st_mtime):
-            self.index[int(f.stem, 16)] = f.stat().st_size
-            self.used += f.stat().st_size
+        for block_hash, size in _stored_blocks(self.dir):
+            self.index[block_hash] = size
+            self.used += size
         for tmp in self.dir.glob("*.tmp"):  # a write a crash cut short
             tmp.unlink(missing_ok=True)
         with self.guard:
@@ -102,9 +103,25 @@ class DiskTier:
             self.used -= size
             self._path(block_hash).unlink(missing_ok=True)
 
+    def drain(self) -> list[tuple[int, bytes]]:
+        return []  # the disk outlives the process: nothing to hand down at shutdown
+
     def close(self) -> None:
         """Let another server have the directory (the lock goes with the file)."""
         self._lock.close()
 
     def describe(self) -> str:
         return f"disk {self.budget / 2**30:.1f} GiB at {self.dir.parent} ({len(self.index)} blocks kept)"
+
+
+def _stored_blocks(directory: Path) -> list[tuple[int, int]]:
+    """(block hash, file bytes) of the block files there, least recently used first; a file of another
+    name is left alone, one that vanishes meanwhile is skipped."""
+    found = []
+    for f in directory.glob("*.kvb"):
+        try:
+            block_hash, stat = int(f.stem, 16), f.stat()
+        except (ValueError, OSError):
+            continue
+        found.append((stat.st_mtime, block_hash, stat.st_size))
+    return [(h, size) for _, h, size in sorted(found)]

@@ -46,6 +46,13 @@ class HostTier:
             data = self.blocks.pop(block_hash, None)
             self.used -= len(data) if data is not None else 0
 
+    def drain(self) -> list[tuple[int, bytes]]:
+        """Empty the tier, least recent first: at shutdown its blocks go to the disk, which outlives it."""
+        with self.guard:
+            out, self.used = list(self.blocks.items()), 0
+            self.blocks.clear()
+        return out
+
     def close(self) -> None:
         self.blocks.clear()
 

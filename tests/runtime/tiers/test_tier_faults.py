@@ -4,13 +4,19 @@ full disk, a slow disk, a request aborted while its blocks load, a second server
 import errno
 import logging
 import shutil
+import threading
 import time
 
 import pytest
+import torch
 
 import runtime.tiers.connector as connector_module
+from runtime.engine_stats import EngineStats
 from runtime.errors import UserError
 from runtime.sampling_params import SamplingParams
+from runtime.tiers.block_file import BlockRecord, encode
+from runtime.tiers.block_io import BlockIO
+from runtime.tiers.connector import TieredConnector
 from runtime.tiers.disk_tier import DiskTier
 from tests.runtime.tiers.tier_workload import PROMPTS, baseline, engine, run_rounds
 from tests.tiny_engine import tiny_engine
@@ -70,8 +76,61 @@ def test_a_slow_disk_times_out_into_recomputing(tmp_path, want, monkeypatch):
     monkeypatch.setattr(connector_module, "LOAD_TIMEOUT_S", 0.05)
     with engine(kv_disk_path=str(tmp_path)) as e:
         assert run_rounds(e, rounds=1) == want[:len(PROMPTS)]
-        assert e.stats.tiers["load_timeouts"] >= len(PROMPTS)
+        tiers = e.stats.tiers  # one timeout, then no load waits on the hung disk for a while
+        assert tiers["load_timeouts"] == 1 and tiers["lookups_paused"] >= len(PROMPTS) - 2
         assert e.pool.num_free == e.pool.num_blocks
+
+
+class GatedTier:
+    """A tier whose reads wait until the test lets each block through."""
+    name = "gated"
+
+    def __init__(self, blocks: dict[int, bytes]) -> None:
+        self.blocks, self.gates = blocks, {h: threading.Event() for h in blocks}
+
+    def contains(self, h: int) -> bool:
+        return h in self.blocks
+
+    def read(self, h: int) -> bytearray:
+        self.gates[h].wait(10)
+        return bytearray(self.blocks[h])
+
+    def drain(self) -> list:
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_load_abandoned_earlier_never_answers_for_the_next(monkeypatch):
+    kv = [(torch.zeros(4, 16, 1, 8), torch.zeros(4, 16, 1, 8))]
+    io, fp, tokens = BlockIO(kv), bytes(16), tuple(range(16))
+    payload = bytes(range(256)) * (io.block_bytes // 256)
+    tier = GatedTier({h: encode(BlockRecord(fp, h, tokens, payload)) for h in (1, 2)})
+    c = TieredConnector(io, fp, [tier], EngineStats())
+    monkeypatch.setattr(connector_module, "PAUSE_AFTER_TIMEOUT_S", 0.0)
+    c.load("seq", [(1, 1, tokens)])
+    monkeypatch.setattr(connector_module, "LOAD_TIMEOUT_S", 0.0)
+    assert c.finished() == [("seq", 0)]  # abandoned: the scheduler recomputes, later loads again
+    monkeypatch.setattr(connector_module, "LOAD_TIMEOUT_S", 60.0)
+    c.load("seq", [(2, 2, tokens)])
+    tier.gates[1].set()  # the first load's read returns at last
+    time.sleep(0.2)
+    assert c.finished() == []  # it must not end the second, still filling block 2
+    tier.gates[2].set()
+    assert c.finished(wait=5) == [("seq", 1)]
+    assert bytes(kv[0][0][2].reshape(-1).view(torch.uint8)) == payload[:io.block_bytes // 2]
+    assert not kv[0][0][1].any()  # the abandoned load wrote nothing
+    c.close([])
+
+
+def test_stray_files_in_the_directory_are_left_alone(tmp_path, want):
+    fp_dir = written(tmp_path)[0].parent
+    (fp_dir / "notes.kvb").write_text("mine")
+    (fp_dir / "README").write_text("mine")
+    with engine(kv_disk_path=str(tmp_path)) as e:
+        assert run_rounds(e, rounds=1) == want[:len(PROMPTS)] and e.stats.tiers["disk_hits"] > 0
+    assert (fp_dir / "notes.kvb").read_text() == "mine"
 
 
 def test_aborting_a_request_whose_blocks_are_loading_frees_them(tmp_path, want, monkeypatch):

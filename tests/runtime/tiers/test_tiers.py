@@ -40,6 +40,14 @@ def test_the_host_tier_spills_to_disk(tmp_path, want):
         assert e.stats.tiers["host_used_bytes"] <= 3 * (block + 256)
 
 
+def test_a_restart_keeps_what_host_memory_held(tmp_path, want):
+    with engine(kv_offload_bytes=1 << 30, kv_disk_path=str(tmp_path)) as e:  # the host tier holds it all
+        run_rounds(e, rounds=1)
+    with engine(kv_disk_path=str(tmp_path)) as e:  # closing moved host memory's blocks to the disk
+        assert run_rounds(e, rounds=1) == want[:len(PROMPTS)]
+        assert e.stats.tiers["disk_hits"] >= 5 * len(PROMPTS) - 6
+
+
 def test_the_disk_budget_holds(tmp_path, want):
     with engine(kv_disk_path=str(tmp_path), kv_disk_bytes=8 * 10_000) as e:
         assert run_rounds(e) == want
