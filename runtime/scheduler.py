@@ -199,6 +199,15 @@ class Scheduler:
         if seq not in self.loading:  # a loading sequence's blocks are still filling: freed once they land
             self.blocks.free(seq.kv)
 
+    def release_held_blocks(self) -> bool:
+        """Free the blocks waiting sequences hold since their loads landed (they stay cached: admission
+        finds them again). Whether any were held."""
+        held = [seq for seq in self.loaded if seq.kv.block_table]
+        for seq in held:
+            self.blocks.free(seq.kv)
+            del self.loaded[seq]
+        return bool(held)
+
     def preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         """Free a running sequence's blocks and put it first in line, to recompute later."""
         self.running.remove(seq)
@@ -274,6 +283,11 @@ class ContinuousBatching:
                     continue
                 victim = next((s for s in reversed(sched.running) if s not in scheduled), None)
                 if victim is None or (victim is seq and len(sched.running) == 1):
+                    if sched.release_held_blocks():  # blocks back from a load, held by waiting sequences
+                        continue
+                    if sched.loading:  # blocks held for loads free up when they land: wait for them
+                        sched.preempt(seq, out)
+                        break
                     # alone and still short of blocks: it can never grow further
                     sched.running.remove(seq)
                     out.out_of_memory.append(seq)

@@ -7,6 +7,7 @@ holds about a quarter of the working set. Runs, in one process, on the same prom
   off        no tiers: a history the pool dropped is recomputed
   host       --kv-offload-bytes (host memory)
   host+disk  --kv-offload-bytes and --kv-disk-path
+  bigger pool  no tiers, the host tier's bytes added to the pool instead (on the CPU both are RAM)
   restart    the last turn again after a restart: the disk tier holding the histories (warm) vs a
              fresh directory (cold)
   no hit     every prompt unique: the tiers' cost when nothing comes back
@@ -23,6 +24,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import deque
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -31,7 +33,6 @@ import runtime  # noqa: E402,F401  first: it sets OpenMP's barrier spin before t
 # isort: split
 from runtime.build import build_engine  # noqa: E402
 from runtime.engine_config import EngineConfig  # noqa: E402
-from runtime.llm import LLM  # noqa: E402
 from runtime.load import load_model  # noqa: E402
 from runtime.sampling_params import SamplingParams  # noqa: E402
 
@@ -54,41 +55,50 @@ def unique_prompts(args, vocab: int) -> list[tuple[list[int], list[list[int]]]]:
             for i in range(args.conversations * args.turns)]
 
 
-def run(engine, convos, args, replay: list[list[int]] | None = None) -> dict:
-    """The conversations turn by turn (each resending its history), or with replay just those prompts once."""
-    llm = LLM.from_engine(engine)
+def run(engine, convos, args) -> dict:
+    """Turns in interleaved order (turn t of every conversation, then turn t + 1), at most --concurrency
+    in flight; a turn goes in, with its conversation's whole history, once the previous answer is back."""
     params = SamplingParams(temperature=0, max_tokens=args.answer_tokens, ignore_eos=True)
     histories = [list(system) for system, _ in convos]
-    ttfts, outs, produced, prompts = [], [], 0, []
+    order = deque((c, t) for t in range(len(convos[0][1])) for c in range(len(convos)))
+    busy: dict[str, tuple[int, list[int]]] = {}  # request id -> (conversation, prompt)
+    last: list[list[int]] = [[] for _ in convos]  # each conversation's last prompt
+    ttfts, answers = [], {}
     start = time.perf_counter()
-    for t in range(1 if replay else len(convos[0][1])):
-        prompts = replay or [h + turns[t] for h, (_, turns) in zip(histories, convos)]
-        for h, p, o in zip(histories, prompts, llm.generate(prompts, params, use_tqdm=False)):
-            answer = o.outputs[0].token_ids
-            h[:] = p + answer
-            ttfts.append(o.metrics["ttft"])
-            outs.append(answer)
-            produced += len(answer)
+    while order or busy:
+        while order and len(busy) < args.concurrency and order[0][0] not in {c for c, _ in busy.values()}:
+            c, t = order.popleft()
+            last[c] = histories[c] + convos[c][1][t]
+            engine.add_request(f"c{c}t{t}", last[c], params)
+            busy[f"c{c}t{t}"] = (c, last[c])
+        for out in engine.step():
+            if out.finished:
+                c, prompt = busy.pop(out.request_id)
+                answers[out.request_id] = out.outputs[0].token_ids
+                histories[c] = prompt + answers[out.request_id]
+                ttfts.append(out.metrics["ttft"])
     wall = time.perf_counter() - start
     ttfts.sort()
     return {"p50": statistics.median(ttfts), "p99": ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))],
-            "tok_s": produced / wall, "tokens": outs, "tiers": dict(engine.stats.tiers), "last": prompts}
+            "tok_s": sum(map(len, answers.values())) / wall, "tokens": answers, "tiers": dict(engine.stats.tiers),
+            "last": last}
 
 
-def engine_for(model, args, **tiers):
-    cfg, tensors, tok, _ = model() if callable(model) else model
-    config = EngineConfig(kv_cache_memory=args.pool_blocks * args.block_bytes, log_ledger=False,
-                          max_num_seqs=args.conversations, **tiers)
+def engine_for(model, args, extra_blocks: int = 0, **tiers):
+    cfg, tensors, tok, _ = model
+    config = EngineConfig(kv_cache_memory=(args.pool_blocks + extra_blocks) * args.block_bytes, log_ledger=False,
+                          max_num_seqs=args.concurrency, **tiers)
     return build_engine(config, cfg, dict(tensors), tok)
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--conversations", type=int, default=8)
-    p.add_argument("--turns", type=int, default=4)
+    p.add_argument("--conversations", type=int, default=6)
+    p.add_argument("--turns", type=int, default=6)
     p.add_argument("--system-tokens", type=int, default=256)
-    p.add_argument("--user-tokens", type=int, default=64)
-    p.add_argument("--answer-tokens", type=int, default=32)
+    p.add_argument("--user-tokens", type=int, default=256, help="each turn's new message (a document, a tool result)")
+    p.add_argument("--answer-tokens", type=int, default=16)
+    p.add_argument("--concurrency", type=int, default=2, help="requests in flight at once")
     p.add_argument("--smoke", action="store_true", help="the tests' tiny random model, a few turns")
     args = p.parse_args()
     if args.smoke:
@@ -96,14 +106,15 @@ def main() -> int:
 
         cfg, tensors = tiny_weights()
         model = (cfg, tensors, byte_tokenizer(), "")
-        args.conversations, args.turns, args.system_tokens, args.user_tokens, args.answer_tokens = 8, 3, 64, 16, 8
+        args.conversations, args.turns, args.system_tokens, args.user_tokens, args.answer_tokens = 6, 3, 64, 32, 8
     else:
         model = load_model(None)
     cfg = model[0]
     args.block_bytes = 16 * 2 * cfg.num_kv_heads * cfg.head_dim * 4 * cfg.num_layers
     longest = args.system_tokens + args.turns * (args.user_tokens + args.answer_tokens)
     args.working = args.system_tokens + args.conversations * (longest - args.system_tokens)  # distinct tokens
-    args.pool_blocks = max(args.working // 16 // 4, 2 * longest // 16)  # a quarter of it, or two histories
+    # a quarter of it, or what the requests in flight need at most
+    args.pool_blocks = max(args.working // 16 // 4, args.concurrency * (longest // 16 + 2))
     convos = conversations(args, cfg.vocab_size)
     big = 4 * args.working // 16 * args.block_bytes
     with tempfile.TemporaryDirectory() as warm_dir, tempfile.TemporaryDirectory() as cold_dir:
@@ -112,11 +123,14 @@ def main() -> int:
                             ("host+disk", {"kv_offload_bytes": big // 4, "kv_disk_path": warm_dir})]:
             with engine_for(model, args, **tiers) as e:
                 rows[name] = run(e, convos, args)
-        last = rows["host+disk"]["last"]  # the last turn again, after a restart: its history is on disk
+        with engine_for(model, args, extra_blocks=big // args.block_bytes) as e:  # the host tier's bytes as pool
+            rows["bigger pool"] = run(e, convos, args)
+        # the last turns again, after a restart: their histories are on disk
+        last = [([], [prompt]) for prompt in rows["host+disk"]["last"]]
         with engine_for(model, args, kv_disk_path=warm_dir) as e:
-            rows["restart warm"] = run(e, convos, args, replay=last)
+            rows["restart warm"] = run(e, last, args)
         with engine_for(model, args, kv_disk_path=cold_dir) as e:
-            rows["restart cold"] = run(e, convos, args, replay=last)
+            rows["restart cold"] = run(e, last, args)
         unique = unique_prompts(args, cfg.vocab_size)
         with engine_for(model, args) as e:
             rows["no hit, off"] = run(e, unique, args)

@@ -156,3 +156,32 @@ def test_two_servers_on_one_directory_and_unusable_paths_are_start_up_errors(tmp
     a_file.write_text("")
     with pytest.raises(UserError, match="cannot write"):
         engine(kv_disk_path=str(a_file))
+
+
+def test_blocks_held_for_a_load_never_starve_a_growing_request(tmp_path, monkeypatch):
+    long = SamplingParams(temperature=0, max_tokens=120, ignore_eos=True)  # grows to 9 of the 10 blocks
+    with tiny_engine(num_blocks=10) as e:
+        want = run_one(e, list(range(3, 19)), long)
+    written(tmp_path)
+    gate, read = threading.Event(), DiskTier.read
+    monkeypatch.setattr(DiskTier, "read", lambda self, h: gate.wait(30) and read(self, h))
+    with tiny_engine(num_blocks=10, kv_disk_path=str(tmp_path)) as e:
+        e.add_request("long", list(range(3, 19)), long)
+        for _ in range(40):  # 4 blocks so far
+            e.step()
+        e.add_request("loads", PROMPTS[0], SamplingParams(temperature=0, max_tokens=2))  # its load holds 5
+        outs = {}
+        while e.has_unfinished_requests():
+            outs.update({o.request_id: o for o in e.step() if o.finished})
+            if "long" in outs or e.stats.preemptions:  # it could not grow: now the load may land
+                gate.set()
+        assert outs["long"].outputs[0].token_ids == want and outs["long"].outputs[0].finish_reason == "length"
+        assert e.pool.num_free == e.pool.num_blocks
+
+
+def run_one(e, prompt: list[int], params: SamplingParams) -> list[int]:
+    e.add_request("r", prompt, params)
+    while True:
+        for o in e.step():
+            if o.finished:
+                return o.outputs[0].token_ids
