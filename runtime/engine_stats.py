@@ -60,7 +60,7 @@ class EngineStats:
     kv_blocks_used: int = 0
     kv_bytes_per_block: int = 0
     prefix_cached_blocks: int = 0  # blocks findable by hash (in use or free)
-    block_states: np.ndarray | None = None  # per block 0 free, 1 cached, 2 in use, 3 shared (BlockPool.states)
+    block_states: np.ndarray | None = None  # per block 0 free, 1 cached, 2 in use, 3 shared, | 4 also held below (BlockPool.states)
 
     @property
     def kv_usage(self) -> float:

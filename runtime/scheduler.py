@@ -113,14 +113,16 @@ class Scheduler:
                                   for i in range(start, start + n)])
         self.loading[seq] = kv.num_computed
         self.waiting.remove(seq)
+        self._take_loads(wait=0.0)  # a load the connector did at once rejoins the queue now
         return True
 
-    def _take_loads(self) -> None:
+    def _take_loads(self, wait: float | None = None) -> None:
         """Sequences whose loads ended rejoin the head of the queue with the blocks that arrived intact
         computed (and cached); the others are recomputed. With nothing else to run, wait a little."""
         if not self.loading:
             return
-        for seq, intact in self.connector.finished(wait=0.0 if self.waiting or self.running else 0.01):
+        wait = (0.0 if self.waiting or self.running else 0.01) if wait is None else wait
+        for seq, intact in self.connector.finished(wait=wait):
             kv, before = seq.kv, self.loading.pop(seq)
             self.blocks.truncate(kv, before + intact * self.blocks.block_size)
             kv.num_computed = len(kv.block_table) * self.blocks.block_size

@@ -18,6 +18,7 @@ and prints TTFT p50/p99 and output tokens/s, each as a ratio to `off`. Greedy to
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import statistics
@@ -63,7 +64,7 @@ def run(engine, convos, args) -> dict:
     order = deque((c, t) for t in range(len(convos[0][1])) for c in range(len(convos)))
     busy: dict[str, tuple[int, list[int]]] = {}  # request id -> (conversation, prompt)
     last: list[list[int]] = [[] for _ in convos]  # each conversation's last prompt
-    ttfts, answers = [], {}
+    ttfts, answers, by_turn = [], {}, {}
     start = time.perf_counter()
     while order or busy:
         while order and len(busy) < args.concurrency and order[0][0] not in {c for c, _ in busy.values()}:
@@ -77,11 +78,12 @@ def run(engine, convos, args) -> dict:
                 answers[out.request_id] = out.outputs[0].token_ids
                 histories[c] = prompt + answers[out.request_id]
                 ttfts.append(out.metrics["ttft"])
+                by_turn.setdefault(int(out.request_id.split("t")[1]), []).append(out.metrics["ttft"])
     wall = time.perf_counter() - start
     ttfts.sort()
     return {"p50": statistics.median(ttfts), "p99": ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))],
             "tok_s": sum(map(len, answers.values())) / wall, "tokens": answers, "tiers": dict(engine.stats.tiers),
-            "last": last}
+            "last": last, "by_turn": [statistics.median(by_turn[t]) for t in sorted(by_turn)]}
 
 
 def engine_for(model, args, extra_blocks: int = 0, **tiers):
@@ -100,6 +102,7 @@ def main() -> int:
     p.add_argument("--answer-tokens", type=int, default=16)
     p.add_argument("--concurrency", type=int, default=2, help="requests in flight at once")
     p.add_argument("--smoke", action="store_true", help="the tests' tiny random model, a few turns")
+    p.add_argument("--json", help="also write the rows (ratios included) to this file")
     args = p.parse_args()
     if args.smoke:
         from tests.tiny_engine import byte_tokenizer, tiny_weights
@@ -154,6 +157,12 @@ def report(rows: dict, args) -> None:
     same = all(rows[n]["tokens"] == rows["off"]["tokens"] for n in ("host", "host+disk"))
     same_restart = rows["restart warm"]["tokens"] == rows["restart cold"]["tokens"]
     print(f"greedy tokens identical: host and host+disk vs off {same}; restart warm vs cold {same_restart}")
+    if args.json:
+        keep = ("p50", "p99", "tok_s", "tiers")
+        out = {name: {k: r[k] for k in keep} | {"p50_vs": rows[base.get(name, "off")]["p50"] / r["p50"]}
+               for name, r in rows.items()}
+        with open(args.json, "w") as f:
+            json.dump({"rows": out, "identical": same, "identical_restart": same_restart}, f, indent=1)
 
 
 if __name__ == "__main__":

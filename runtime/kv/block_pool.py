@@ -11,6 +11,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+ALSO_BELOW = 4  # a states() flag: the block's KV is also held by a connector (host memory, disk)
+
 
 class BlockPool:
     def __init__(self, num_blocks: int, enable_prefix_caching: bool = True) -> None:
@@ -94,8 +96,14 @@ class BlockPool:
         for block in list(self.free_queue):
             self._uncache(block)
 
-    def states(self) -> np.ndarray:
-        """Per block: 0 free, 1 cached-free, 2 in use by one sequence, 3 shared (for the UI's map)."""
+    def states(self, held_below: Callable[[int], bool] | None = None) -> np.ndarray:
+        """Per block: 0 free, 1 cached-free, 2 in use by one sequence, 3 shared (for the UI's map), plus
+        ALSO_BELOW for a cached block a KV connector also holds (held_below(its hash))."""
         refs = np.asarray(self.ref_counts)
         cached = np.fromiter((h is not None for h in self.block_hash), dtype=bool, count=self.num_blocks)
-        return np.where(refs > 1, 3, np.where(refs == 1, 2, np.where(cached, 1, 0))).astype(np.uint8)
+        states = np.where(refs > 1, 3, np.where(refs == 1, 2, np.where(cached, 1, 0))).astype(np.uint8)
+        if held_below is not None:
+            below = np.fromiter((h is not None and held_below(h) for h in self.block_hash), dtype=bool,
+                                count=self.num_blocks)
+            states[below] |= ALSO_BELOW
+        return states

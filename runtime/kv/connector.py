@@ -23,5 +23,8 @@ class KVConnector(Protocol):
         """Loads done since the last call (waiting up to `wait` seconds for one): (key, how many leading
         blocks arrived intact)."""
 
+    def holds(self, block_hash: int) -> bool:
+        """Whether it holds this block (for the UI's block map: a cheap index lookup)."""
+
     def offer(self, block: int, block_hash: int, tokens: tuple[int, ...]) -> None:
         """A cached block whose contents the pool is about to drop (its KV is still in place)."""

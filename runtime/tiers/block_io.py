@@ -7,9 +7,9 @@ and ahead of the work that reuses it (stream order, no host wait in the step); a
 loader thread beside the step. The GPU path has not yet run on a GPU."""
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 KVCaches = list[tuple[torch.Tensor, torch.Tensor]]
@@ -34,15 +34,22 @@ class BlockIO:
         self.slice_bytes = [t[0].numel() * t.element_size() for t in self.tensors]
         self.block_bytes = sum(self.slice_bytes)
         self.stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        # on the CPU, numpy views of the caches' bytes: a row assignment is a memcpy (3x torch's small copies)
+        self.rows = None if self.stream else [t.view(t.shape[0], -1).view(torch.uint8).numpy() for t in self.tensors]
+
+    @property
+    def on_host(self) -> bool:
+        """The caches are host memory: a load from host memory is a memcpy, no device transfer."""
+        return self.rows is not None
 
     def _slices(self, block: int) -> list[torch.Tensor]:
         return [t[block].reshape(-1).view(torch.uint8) for t in self.tensors]
 
     def snapshot(self, block: int) -> Snapshot:
         """The block's KV bytes as of now, safe from the block's next writer (call between steps)."""
+        if self.rows is not None:
+            return Snapshot(torch.from_numpy(np.concatenate([r[block] for r in self.rows])))
         parts = self._slices(block)
-        if self.stream is None:
-            return Snapshot(torch.cat(parts))
         out = torch.empty(self.block_bytes, dtype=torch.uint8, pin_memory=True)
         current = torch.cuda.current_stream(self.device)
         self.stream.wait_stream(current)  # after the step that filled the block
@@ -56,20 +63,23 @@ class BlockIO:
         current.wait_event(done)  # before the step that reuses it
         return Snapshot(out, done)
 
-    def write(self, block: int, payload: bytearray | memoryview) -> None:
-        """Fill the block from bytes read() made (of the same layout: the caller checked the fingerprint).
-        Safe beside a running step: the block belongs to no scheduled sequence while it fills."""
-        if len(payload) != self.block_bytes:
-            raise ValueError(f"a block is {self.block_bytes} bytes, got {len(payload)}")
-        data = torch.frombuffer(payload, dtype=torch.uint8)
-        if self.stream is not None:
-            with torch.cuda.stream(self.stream):
-                data = data.pin_memory().to(self.device, non_blocking=True)
-        at = 0
-        with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
-            for dst, n in zip(self._slices(block), self.slice_bytes):
-                dst.copy_(data[at:at + n], non_blocking=True)
+    def write(self, blocks: list[int], payloads: list[bytearray | memoryview]) -> None:
+        """Fill these blocks from bytes snapshot() made (of the same layout: the caller checked the
+        fingerprint). Safe beside a running step: the blocks belong to no scheduled sequence while they fill."""
+        if any(len(p) != self.block_bytes for p in payloads):
+            raise ValueError(f"a block is {self.block_bytes} bytes, got {sorted({len(p) for p in payloads})}")
+        if self.rows is not None:
+            for block, payload in zip(blocks, payloads):
+                src, at = np.frombuffer(payload, dtype=np.uint8), 0
+                for rows, n in zip(self.rows, self.slice_bytes):
+                    rows[block] = src[at:at + n]
+                    at += n
+            return
+        data = torch.frombuffer(bytearray().join(payloads), dtype=torch.uint8).view(len(payloads), -1)
+        with torch.cuda.stream(self.stream):  # one host-to-device copy, then one gather per cache tensor
+            data = data.pin_memory().to(self.device, non_blocking=True)
+            index, at = torch.tensor(blocks, device=self.device), 0
+            for t, n in zip(self.tensors, self.slice_bytes):
+                t.view(t.shape[0], -1).view(torch.uint8).index_copy_(0, index, data[:, at:at + n])
                 at += n
-        if self.stream is not None:
-            self.stream.synchronize()
-
+        self.stream.synchronize()

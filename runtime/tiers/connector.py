@@ -25,6 +25,9 @@ from runtime.tiers.block_io import BlockIO, Snapshot
 log = logging.getLogger("cute_serve")
 LOAD_TIMEOUT_S = 5.0  # a load slower than this (a slow or hung disk) gives up: recomputing is cheaper
 PAUSE_AFTER_TIMEOUT_S = 30.0  # then no load starts for a while: a hung read holds a loader thread until it returns
+INLINE_LOAD_BLOCKS = 256  # on the CPU, a host-memory load this small (~0.3 ms a block) is copied at once: the
+# request joins this step instead of waiting aside for the next, and the others wait at most ~80 ms
+LOAD_GROUP = 16  # blocks read, then copied into the cache together (a group's copy is one op per tensor)
 WRITE_QUEUE_BLOCKS = 256  # evicted blocks waiting for the writer; past it they are dropped (counted)
 
 
@@ -32,9 +35,10 @@ class Tier(Protocol):
     """A store below the pool (host_tier.py, disk_tier.py): encoded blocks by their prefix hash."""
     name: str
     used: int
+    inline: bool  # a read never waits on a device (host memory): a CPU engine may load from it at once
 
     def contains(self, block_hash: int) -> bool: ...
-    def read(self, block_hash: int) -> bytearray | None: ...
+    def read(self, block_hash: int) -> bytes | bytearray | None: ...
     def write(self, block_hash: int, data: bytes) -> bool | list[tuple[int, bytes]]: ...
     def drop(self, block_hash: int) -> None: ...
     def drain(self) -> list[tuple[int, bytes]]: ...  # what must go to the tiers below at shutdown
@@ -49,7 +53,7 @@ class _Load:
     started: float = field(default_factory=time.perf_counter)
     intact: int = 0  # leading blocks written into the cache so far
     abandoned: bool = False
-    guard: threading.Lock = field(default_factory=threading.Lock)  # one block write vs abandonment
+    guard: threading.Lock = field(default_factory=threading.Lock)  # one group's write vs abandonment
 
 
 class TieredConnector:
@@ -75,13 +79,21 @@ class TieredConnector:
         if time.perf_counter() < self._paused_until:  # a tier hung lately: recompute rather than queue behind it
             self._count("lookups_paused")
             return 0
-        n = next((i for i, h in enumerate(hashes) if not any(t.contains(h) for t in self.tiers)), len(hashes))
+        n = next((i for i, h in enumerate(hashes) if not self.holds(h)), len(hashes))
         self._count("lookup_blocks", len(hashes))
         return n
 
+    def holds(self, block_hash: int) -> bool:
+        return any(t.contains(block_hash) for t in self.tiers)
+
     def load(self, key: Hashable, blocks: list[BlockLoad]) -> None:
         job = self._loads[key] = _Load(key, blocks)
-        self._loader.submit(self._run_load, job)
+        if self.io.on_host and len(blocks) <= INLINE_LOAD_BLOCKS and all(
+                any(t.inline and t.contains(h) for t in self.tiers) for _, h, _ in blocks):
+            self._count("inline_loads")
+            self._run_load(job)  # memory to memory: done before the step would have ended
+        else:
+            self._loader.submit(self._run_load, job)
 
     def finished(self, wait: float = 0.0) -> list[tuple[Hashable, int]]:
         done = []
@@ -94,7 +106,7 @@ class TieredConnector:
         now = time.perf_counter()
         for job in list(self._loads.values()):
             if job not in done and now - job.started > LOAD_TIMEOUT_S:
-                with job.guard:  # at most one block write waits: the slow part, the read, is outside
+                with job.guard:  # at most one group's copy waits: the slow part, the read, is outside
                     job.abandoned = True
                 log.warning("KV tiers: a load took over %.0f s; the rest of its prefix is recomputed, and no "
                             "load starts for %.0f s", LOAD_TIMEOUT_S, PAUSE_AFTER_TIMEOUT_S)
@@ -125,13 +137,20 @@ class TieredConnector:
 
     def _run_load(self, job: _Load) -> None:
         try:
-            for block, block_hash, tokens in job.blocks:
-                payload = self._fetch(block_hash, tokens)
-                with job.guard:
-                    if payload is None or job.abandoned:
+            for at in range(0, len(job.blocks), LOAD_GROUP):
+                group = job.blocks[at:at + LOAD_GROUP]
+                payloads = []
+                for _, block_hash, tokens in group:
+                    if (payload := self._fetch(block_hash, tokens)) is None:
                         break
-                    self.io.write(block, payload)
-                    job.intact += 1
+                    payloads.append(payload)
+                with job.guard:
+                    if job.abandoned or not payloads:
+                        break
+                    self.io.write([block for block, _, _ in group[:len(payloads)]], payloads)
+                    job.intact += len(payloads)
+                if len(payloads) < len(group):  # a miss: the rest is recomputed
+                    break
             self._count("loaded_blocks", job.intact)
         except Exception:  # a bug or a device error: the load ends, the scheduler recomputes
             log.exception("KV tiers: a load failed")

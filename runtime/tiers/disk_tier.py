@@ -20,6 +20,7 @@ log = logging.getLogger("cute_serve")
 
 class DiskTier:
     name = "disk"
+    inline = False
 
     def __init__(self, root: str, budget_bytes: int, fingerprint: bytes) -> None:
         self.dir = Path(root) / fingerprint.hex()

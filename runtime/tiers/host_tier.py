@@ -10,6 +10,7 @@ from collections import OrderedDict
 
 class HostTier:
     name = "host"
+    inline = True
 
     def __init__(self, budget_bytes: int) -> None:
         self.budget = budget_bytes
@@ -20,12 +21,12 @@ class HostTier:
     def contains(self, block_hash: int) -> bool:
         return block_hash in self.blocks
 
-    def read(self, block_hash: int) -> bytearray | None:
+    def read(self, block_hash: int) -> bytes | None:
         with self.guard:
             data = self.blocks.get(block_hash)
             if data is not None:
                 self.blocks.move_to_end(block_hash)
-        return None if data is None else bytearray(data)
+        return data  # immutable: a load reads from it in place
 
     def write(self, block_hash: int, data: bytes) -> list[tuple[int, bytes]]:
         """Keep a block; returns the blocks it evicted (least recent first), for the tier below."""

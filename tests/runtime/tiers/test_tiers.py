@@ -1,10 +1,13 @@
 """KV tiers below the pool (runtime/tiers/): evicted prefix blocks come back from host memory or disk
 with greedy outputs identical to recomputing them, across a restart too; refused settings are one-line
 errors before any model loads."""
+import numpy as np
 import pytest
 
+from app.block_map import BELOW_COLOR, render
 from runtime.engine_config import EngineConfig
 from runtime.errors import UserError
+from runtime.kv.block_pool import ALSO_BELOW
 from runtime.tiers.attach import wants_tiers
 from tests.runtime.tiers.tier_workload import PROMPTS, baseline, engine, run_rounds
 
@@ -61,3 +64,18 @@ def test_settings_tiers_cannot_run_with_are_refused_before_loading(settings):
     with pytest.raises(UserError, match="kv-disk-path"):
         wants_tiers(EngineConfig(kv_disk_path="/tmp/x", **settings))
     assert not wants_tiers(EngineConfig())
+
+
+def test_the_block_map_marks_the_blocks_also_held_below(tmp_path):
+    with engine(kv_disk_path=str(tmp_path)) as e:
+        run_rounds(e)  # the second round loaded its prefixes back: cached in the pool and on disk
+        states = e.snapshot(with_block_states=True).block_states
+        dotted = np.nonzero(states & ALSO_BELOW)[0]
+        assert len(dotted) >= 5 and all(e.scheduler.connector.holds(e.pool.block_hash[b]) for b in dotted)
+        assert set(states[dotted] & ~np.uint8(ALSO_BELOW)) <= {1, 2, 3}  # a free block holds nothing to mark
+    img = render(states, columns=8, cell=6)
+    middle = img[3::6, 3::6].reshape(-1, 3)[: len(states)]  # each cell's centre pixel
+    assert {b for b in range(len(states)) if tuple(middle[b]) == BELOW_COLOR} == set(dotted)
+    with engine() as e:  # no tiers: nothing marked
+        run_rounds(e, rounds=1)
+        assert not (e.snapshot(with_block_states=True).block_states & ALSO_BELOW).any()
