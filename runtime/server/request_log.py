@@ -152,8 +152,8 @@ def _access_logger() -> logging.Logger:
         handler = logging.StreamHandler(sys.stdout)
         handler.setFormatter(logging.Formatter("%(message)s"))
         log.addHandler(handler)
-        log.setLevel(logging.INFO)
-        log.propagate = False
+    log.setLevel(logging.INFO)
+    log.propagate = False
     return log
 
 

@@ -107,7 +107,8 @@ class Tracer:
         with self._lock:
             steps = self._steps.pop(output.request_id, [])
         m = output.metrics
-        end = arrival + (m.get("e2e") or 0.0)
+        # the last step's output phase closes just after the request's finish stamp: the span holds both
+        end = max([arrival + (m.get("e2e") or 0.0)] + [step.end for step in steps])
         attrs = self._attributes(output, params, steps)
         span = self.tracer.start_span("llm_request", context=context, kind=trace.SpanKind.SERVER,
                                       start_time=self._ns(arrival), attributes=attrs)
