@@ -8,6 +8,7 @@ Lines go to stdout, one JSON object each; the request's text only with `--log-pr
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import sys
@@ -26,6 +27,7 @@ from runtime.server.tracing import Tracer
 
 ACCESS_LOGGER = "cute_serve.access"
 TRACE_HEADERS = ("traceparent", "tracestate")
+GIVE_UP_AFTER = 30.0  # seconds after the response that the engine requests may still take to finish
 
 
 @dataclass
@@ -100,12 +102,18 @@ class RequestTelemetry:
 
     def http_done(self, rec: HttpRecord) -> None:
         rec.http_done = True
-        if not rec.pending or not self.async_engine.is_running:  # a failed engine sends no final outputs
-            for request_id in rec.requests.keys() - rec.finals.keys():
-                self.watching.pop(request_id, None)
-                if self.tracer is not None:
-                    self.tracer.forget(request_id)
-            self.write(rec)
+        if not rec.pending or not self.async_engine.is_running:
+            self._give_up(rec)
+        else:  # the aborts of a client that left come a step later; a failed step's never do
+            asyncio.get_running_loop().call_later(GIVE_UP_AFTER, self._give_up, rec)
+
+    def _give_up(self, rec: HttpRecord) -> None:
+        """Write the line with what has arrived; forget the engine requests that never finished."""
+        for request_id in rec.requests.keys() - rec.finals.keys():
+            self.watching.pop(request_id, None)
+            if self.tracer is not None:
+                self.tracer.forget(request_id)
+        self.write(rec)
 
     def write(self, rec: HttpRecord) -> None:
         if self.access is None or rec.logged:
