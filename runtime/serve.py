@@ -90,7 +90,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--otlp-traces-endpoint", default=None, metavar="URL",
                    help='export a span per request over OTLP/HTTP, e.g. http://HOST:4318/v1/traces (needs '
                         'pip install -e ".[otel]")')
-    p.add_argument("--collect-detailed-traces", default=None, metavar="{" + ",".join(DETAILED_MODULES) + "}",
+    p.add_argument("--collect-detailed-traces", default=None, nargs="+", metavar="{" + ",".join(DETAILED_MODULES) + "}",
                    help="also span each engine step and its phases under the request's span (any of vLLM's "
                         "values turns it on; needs --otlp-traces-endpoint)")
     add_engine_args(p)
@@ -105,7 +105,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--body-timeout must be > 0 and --shutdown-grace >= 0")
     if not 0 <= args.port <= 65535:
         p.error("--port must be in [0, 65535]")
-    detailed = args.collect_detailed_traces.split(",") if args.collect_detailed_traces else []
+    detailed = [m for value in args.collect_detailed_traces or [] for m in value.split(",") if m]  # as vLLM: either
     if unknown := set(detailed) - set(DETAILED_MODULES):
         p.error(f"--collect-detailed-traces: unknown {', '.join(sorted(unknown))} (choose from "
                 f"{', '.join(DETAILED_MODULES)})")

@@ -64,6 +64,10 @@ def check_tracing_flags(endpoint: str | None, detailed: list[str] | None) -> str
     except ImportError:
         raise UserError(OTEL_MISSING) from None
     if os.environ.get(PROTOCOL_ENV, "http/protobuf") == "grpc":
+        try:
+            import opentelemetry.exporter.otlp.proto.grpc.trace_exporter  # noqa: F401
+        except ImportError:
+            raise UserError(f"{PROTOCOL_ENV}=grpc needs opentelemetry-exporter-otlp-proto-grpc") from None
         return endpoint
     url = urlsplit(endpoint)
     if url.scheme not in ("http", "https") or not url.netloc:

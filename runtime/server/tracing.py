@@ -15,12 +15,11 @@ import threading
 import time
 from typing import Any, Mapping
 
-from runtime.errors import UserError
 from runtime.outputs import RequestOutput
 from runtime.sampling_params import SamplingParams
 from runtime.server.async_engine import AsyncEngine
 from runtime.server.metrics import request_phases
-from runtime.server.options import PROTOCOL_ENV
+from runtime.server.options import PROTOCOL_ENV, check_tracing_flags
 from runtime.server.step_feed import StepRecord
 
 
@@ -49,11 +48,11 @@ class SpanAttributes:
 
 
 def _exporter(endpoint: str) -> Any:
+    """OTLP over HTTP, or gRPC where OTEL_EXPORTER_OTLP_TRACES_PROTOCOL says so (check_tracing_flags
+    has made sure its package is there)."""
     if os.environ.get(PROTOCOL_ENV, "http/protobuf") == "grpc":
-        try:
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
-        except ImportError:
-            raise UserError(f"{PROTOCOL_ENV}=grpc needs opentelemetry-exporter-otlp-proto-grpc") from None
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+
         return GrpcExporter(endpoint=endpoint, insecure=True)
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
@@ -72,7 +71,7 @@ class Tracer:
         # a provider of its own, never the global one: each app (and each test) traces apart
         self.provider = TracerProvider(resource=Resource.create({"service.name": "cute-serve",
                                                                  "cute_serve.model_name": model_name}))
-        self.provider.add_span_processor(BatchSpanProcessor(_exporter(endpoint)))
+        self.provider.add_span_processor(BatchSpanProcessor(_exporter(check_tracing_flags(endpoint, None))))
         self.tracer = self.provider.get_tracer("cute_serve")
         self.propagator = TraceContextTextMapPropagator()
         self.detailed, self.model_name = detailed, model_name
