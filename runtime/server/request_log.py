@@ -42,6 +42,7 @@ class HttpRecord:
     response_sent: bool = False
     client_disconnected: bool = False
     http_done: bool = False
+    ended: float | None = None  # when the response was done (perf_counter)
     logged: bool = False
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     trace_context: Any = None
@@ -101,7 +102,7 @@ class RequestTelemetry:
             self.write(rec)
 
     def http_done(self, rec: HttpRecord) -> None:
-        rec.http_done = True
+        rec.http_done, rec.ended = True, time.perf_counter()
         if not rec.pending or not self.async_engine.is_running:
             self._give_up(rec)
         else:  # the aborts of a client that left come a step later; a failed step's never do
@@ -132,7 +133,7 @@ def access_line(rec: HttpRecord) -> dict[str, Any]:
     line: dict[str, Any] = {
         "ts": datetime.now(timezone.utc).isoformat(timespec="milliseconds"), "request_id": rec.request_id,
         "method": rec.method, "route": rec.route or rec.path, "path": rec.path, "status": rec.status,
-        "duration_s": round(time.perf_counter() - rec.started, 6), "client": rec.client,
+        "duration_s": round((rec.ended or time.perf_counter()) - rec.started, 6), "client": rec.client,
         "client_disconnected": rec.client_disconnected}
     if "x-request-id" in rec.headers:
         line["x_request_id"] = rec.headers["x-request-id"]
