@@ -54,6 +54,7 @@ class EngineStats:
     prefix_cache_hits: int = 0  # of which found in the cache
     prefix_cache_evictions: int = 0  # cached blocks dropped for a fresh allocation (filled by snapshots)
     times: StepTimes = field(default_factory=StepTimes)
+    tiers: dict[str, float] = field(default_factory=dict)  # a KV connector's counters, by name (runtime/tiers/)
     # gauges, filled by snapshots
     num_requests_running: int = 0  # requests with at least one sequence scheduled to run
     num_requests_waiting: int = 0
@@ -84,6 +85,7 @@ class EngineStats:
         out = copy.copy(self)
         out.finished, out.times, out.spec_accepted_per_pos = dict(self.finished), copy.copy(self.times), \
             list(self.spec_accepted_per_pos)
+        out.tiers = dict(self.tiers)
         for name, value in gauges.items():
             setattr(out, name, value)
         return out

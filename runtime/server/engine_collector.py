@@ -14,6 +14,9 @@ from runtime.server.metric_defs import (
     BY_NAME,
     ENGINE_INDEX,
     FINISH_REASONS,
+    KV_TIER,
+    KV_TIER_COUNTERS,
+    KV_TIER_GAUGES,
     KV_TIERS,
     LABELS,
     OURS,
@@ -29,8 +32,29 @@ def _one(value: float) -> Rows:
     return [((), value)]
 
 
-def _tiers(value: Callable[[EngineStats], float]) -> Callable[[EngineStats], Rows]:
-    return lambda s: [((tier,), value(s)) for tier in KV_TIERS]
+TIER_KEYS = [d.name[len(KV_TIER):] for d in KV_TIER_GAUGES + KV_TIER_COUNTERS]  # usage_perc, used_blocks, ...
+
+
+def tier_rows(s: EngineStats, block_size: int, tiers: tuple[str, ...] = KV_TIERS) -> dict[str, Rows]:
+    """Each cute_serve:kv_cache_tier_* family's rows. The device's come from the pool's own numbers and
+    have no read or written bytes (nothing moves into it as a tier); a lower tier's from its counters in
+    EngineStats.tiers, its usage from its bytes."""
+    device = {"usage_perc": s.kv_usage, "used_blocks": s.kv_blocks_used, "capacity_blocks": s.kv_blocks_total,
+              "used_bytes": s.kv_blocks_used * s.kv_bytes_per_block,
+              "capacity_bytes": s.kv_blocks_total * s.kv_bytes_per_block,
+              "hits": s.prefix_cache_hits // block_size}  # hits are whole blocks (BlockManager.match_prefix)
+    out: dict[str, Rows] = {KV_TIER + key: [] for key in TIER_KEYS}
+    for tier in tiers:
+        values = device if tier == "device" else _lower_tier(s, tier)
+        for key, value in values.items():
+            out[KV_TIER + key].append(((tier,), value))
+    return out
+
+
+def _lower_tier(s: EngineStats, tier: str) -> dict[str, float]:
+    values = {key: s.tiers.get(f"{tier}_{key}", 0) for key in TIER_KEYS if key != "usage_perc"}
+    values["usage_perc"] = values["used_bytes"] / values["capacity_bytes"] if values["capacity_bytes"] else 0.0
+    return values
 
 
 # each snapshot-backed family: its rows from the snapshot
@@ -49,10 +73,6 @@ FROM_SNAPSHOT: dict[str, Callable[[EngineStats], Rows]] = {
     VLLM + "spec_decode_num_drafts": lambda s: _one(s.spec_verify_steps),
     VLLM + "spec_decode_num_draft_tokens": lambda s: _one(s.spec_proposed),
     VLLM + "spec_decode_num_accepted_tokens": lambda s: _one(s.spec_accepted),
-    OURS + "kv_cache_tier_usage_perc": _tiers(lambda s: s.kv_usage),
-    OURS + "kv_cache_tier_used_blocks": _tiers(lambda s: s.kv_blocks_used),
-    OURS + "kv_cache_tier_capacity_blocks": _tiers(lambda s: s.kv_blocks_total),
-    OURS + "kv_cache_tier_used_bytes": _tiers(lambda s: s.kv_blocks_used * s.kv_bytes_per_block),
     OURS + "prefix_cache_blocks": lambda s: _one(s.prefix_cached_blocks),
     OURS + "prefix_cache_evictions": lambda s: _one(s.prefix_cache_evictions),
     OURS + "engine_phase_time_seconds": lambda s: [((p,), getattr(s.times, p)) for p in PHASES],
@@ -64,6 +84,7 @@ class EngineCollector(Collector):
         self.async_engine = async_engine
         self.base = (model_name, ENGINE_INDEX)
         cfg = async_engine.config
+        self.block_size = cfg.block_size
         self.cache_config = {"block_size": str(cfg.block_size), "num_cpu_blocks": "None",
                              "cache_dtype": cfg.kv_cache_dtype, "enable_prefix_caching": str(cfg.enable_prefix_caching)}
         # draft positions: vLLM reports every position of num_speculative_tokens, accepted or not
@@ -80,8 +101,11 @@ class EngineCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         s = self.async_engine.snapshot()
-        for name, rows in FROM_SNAPSHOT.items():
-            yield self.family(name, rows(s))
+        for name, read in FROM_SNAPSHOT.items():
+            yield self.family(name, read(s))
+        for name, rows in tier_rows(s, self.block_size).items():
+            if rows:  # read and written bytes: none until a tier below the device exists
+                yield self.family(name, rows)
         per_pos = list(s.spec_accepted_per_pos) + [0] * max(0, self.draft_positions - len(s.spec_accepted_per_pos))
         yield self.family(VLLM + "spec_decode_num_accepted_tokens_per_pos",
                           [((str(i),), n) for i, n in enumerate(per_pos)])

@@ -30,7 +30,6 @@ TPOT_SLOS = (0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5)
 FINISH_REASONS = ("stop", "length", "abort", "error")  # vLLM's, less "repetition" (no such detector here)
 WAITING_REASONS = ("capacity", "deferred")
 PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
-KV_TIERS = ("device",)  # the one KV pool: host RAM on the CPU, GPU memory on a GPU
 
 
 def token_buckets(max_model_len: int) -> tuple[int, ...]:
@@ -108,11 +107,27 @@ VLLM_STREAM_HISTOGRAMS = _defs(VLLM, "histogram", [  # observed as outputs strea
     ("iteration_tokens_total", "Histogram of number of tokens per engine_step.", (), ITERATION_TOKEN_BUCKETS),
 ])
 
+# KV tiers: each cute_serve:kv_cache_tier_<key> family has a row per tier. "device" is the pool (host
+# RAM on the CPU, GPU memory on a GPU), read from EngineStats' own fields. A tier below it (a KV
+# connector's, runtime/tiers/) is named in LOWER_KV_TIERS and counts its numbers in EngineStats.tiers
+# as f"{tier}_{key}" ("host_read_bytes"); engine_collector.tier_rows turns both into rows.
+LOWER_KV_TIERS: tuple[str, ...] = ()  # nearest first; the tiered KV cache adds "host", "disk"
+KV_TIERS = ("device", *LOWER_KV_TIERS)
+KV_TIER = OURS + "kv_cache_tier_"
+KV_TIER_GAUGES = _defs(KV_TIER, "gauge", [
+    ("usage_perc", "Fraction of a KV tier's capacity in use (0-1).", ("tier",)),
+    ("used_blocks", "KV blocks a tier holds now (the device's: blocks in use).", ("tier",)),
+    ("capacity_blocks", "KV blocks a tier can hold.", ("tier",)),
+    ("used_bytes", "Bytes of a KV tier held by its blocks (the device's: blocks in use).", ("tier",)),
+    ("capacity_bytes", "Bytes of KV a tier can hold (its budget).", ("tier",)),
+])
+KV_TIER_COUNTERS = _defs(KV_TIER, "counter", [
+    ("hits", "Prefix blocks found in a tier (the device's: prefix-cache hits).", ("tier",)),
+    ("read_bytes", "Bytes of KV blocks read from a tier back to the device (tiers below the device).", ("tier",)),
+    ("written_bytes", "Bytes of KV blocks written to a tier (tiers below the device).", ("tier",)),
+])
+
 OUR_GAUGES = _defs(OURS, "gauge", [
-    ("kv_cache_tier_usage_perc", "Fraction of a KV tier's blocks in use (0-1).", ("tier",)),
-    ("kv_cache_tier_used_blocks", "KV blocks in use, by tier.", ("tier",)),
-    ("kv_cache_tier_capacity_blocks", "KV blocks a tier holds.", ("tier",)),
-    ("kv_cache_tier_used_bytes", "Bytes of a KV tier held by blocks in use.", ("tier",)),
     ("prefix_cache_blocks", "KV blocks findable in the prefix cache (in use or free)."),
     ("cpu_kernel_route_info", "The SIMD route each loaded C kernel library was built for (value 1).",
      ("library", "route")),
@@ -129,5 +144,5 @@ OUR_HISTOGRAMS = _defs(OURS, "histogram", [
 ])
 
 ALL = (VLLM_GAUGES + VLLM_COUNTERS + VLLM_PREFILL_COUNTERS + VLLM_REQUEST_HISTOGRAMS + VLLM_STREAM_HISTOGRAMS
-       + OUR_GAUGES + OUR_COUNTERS + OUR_HISTOGRAMS)
+       + KV_TIER_GAUGES + KV_TIER_COUNTERS + OUR_GAUGES + OUR_COUNTERS + OUR_HISTOGRAMS)
 BY_NAME = {d.name: d for d in ALL}

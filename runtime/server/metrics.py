@@ -120,7 +120,7 @@ class ServerMetrics:
         self.prompt_sources["local_compute"].inc(len(out.prompt_token_ids) - cached)
         self.prompt_sources["local_cache_hit"].inc(cached)
         self.cached.inc(cached)
-        self.cached_by_tier.inc(cached)
+        self.cached_by_tier.inc(cached)  # all the device's until the output says what a lower tier supplied
 
     def _observe_request(self, out: RequestOutput) -> None:
         times = request_phases(out.metrics)

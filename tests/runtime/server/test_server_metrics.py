@@ -3,8 +3,9 @@ agree with what was sent and with the engine's own counters."""
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from runtime.engine_stats import PHASES
+from runtime.engine_stats import PHASES, EngineStats
 from runtime.server import metric_defs
+from runtime.server.engine_collector import tier_rows
 from tests.server_utils import live_server
 from tests.tiny_engine import tiny_engine
 
@@ -83,6 +84,7 @@ def test_metrics_agree_with_the_traffic():
     assert value(s, V + "kv_cache_usage_perc") == 0
     assert value(s, C + "kv_cache_tier_used_blocks", tier="device") == 0
     assert value(s, C + "kv_cache_tier_capacity_blocks", tier="device") == 64
+    assert value(s, C + "kv_cache_tier_hits_total", tier="device") == 32 / 16  # the repeated prompt's 2 blocks
     # goodput: every request met the loosest SLO pair (on a tiny model, in well under 10 s)
     assert value(s, C + "request_slo_attained_total", ttft_slo="10.0", tpot_slo="0.5") == n
 
@@ -100,7 +102,8 @@ def test_gauges_show_a_request_in_flight():
             assert used >= 3
             assert value(s, V + "kv_cache_usage_perc") == used / 64
             assert value(s, C + "kv_cache_tier_usage_perc", tier="device") == used / 64
-            assert value(s, C + "kv_cache_tier_used_bytes", tier="device") > 0
+            used_bytes = value(s, C + "kv_cache_tier_used_bytes", tier="device")
+            assert used_bytes > 0 and value(s, C + "kv_cache_tier_capacity_bytes", tier="device") == used_bytes / used * 64
             assert value(s, V + "num_requests_waiting_by_reason", reason="capacity") == 0
         srv.wait_idle()
 
@@ -160,7 +163,10 @@ def test_every_family_is_defined_in_metric_defs():
         text = httpx.get(srv.url + "/metrics").text
     families = {f.name for f in text_string_to_metric_families(text) if not f.name.endswith("_created")}
     ours = {name for name in families if name.startswith((V, C))}
-    assert ours == set(metric_defs.BY_NAME), ours ^ set(metric_defs.BY_NAME)
+    # bytes moved to and from a tier below the device: absent while the device is the only tier
+    below_device = {C + "kv_cache_tier_read_bytes", C + "kv_cache_tier_written_bytes"}
+    expected = set(metric_defs.BY_NAME) - (set() if metric_defs.LOWER_KV_TIERS else below_device)
+    assert ours == expected, ours ^ expected
     assert families - ours <= {"http_requests", "http_request_size_bytes", "http_response_size_bytes",
                                "http_request_duration_highr_seconds", "http_request_duration_seconds",
                                "process_virtual_memory_bytes", "process_resident_memory_bytes",
@@ -168,3 +174,22 @@ def test_every_family_is_defined_in_metric_defs():
                                "process_max_fds", "python_info"}
     assert not any(name.startswith("cute_serve:") and name[len(C):] in {d.name[len(V):] for d in metric_defs.ALL
                                                                        if d.name.startswith(V)} for name in ours)
+
+
+def test_kv_tier_rows_take_a_lower_tier_from_its_connectors_counters():
+    """The seam a tier below the device plugs into: its counters in EngineStats.tiers, named f"{tier}_{key}"."""
+    s = EngineStats(prefix_cache_hits=48, kv_blocks_total=64, kv_blocks_used=16, kv_bytes_per_block=1024,
+                    tiers={"host_used_bytes": 3000, "host_capacity_bytes": 12000, "host_used_blocks": 3,
+                           "host_capacity_blocks": 12, "host_hits": 5, "host_read_bytes": 5000,
+                           "host_written_bytes": 9000, "loads": 2})
+    rows = {name[len(C + "kv_cache_tier_"):]: dict(r) for name, r in tier_rows(s, 16, ("device", "host")).items()}
+    assert set(rows) == {d.name[len(C + "kv_cache_tier_"):] for d in metric_defs.ALL if "kv_cache_tier_" in d.name}
+    device, host = ("device",), ("host",)
+    assert {k: r.get(device) for k, r in rows.items()} == {
+        "usage_perc": 0.25, "used_blocks": 16, "capacity_blocks": 64, "used_bytes": 16 * 1024,
+        "capacity_bytes": 64 * 1024, "hits": 3, "read_bytes": None, "written_bytes": None}
+    assert {k: r[host] for k, r in rows.items()} == {
+        "usage_perc": 0.25, "used_blocks": 3, "capacity_blocks": 12, "used_bytes": 3000, "capacity_bytes": 12000,
+        "hits": 5, "read_bytes": 5000, "written_bytes": 9000}
+    assert tier_rows(EngineStats(), 16, ("device", "disk"))[C + "kv_cache_tier_usage_perc"] == [
+        (device, 0.0), (("disk",), 0.0)]  # a tier with nothing counted yet reads 0, not an error
