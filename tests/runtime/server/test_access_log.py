@@ -8,7 +8,7 @@ import time
 import httpx
 import pytest
 
-from runtime.server.request_log import ACCESS_LOGGER
+from runtime.server.request_log import ACCESS_LOGGER, HttpRecord, access_line
 from tests.server_utils import live_server, sse_payloads
 from tests.tiny_engine import tiny_engine
 
@@ -90,3 +90,10 @@ def test_client_disconnects_are_logged(access):
     assert streamed["client_disconnected"] is True and streamed["status"] == 200
     assert streamed["finish_reasons"] == ["abort"] and 0 < streamed["completion_tokens"] < 400
     assert whole["client_disconnected"] is True and whole["status"] == 499 and whole["finish_reasons"] == ["abort"]
+
+
+def test_duration_ends_with_the_response_not_when_the_line_is_written():
+    """The line may wait for the engine's last output (or the give-up, 30 s): duration_s is the HTTP request's."""
+    rec = HttpRecord("POST", "/v1/completions", "127.0.0.1", {}, started=10.0)
+    rec.ended = 10.25
+    assert access_line(rec)["duration_s"] == 0.25

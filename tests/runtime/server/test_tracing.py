@@ -5,6 +5,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+import time
 
 import httpx
 import pytest
@@ -130,7 +131,16 @@ def test_serve_flags_trace_and_log_json_end_to_end(tmp_path, fast_export):
         response_id, _ = stream_chat(url, {"traceparent": TRACEPARENT}, max_tokens=2)
         [span] = receiver.wait_for("llm_request")
         assert receiver.wait_for("step", 2)
-        lines = [json.loads(line) for line in log().splitlines() if line.startswith("{")]
+        # the span may reach the receiver before the response is done, and the line is written after it
+        deadline = time.monotonic() + 20
+        while not (chat := access_lines(log(), "/v1/chat/completions")) and time.monotonic() < deadline:
+            time.sleep(0.05)
     assert span.trace_id == TRACE_ID and span.attributes["gen_ai.request.id"] == f"{response_id}-0"
-    [line] = [x for x in lines if x["route"] == "/v1/chat/completions"]
+    [line] = chat
     assert line["trace_id"] == TRACE_ID and line["request_id"] == response_id and line["status"] == 200
+
+
+def access_lines(output: str, route: str) -> list[dict]:
+    """The access lines of this route among the server's finished lines (the last may be half written)."""
+    lines = output.split("\n")[:-1]
+    return [x for x in (json.loads(line) for line in lines if line.startswith("{")) if x["route"] == route]
