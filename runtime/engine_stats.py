@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -48,8 +49,11 @@ class EngineStats:
     spec_proposed: int = 0
     spec_accepted: int = 0
     spec_verify_steps: int = 0  # (sequence, step) pairs that verified drafts
+    spec_accepted_per_pos: list[int] = field(default_factory=list)  # [i]: verifications accepting draft i
     prefix_cache_queries: int = 0  # prompt tokens looked up
     prefix_cache_hits: int = 0  # of which found in the cache
+    external_prefix_cache_queries: int = 0  # tokens asked of a KV connector past the pool's prefix match
+    external_prefix_cache_hits: int = 0  # of which it loaded
     prefix_cache_evictions: int = 0  # cached blocks dropped for a fresh allocation (filled by snapshots)
     times: StepTimes = field(default_factory=StepTimes)
     tiers: dict[str, float] = field(default_factory=dict)  # a KV connector's counters, by name (runtime/tiers/)
@@ -60,7 +64,7 @@ class EngineStats:
     kv_blocks_used: int = 0
     kv_bytes_per_block: int = 0
     prefix_cached_blocks: int = 0  # blocks findable by hash (in use or free)
-    block_states: np.ndarray | None = None  # per block 0 free, 1 cached, 2 in use, 3 shared, | 4 also held below (BlockPool.states)
+    block_states: np.ndarray | None = None  # 0 free, 1 cached, 2 in use, 3 shared; | 4: held below too
 
     @property
     def kv_usage(self) -> float:
@@ -81,7 +85,9 @@ class EngineStats:
     def copy(self, **gauges) -> "EngineStats":
         """A frozen-in-time copy with the given gauges set."""
         out = copy.copy(self)
-        out.finished, out.times, out.tiers = dict(self.finished), copy.copy(self.times), dict(self.tiers)
+        out.finished, out.times, out.spec_accepted_per_pos = dict(self.finished), copy.copy(self.times), \
+            list(self.spec_accepted_per_pos)
+        out.tiers = dict(self.tiers)
         for name, value in gauges.items():
             setattr(out, name, value)
         return out
@@ -97,6 +103,7 @@ class PhaseTimer:
         self.stats = stats  # not stats.times: a reset replaces that record
         self.current: str | None = None
         self.since = 0.0
+        self.listener: Callable[[str, float, float], None] | None = None  # (phase, start, end) of each (tracing)
 
     def __call__(self, phase: str) -> float:
         """Start `phase` (a no-op when it is the current one); returns the time (time.perf_counter)."""
@@ -117,5 +124,7 @@ class PhaseTimer:
         if self.current is not None:
             times = self.stats.times
             setattr(times, self.current, getattr(times, self.current) + now - self.since)
+            if self.listener is not None:
+                self.listener(self.current, self.since, now)
             if nvtx.ON:
                 nvtx.pop()

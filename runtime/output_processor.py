@@ -92,6 +92,10 @@ class OutputProcessor:
         self.stats.spec_proposed += proposed
         self.stats.spec_accepted += accepted
         self.stats.spec_verify_steps += 1
+        per_pos = self.stats.spec_accepted_per_pos
+        per_pos.extend([0] * (proposed - len(per_pos)))
+        for pos in range(accepted):  # draft i counts when drafts 0..i were all accepted
+            per_pos[pos] += 1
         m.spec_proposed += proposed
         m.spec_accepted += accepted
 
@@ -162,7 +166,7 @@ class OutputProcessor:
                     del self._choices[c.seq]
                     self.stats.finished[c.finish_reason] = self.stats.finished.get(c.finish_reason, 0) + 1
         return RequestOutput(state.request_id, state.prompt_ids, outs, finished, state.metrics.as_dict(),
-                             state.metrics.num_cached_prompt_tokens)
+                             state.metrics.num_cached_prompt_tokens, state.metrics.num_external_prompt_tokens)
 
 
 def _stop_hold_back(c: Choice) -> int:

@@ -106,6 +106,7 @@ class Scheduler:
         hashes = self.blocks.block_hashes(kv, seq.token_ids, (len(seq.token_ids) - 1) // bs)
         start = len(kv.block_table)
         n = self.connector.lookup(hashes[start:])
+        self.stats.external_prefix_cache_queries += (len(hashes) - start) * bs
         if n == 0 or not self.blocks.allocate(kv, n * bs):
             return False
         tokens = seq.token_ids
@@ -131,7 +132,10 @@ class Scheduler:
                 continue
             self.blocks.register_full_blocks(kv, seq.token_ids)
             self.loaded[seq] = before
-            seq.metrics.num_cached_prompt_tokens = min(kv.num_computed, seq.num_prompt_tokens)
+            m = seq.metrics
+            m.num_cached_prompt_tokens = min(kv.num_computed, seq.num_prompt_tokens)
+            m.num_external_prompt_tokens = m.num_cached_prompt_tokens - min(before, seq.num_prompt_tokens)
+            self.stats.external_prefix_cache_hits += intact * self.blocks.block_size
             self.waiting.appendleft(seq)
 
     @staticmethod

@@ -26,9 +26,11 @@ from runtime.server.options import (
     DEFAULT_BODY_TIMEOUT,
     DEFAULT_MAX_REQUEST_BYTES,
     DEFAULT_MAX_TOKENS,
+    DETAILED_MODULES,
     LOCAL_HOSTS,
     ServerOptions,
     allowed_hosts,
+    check_tracing_flags,
     host_header_name,
 )
 
@@ -80,6 +82,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="a Jinja chat template file (or the template text itself) in place of the model's")
     p.add_argument("--strict-api", action="store_true",
                    help="answer unknown request fields with HTTP 400 (default: ignore them, named in a warning)")
+    p.add_argument("--log-format", default="text", choices=["text", "json"],
+                   help="access log: uvicorn's text lines (default), or one JSON object per request on stdout "
+                        "(request id, route, status, tokens, TTFT, e2e, disconnects)")
+    p.add_argument("--log-prompts", action="store_true", help="JSON access lines carry the prompt or messages "
+                                                              "(default: never the request's text)")
+    p.add_argument("--otlp-traces-endpoint", default=None, metavar="URL",
+                   help='export a span per request over OTLP/HTTP, e.g. http://HOST:4318/v1/traces (needs '
+                        'pip install -e ".[otel]")')
+    p.add_argument("--collect-detailed-traces", default=None, nargs="+", metavar="{" + ",".join(DETAILED_MODULES) + "}",
+                   help="also span each engine step and its phases under the request's span (any of vLLM's "
+                        "values turns it on; needs --otlp-traces-endpoint)")
     add_engine_args(p)
     args = p.parse_args(argv)
     if args.max_queue < 0:
@@ -92,6 +105,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--body-timeout must be > 0 and --shutdown-grace >= 0")
     if not 0 <= args.port <= 65535:
         p.error("--port must be in [0, 65535]")
+    detailed = [m for value in args.collect_detailed_traces or [] for m in value.split(",") if m]  # as vLLM: either
+    if unknown := set(detailed) - set(DETAILED_MODULES):
+        p.error(f"--collect-detailed-traces: unknown {', '.join(sorted(unknown))} (choose from "
+                f"{', '.join(DETAILED_MODULES)})")
+    if args.log_prompts and args.log_format != "json":
+        p.error("--log-prompts needs --log-format json")
+    args.otlp_traces_endpoint = check_tracing_flags(args.otlp_traces_endpoint, detailed)  # UserError: one line
     return args
 
 
@@ -101,7 +121,9 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
                          allowed_origins=tuple(args.allowed_origins), max_request_bytes=args.max_request_bytes,
                          body_timeout=args.body_timeout, default_max_tokens=args.default_max_tokens,
                          tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser,
-                         strict_api=args.strict_api)
+                         strict_api=args.strict_api, log_format=args.log_format, log_prompts=args.log_prompts,
+                         otlp_traces_endpoint=args.otlp_traces_endpoint,
+                         detailed_traces=bool(args.collect_detailed_traces))
 
 
 def model_name(path: str) -> str:
@@ -241,11 +263,15 @@ def main(argv: list[str] | None = None) -> int:
     if host_header_name(args.host) is None and not args.allowed_hosts:  # listening everywhere, answering locally
         print(f"note: only the Host names {', '.join(LOCAL_HOSTS)} are answered; name this machine's with "
               f"--allowed-hosts", file=sys.stderr, flush=True)
-    server = GracefulServer(uvicorn.Config(app, log_level=args.log_level), async_engine, args.shutdown_grace)
+    config = uvicorn.Config(app, log_level=args.log_level, access_log=args.log_format == "text")
+    server = GracefulServer(config, async_engine, args.shutdown_grace)
     gc.freeze()
     gc.enable()
     with async_engine:
-        server.run(sockets=[sock])
+        try:
+            server.run(sockets=[sock])
+        finally:
+            app.state.server.close()  # the last traces go out
     return 0
 
 

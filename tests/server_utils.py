@@ -95,7 +95,7 @@ def live_server(engine: LLMEngine, max_queue: int | None = None, model_name: str
             if ui is not None and wait_for_page:
                 wait_for_chat_page(url)
             yield LiveServer(url, async_engine)
-        app.state.server.metrics.close()
+        app.state.server.close()
 
 
 def settled_chat_page(url: str, timeout: float = 120.0) -> str:
@@ -130,9 +130,9 @@ def serve_subprocess(*args: str, timeout: float = 300.0) -> Iterator[tuple[str, 
     /health answers; terminates the server on exit."""
     log = tempfile.TemporaryFile("w+")  # a file, not a pipe: a chatty server never blocks on it
 
-    def output() -> str:
-        log.seek(0)
-        return log.read()
+    def output() -> str:  # pread: seeking would move the offset the server writes at (one shared file)
+        fd = log.fileno()
+        return os.pread(fd, os.fstat(fd).st_size, 0).decode("utf-8", "replace")
 
     try:
         proc, url = start_server(list(args), log, timeout)

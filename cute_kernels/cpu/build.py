@@ -52,6 +52,7 @@ ROUTES = {r.name: r for r in (
     Route("portable-c", ("-DCPU_PORTABLE",), frozenset()),
 )}
 _active_route: list[str | None] = [os.environ.get("CUTE_SERVE_CPU_ROUTE") or None]  # None: -march=native
+_loaded: dict[str, str] = {}  # library name -> the route of its last load
 
 
 @functools.cache
@@ -144,6 +145,11 @@ def load(name: str) -> tuple[ctypes.CDLL | None, str | None]:
     return _load(name, flags, ())
 
 
+def loaded_routes() -> dict[str, str]:
+    """Library name -> the route it was built for, for each library this process has loaded (for /metrics)."""
+    return dict(_loaded)
+
+
 def isa(lib: ctypes.CDLL) -> str:
     """The route a loaded library was built for (csrc/isa.h): avx512-vnni, avx2 or portable-c."""
     lib.cpu_kernel_isa.restype = ctypes.c_char_p
@@ -159,8 +165,10 @@ def _load(name: str, extra_flags: tuple[str, ...], link_flags: tuple[str, ...]) 
         return None, "no C compiler found (set CC)"
     source = CSRC / f"{name}.c"
     try:
-        return ctypes.CDLL(str(_build(source, compiler, extra_flags, link_flags))), None
+        lib = ctypes.CDLL(str(_build(source, compiler, extra_flags, link_flags)))
     except subprocess.CalledProcessError as exc:
         return None, f"building {source.name} failed: {exc.stderr.strip()[-500:]}"
     except OSError as exc:
         return None, f"loading {source.name}'s library failed: {exc}"
+    _loaded[name] = isa(lib)
+    return lib, None

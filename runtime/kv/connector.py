@@ -23,6 +23,9 @@ class KVConnector(Protocol):
         """Loads done since the last call (waiting up to `wait` seconds for one): (key, how many leading
         blocks arrived intact)."""
 
+    def gauges(self) -> dict[str, float]:
+        """Its levels now, by name (f"{tier}_used_bytes", ...), beside the counters it keeps in EngineStats.tiers."""
+
     def holds(self, block_hash: int) -> bool:
         """Whether it holds this block (for the UI's block map: a cheap index lookup)."""
 

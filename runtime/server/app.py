@@ -20,7 +20,9 @@ from runtime.server.openai import chat, completions
 from runtime.server.openai.logprobs import LogprobFormatter
 from runtime.server.openapi import extend_openapi
 from runtime.server.options import ServerOptions
+from runtime.server.request_log import RequestTelemetry, TelemetryMiddleware
 from runtime.server.state import ServerState
+from runtime.server.tracing import Tracer
 
 
 def create_app(async_engine: AsyncEngine, model_name: str = "default", options: ServerOptions | None = None,
@@ -34,10 +36,14 @@ def create_app(async_engine: AsyncEngine, model_name: str = "default", options: 
     app = FastAPI(title="cute-serve", summary="OpenAI-compatible LLM server", version="0.1.0",
                   lifespan=page.running if page is not None else None)
     options = options or ServerOptions()
-    app.state.server = ServerState(async_engine, model_name, ServerMetrics(async_engine),
-                                   LogprobFormatter(async_engine.limits.tokenizer), options, page)
+    metrics = ServerMetrics(async_engine, model_name)
+    app.state.server = ServerState(async_engine, model_name, metrics, LogprobFormatter(async_engine.limits.tokenizer),
+                                   options, page, telemetry=telemetry(async_engine, model_name, options))
     install_error_handlers(app)
     add_guards(app, options)
+    metrics.instrument(app)  # the HTTP series: outside the guards, so refused requests count too
+    if app.state.server.telemetry is not None:
+        app.add_middleware(TelemetryMiddleware, telemetry=app.state.server.telemetry)  # outermost
     modules = (completions, chat, info, tokenize_routes, *([login] if options.api_key else []))
     routers = [module.router for module in modules]
     for router in routers:
@@ -50,6 +56,16 @@ def create_app(async_engine: AsyncEngine, model_name: str = "default", options: 
         return app
     app.add_api_route("/", lambda: RedirectResponse("/docs"), include_in_schema=False)
     return app
+
+
+def telemetry(async_engine: AsyncEngine, model_name: str, options: ServerOptions) -> RequestTelemetry | None:
+    """The access log and the tracer, when either is asked for."""
+    tracer = None
+    if options.otlp_traces_endpoint:
+        tracer = Tracer(async_engine, options.otlp_traces_endpoint, options.detailed_traces, model_name)
+    if tracer is None and options.log_format != "json":
+        return None
+    return RequestTelemetry(async_engine, options.log_format == "json", options.log_prompts, tracer)
 
 
 def add_guards(app: FastAPI, options: ServerOptions) -> None:

@@ -24,11 +24,13 @@ from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
 from runtime.engine import LLMEngine
+from runtime.engine_config import EngineConfig
 from runtime.engine_stats import EngineStats
 from runtime.errors import EngineDeadError, RequestError
 from runtime.outputs import RequestOutput
 from runtime.request_limits import Admitted, RequestLimits
 from runtime.sampling_params import SamplingParams
+from runtime.server.step_feed import StepFeed
 
 log = logging.getLogger("cute_serve")
 
@@ -117,6 +119,8 @@ class AsyncEngine:
         self.engine = engine  # the engine thread's alone once started
         self.max_queue = max_queue
         self.limits: RequestLimits = engine.limits
+        self.config: EngineConfig = engine.config  # fixed at start: read it from any thread
+        self.steps = StepFeed(engine)  # per-step records for the metrics and the tracer (engine thread)
         self._description = engine.describe()
         self._snapshot = engine.snapshot(with_block_states=True)
         self._block_states_at = time.monotonic()
@@ -297,6 +301,7 @@ class AsyncEngine:
         self._streams[request.request_id] = stream
 
     def _step(self) -> None:
+        self.steps.begin()
         try:
             outputs = self.engine.step()
         except EngineDeadError as exc:  # no step can run again: stop serving (503), do not retry
@@ -308,6 +313,7 @@ class AsyncEngine:
             return
         now = time.perf_counter()
         self._publish()
+        self.steps.end(outputs)
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[RequestStream, RequestOutput]]] = defaultdict(list)
         for out in outputs:
             stream = self._streams.pop(out.request_id) if out.finished else self._streams.get(out.request_id)

@@ -1,110 +1,156 @@
 """Prometheus metrics of one server, in its own CollectorRegistry (one per app, never the global one).
 
+Names, types and buckets: runtime/server/metric_defs.py (vLLM's under `vllm:`, ours under `cute_serve:`).
 Definitions (shared/DESIGN.md): TTFT = first token - arrival (queueing and tokenization included);
-TPOT = (E2E - TTFT) / (output tokens - 1); ITL = each gap between successive outputs of a request
-that carry new tokens; queue time = first scheduled - arrival. Latency histograms are observed when
-a request finishes with "stop" or "length" (a disconnect is not a latency). Gauges and token
-counters mirror the engine's own snapshot at scrape time, so they agree with the engine exactly.
-Names follow vLLM's, under the cute_serve: prefix.
+TPOT = (E2E - TTFT) / (output tokens - 1), 0 for a one-token answer as vLLM records it; ITL = each gap
+between successive outputs of a request that carry new tokens; queue time = first scheduled - arrival;
+prefill = TTFT - queue; decode = E2E - TTFT; inference = E2E - queue. Request histograms are observed
+when a request finishes with "stop" or "length" (a disconnect is not a latency). Gauges and engine
+counters mirror the engine's snapshot at scrape time (runtime/server/engine_collector.py).
 """
 from __future__ import annotations
 
-from typing import Iterator
-
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
+from fastapi import FastAPI
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
+from prometheus_fastapi_instrumentator import Instrumentator
 
 from runtime.outputs import RequestOutput
 from runtime.server.async_engine import AsyncEngine
+from runtime.server.engine_collector import EngineCollector
+from runtime.server.metric_defs import (
+    BY_NAME,
+    ENGINE_INDEX,
+    KV_TIERS,
+    LABELS,
+    OURS,
+    PROMPT_SOURCES,
+    TPOT_SLOS,
+    TTFT_SLOS,
+    VLLM,
+    VLLM_PREFILL_COUNTERS,
+    VLLM_REQUEST_HISTOGRAMS,
+    VLLM_STREAM_HISTOGRAMS,
+    MetricDef,
+    token_buckets,
+)
+from runtime.server.step_feed import StepRecord
 
-PREFIX = "cute_serve:"
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                20.0, 40.0, 80.0, 160.0, 640.0)
-TOKEN_GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
-                     0.75, 1.0, 2.5, 5.0, 10.0, 20.0)
-REQUEST_BUCKETS = (0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
-                   60.0, 120.0, 240.0, 480.0, 960.0, 1920.0)
-
-
-class EngineCollector(Collector):
-    """Gauges and counters read from the engine thread's latest snapshot when scraped."""
-
-    def __init__(self, async_engine: AsyncEngine) -> None:
-        self.async_engine = async_engine
-
-    def collect(self) -> Iterator[Metric]:
-        s = self.async_engine.snapshot()
-        yield _gauge("num_requests_running", "Requests with a sequence in the running batch.", s.num_requests_running)
-        yield _gauge("num_requests_waiting", "Requests in the engine waiting to run.", s.num_requests_waiting)
-        yield _gauge("kv_cache_usage_perc", "Fraction of KV cache blocks in use (0-1).", s.kv_usage)
-        yield _gauge("kv_cache_used_blocks", "KV cache blocks in use.", s.kv_blocks_used)
-        yield _gauge("kv_cache_total_blocks", "KV cache blocks in the pool.", s.kv_blocks_total)
-        yield _gauge("kv_cache_used_bytes", "Bytes of the KV cache held by blocks in use.",
-                     s.kv_blocks_used * s.kv_bytes_per_block)
-        yield _gauge("prefix_cache_hit_rate", "Prompt tokens found in the prefix cache / prompt tokens looked up.",
-                     s.prefix_cache_hit_rate)
-        yield _gauge("spec_decode_acceptance_rate", "Accepted / proposed speculative tokens (0 without a proposer).",
-                     s.spec_acceptance_rate)
-        yield _counter("spec_decode_num_draft_tokens", "Speculative tokens proposed.", s.spec_proposed)
-        yield _counter("spec_decode_num_accepted_tokens", "Speculative tokens accepted.", s.spec_accepted)
-        yield _gauge("spec_decode_mean_accepted_length", "Accepted drafts per verification step.",
-                     s.spec_mean_accepted_len)
-        yield _gauge("prefix_cache_blocks", "KV blocks findable in the prefix cache.", s.prefix_cached_blocks)
-        yield _counter("prefix_cache_evictions", "Cached blocks evicted for fresh allocations.", s.prefix_cache_evictions)
-        yield _counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", s.prefix_cache_queries)
-        yield _counter("prefix_cache_hits", "Prompt tokens found in the prefix cache.", s.prefix_cache_hits)
-        yield _counter("prompt_tokens", "Prompt tokens received by the engine.", s.prompt_tokens)
-        yield _counter("generation_tokens", "Tokens generated by the engine.", s.generated_tokens)
-        yield _counter("num_preemptions", "Sequences preempted for lack of KV blocks.", s.preemptions)
-        finished = CounterMetricFamily(PREFIX + "request_success", "Finished sequences (choices) by finish reason.",
-                                       labels=["finished_reason"])
-        for reason, count in sorted(s.finished.items()):
-            finished.add_metric([reason], count)
-        yield finished
+FINISHED_OK = ("stop", "length")
+EXCLUDED_HANDLERS = ["/metrics", "/health"]  # vLLM's probes, as its server leaves them out
+# each request histogram: what it observes, from a finished request's output and request_phases()
+REQUEST_VALUES = {
+    "time_to_first_token_seconds": lambda out, t: t["ttft"],
+    "request_time_per_output_token_seconds": lambda out, t: out.metrics.get("tpot") or 0.0,
+    "e2e_request_latency_seconds": lambda out, t: t["e2e"],
+    "request_queue_time_seconds": lambda out, t: t["queue"],
+    "request_inference_time_seconds": lambda out, t: t["inference"],
+    "request_prefill_time_seconds": lambda out, t: t["prefill"],
+    "request_decode_time_seconds": lambda out, t: t["decode"],
+    "request_prompt_tokens": lambda out, t: len(out.prompt_token_ids),
+    "request_generation_tokens": lambda out, t: out.metrics.get("num_output_tokens"),
+    "request_max_num_generation_tokens": lambda out, t: max(len(c.token_ids) for c in out.outputs),
+    "request_prefill_kv_computed_tokens": lambda out, t: len(out.prompt_token_ids) - out.num_cached_tokens,
+}
 
 
-def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-    return GaugeMetricFamily(PREFIX + name, doc, value=value)
+def request_phases(m: dict) -> dict[str, float | None]:
+    """A finished request's latencies as vLLM splits them (seconds; None where a stamp is missing):
+    queue (arrival to first scheduled), prefill (to the first token), decode (first token to the end),
+    inference (first scheduled to the end), ttft, e2e."""
+    queue, ttft, e2e = m.get("queue_time"), m.get("ttft"), m.get("e2e")
 
+    def minus(a: float | None, b: float | None) -> float | None:
+        return None if a is None or b is None else max(0.0, a - b)
 
-def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
-    return CounterMetricFamily(PREFIX + name, doc, value=value)
+    return {"queue": queue, "ttft": ttft, "e2e": e2e, "prefill": minus(ttft, queue), "decode": minus(e2e, ttft),
+            "inference": minus(e2e, queue)}
 
 
 class ServerMetrics:
-    """Latency histograms fed by the AsyncEngine's outputs, plus the engine collector, in one registry."""
+    """The registry: per-request histograms fed by the AsyncEngine's outputs, per-step ones by its step
+    feed, the engine collector, the HTTP middleware's series and the process collector."""
 
-    def __init__(self, async_engine: AsyncEngine) -> None:
-        self.registry = CollectorRegistry()
-        r = self.registry
-        self.ttft = Histogram(PREFIX + "time_to_first_token_seconds", "Time to first token (from arrival).",
-                              buckets=TTFT_BUCKETS, registry=r)
-        self.tpot = Histogram(PREFIX + "request_time_per_output_token_seconds",
-                              "Per request: (E2E - TTFT) / (output tokens - 1).", buckets=TOKEN_GAP_BUCKETS, registry=r)
-        self.itl = Histogram(PREFIX + "inter_token_latency_seconds", "Gap between successive outputs of a request.",
-                             buckets=TOKEN_GAP_BUCKETS, registry=r)
-        self.e2e = Histogram(PREFIX + "e2e_request_latency_seconds", "Arrival to last token.",
-                             buckets=REQUEST_BUCKETS, registry=r)
-        self.queue = Histogram(PREFIX + "request_queue_time_seconds", "Arrival to first scheduled.",
-                               buckets=REQUEST_BUCKETS, registry=r)
-        r.register(EngineCollector(async_engine))
+    def __init__(self, async_engine: AsyncEngine, model_name: str = "default") -> None:
+        self.registry = r = CollectorRegistry()
+        self.base = (model_name, ENGINE_INDEX)
+        max_len = async_engine.limits.max_model_len
+        self.request = {d.name[len(VLLM):]: self._histogram(d, max_len) for d in VLLM_REQUEST_HISTOGRAMS}
+        stream = {d.name: self._histogram(d, max_len) for d in VLLM_STREAM_HISTOGRAMS}
+        self.itl, self.iteration_tokens = stream[VLLM + "inter_token_latency_seconds"], \
+            stream[VLLM + "iteration_tokens_total"]
+        self.ttft, self.tpot = self.request["time_to_first_token_seconds"], \
+            self.request["request_time_per_output_token_seconds"]
+        self.grammar = self._histogram(BY_NAME[OURS + "grammar_compile_time_seconds"], max_len)
+        by_source, cached, cached_by_tier = (Counter(d.name, d.help, [*LABELS, *d.labels], registry=r)
+                                             for d in VLLM_PREFILL_COUNTERS)
+        self.prompt_sources = {s: by_source.labels(*self.base, s) for s in PROMPT_SOURCES}
+        self.cached, self.cached_by_tier = cached.labels(*self.base), cached_by_tier.labels(*self.base, KV_TIERS[0])
+        slo_def = BY_NAME[OURS + "request_slo_attained"]
+        slo = Counter(slo_def.name, slo_def.help, [*LABELS, *slo_def.labels], registry=r)
+        self.slo = {(a, b): slo.labels(*self.base, str(a), str(b)) for a in TTFT_SLOS for b in TPOT_SLOS}
+        r.register(EngineCollector(async_engine, model_name))
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
         self.async_engine = async_engine
         async_engine.add_observer(self)
+        async_engine.steps.add(self.on_step)
+
+    def _histogram(self, d: MetricDef, max_model_len: int) -> Histogram:
+        buckets = d.buckets if d.buckets is not None else token_buckets(max_model_len)
+        parent = Histogram(d.name, d.help, [*LABELS, *d.labels], buckets=buckets, registry=self.registry)
+        return parent.labels(*self.base)
 
     def on_output(self, output: RequestOutput, now: float, token_gap: float | None) -> None:
         if token_gap is not None:
             self.itl.observe(token_gap)
-        if output.finished and any(c.finish_reason in ("stop", "length") for c in output.outputs):
-            self._observe_request(output.metrics)
+        elif any(c.delta_token_ids for c in output.outputs):  # its first tokens: the prefill is done
+            self._count_prompt_sources(output)
+        if output.finished and any(c.finish_reason in FINISHED_OK for c in output.outputs):
+            self._observe_request(output)
 
-    def _observe_request(self, m: dict) -> None:
-        for hist, key in ((self.ttft, "ttft"), (self.tpot, "tpot"), (self.e2e, "e2e"), (self.queue, "queue_time")):
-            if m.get(key) is not None:
-                hist.observe(m[key])
+    def _count_prompt_sources(self, out: RequestOutput) -> None:
+        cached, external = out.num_cached_tokens, out.num_external_tokens
+        self.prompt_sources["local_compute"].inc(len(out.prompt_token_ids) - cached)
+        self.prompt_sources["local_cache_hit"].inc(cached - external)
+        self.prompt_sources["external_kv_transfer"].inc(external)
+        self.cached.inc(cached)
+        self.cached_by_tier.inc(cached - external)  # the device's; the tiers below count their hits in blocks
+
+    def _observe_request(self, out: RequestOutput) -> None:
+        times = request_phases(out.metrics)
+        for name, value in REQUEST_VALUES.items():
+            v = value(out, times)
+            if v is not None:
+                self.request[name].observe(v)
+        ttft, tpot = times["ttft"], out.metrics.get("tpot") or 0.0
+        if ttft is not None:
+            for (a, b), counter in self.slo.items():
+                if ttft <= a and tpot <= b:
+                    counter.inc()
+
+    def on_step(self, step: StepRecord) -> None:
+        """The step feed's listener (engine thread; Histogram.observe is thread-safe)."""
+        if step.tokens > 0:
+            self.iteration_tokens.observe(step.tokens)
+
+    def instrument(self, app: FastAPI) -> None:
+        """http_requests_total and http_request_duration_seconds (by handler, method, status class) as
+        vLLM exports them: prometheus-fastapi-instrumentator's defaults, probes and the page left out."""
+        Instrumentator(excluded_handlers=EXCLUDED_HANDLERS, registry=self.registry).instrument(app)
+
+    def observe_grammar(self, seconds: float) -> None:
+        self.grammar.observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
     def close(self) -> None:
         self.async_engine.remove_observer(self)
+        self.async_engine.steps.remove(self.on_step)

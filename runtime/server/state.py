@@ -12,6 +12,7 @@ from runtime.server.late_page import LatePage
 from runtime.server.metrics import ServerMetrics
 from runtime.server.openai.logprobs import LogprobFormatter
 from runtime.server.options import ServerOptions
+from runtime.server.request_log import RequestTelemetry
 
 
 @dataclass
@@ -23,6 +24,13 @@ class ServerState:
     options: ServerOptions = field(default_factory=ServerOptions)
     page: LatePage | None = None  # the chat page, mounted after start-up
     created: int = field(default_factory=lambda: int(time.time()))
+    telemetry: RequestTelemetry | None = None  # access log and traces, when either is on
+
+    def close(self) -> None:
+        """Detach the metrics and telemetry from the engine (and flush the traces)."""
+        self.metrics.close()
+        if self.telemetry is not None:
+            self.telemetry.close()
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name != self.model_name:

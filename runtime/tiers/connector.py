@@ -34,9 +34,11 @@ WRITE_QUEUE_BLOCKS = 256  # evicted blocks waiting for the writer; past it they 
 class Tier(Protocol):
     """A store below the pool (host_tier.py, disk_tier.py): encoded blocks by their prefix hash."""
     name: str
-    used: int
+    used: int  # bytes held
+    budget: int  # bytes it may hold
     inline: bool  # a read never waits on a device (host memory): a CPU engine may load from it at once
 
+    def __len__(self) -> int: ...  # blocks held
     def contains(self, block_hash: int) -> bool: ...
     def read(self, block_hash: int) -> bytes | bytearray | None: ...
     def write(self, block_hash: int, data: bytes) -> bool | list[tuple[int, bytes]]: ...
@@ -82,6 +84,13 @@ class TieredConnector:
         n = next((i for i, h in enumerate(hashes) if not self.holds(h)), len(hashes))
         self._count("lookup_blocks", len(hashes))
         return n
+
+    def gauges(self) -> dict[str, float]:
+        out = {}
+        for t in self.tiers:  # capacity in blocks: the budget over one encoded block's bytes
+            out |= {f"{t.name}_used_bytes": t.used, f"{t.name}_capacity_bytes": t.budget,
+                    f"{t.name}_used_blocks": len(t), f"{t.name}_capacity_blocks": t.budget // self.io.block_bytes}
+        return out
 
     def holds(self, block_hash: int) -> bool:
         return any(t.contains(block_hash) for t in self.tiers)
@@ -186,7 +195,9 @@ class TieredConnector:
         self._writes.task_done()
 
     def _encode_and_store(self, block_hash: int, tokens: tuple[int, ...], snapshot: Snapshot) -> None:
+        start = time.perf_counter()
         self._store(block_hash, encode(BlockRecord(self.fingerprint, block_hash, tokens, snapshot.bytes())))
+        self._count("store_seconds", time.perf_counter() - start)
 
     def _store(self, block_hash: int, data: bytes, below: int = 0) -> None:
         pending = [(block_hash, data)]
@@ -201,7 +212,6 @@ class TieredConnector:
                     self._count(f"{tier.name}_written_bytes", len(d) * (h not in {s for s, _ in kept}))
                 else:
                     self._count(f"{tier.name}_written_bytes" if kept else "write_failures", len(d) if kept else 1)
-                self.stats.tiers[f"{tier.name}_used_bytes"] = tier.used
             pending = spilled
             if not pending:
                 return

@@ -52,6 +52,9 @@ class DiskTier:
     def _path(self, block_hash: int) -> Path:
         return self.dir / f"{block_hash:032x}.kvb"
 
+    def __len__(self) -> int:
+        return len(self.index)
+
     def contains(self, block_hash: int) -> bool:
         return block_hash in self.index
 

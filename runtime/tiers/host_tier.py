@@ -18,6 +18,9 @@ class HostTier:
         self.used = 0
         self.guard = threading.Lock()
 
+    def __len__(self) -> int:
+        return len(self.blocks)
+
     def contains(self, block_hash: int) -> bool:
         return block_hash in self.blocks
 

@@ -23,7 +23,7 @@ def kv_used(page) -> int:
 
 def metric(url: str, name: str) -> float:
     text = httpx.get(url + "/metrics").text
-    return float(re.search(rf"^cute_serve:{name} (\S+)$", text, re.M).group(1))
+    return float(re.search(rf"^{name}{{[^}}]*}} (\S+)$", text, re.M).group(1))
 
 
 def last_bot(page):
@@ -97,7 +97,7 @@ def test_chat_streams_shows_metrics_and_stop_frees_blocks():
         page.wait_for_function(f"() => {LAST_BOT_CHARS} > {first}")  # successive partial texts: it streams
         page.locator("#stop").click()
         page.wait_for_function("() => parseInt(document.querySelector('#kv-used').innerText) === 0")
-        assert metric(url, "kv_cache_used_blocks") == 0
+        assert metric(url, "cute_serve:kv_cache_tier_used_blocks") == 0
         expect(last_bot(page)).to_contain_text("(stopped)")
 
         # a short question: the reply shows TTFT/TPOT beneath it

@@ -89,7 +89,23 @@ async def start_generation(state: ServerState, req: SamplingFields, prefix: str)
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     gen = Generation(response_id, int(time.time()), state.model_name, req.n, prompts, wants_logprobs, include_usage,
                      state.formatter, plan, reasoning_parser(state, req, prompts))
-    return gen, state.engine.submit([p.request for p in prompts])
+    stream = state.engine.submit([p.request for p in prompts])
+    observe(state, gen, req)
+    return gen, stream
+
+
+def observe(state: ServerState, gen: Generation, req: SamplingFields) -> None:
+    """A submitted generation for /metrics (its grammar's compile time) and the access log and traces."""
+    for p in gen.prompts:
+        if p.request.admitted.grammar is not None:
+            state.metrics.observe_grammar(p.request.admitted.grammar.seconds)
+    telemetry = state.telemetry
+    if telemetry is not None:
+        prompt = None
+        if telemetry.log_prompts:  # the request's own text, as sent
+            prompt = req.prompt if isinstance(req, CompletionRequest) else [m.model_dump(exclude_none=True)
+                                                                              for m in req.messages]
+        telemetry.watch(gen.response_id, gen.model, [p.request for p in gen.prompts], prompt)
 
 
 def reasoning_parser(state: ServerState, req: SamplingFields, prompts: list[PreparedPrompt]) -> ReasoningParser | None:

@@ -106,4 +106,5 @@ def test_soak_with_random_disconnects(num_requests, request):
         assert res["finish"] in ("stop", "length"), (req, res)
         if res["tokens"] is not None and res["finish"] == "length":
             assert res["tokens"] == req["body"]["max_tokens"]
-    assert f'cute_serve:request_success_total{{finished_reason="abort"}} {float(finished["abort"])}' in metrics
+    abort = 'vllm:request_success_total{engine="0",finished_reason="abort",model_name="tiny"}'
+    assert f'{abort} {float(finished["abort"])}' in metrics

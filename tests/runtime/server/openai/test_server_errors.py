@@ -159,7 +159,7 @@ def test_a_stopped_engine_answers_503_on_health_and_requests():
     with serve_app(app) as url:
         health = httpx.get(url + "/health")
         sent = httpx.post(url + "/v1/completions", json={"model": TINY_MODEL, "prompt": "hi", "max_tokens": 2})
-    app.state.server.metrics.close()
+    app.state.server.close()
     for r in (health, sent):
         assert r.status_code == 503
         assert r.json()["error"]["code"] == "engine_unavailable"
