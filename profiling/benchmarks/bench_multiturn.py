@@ -95,7 +95,7 @@ def engine_for(model, args, extra_blocks: int = 0, **tiers):
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--conversations", type=int, default=6)
+    p.add_argument("--conversations", type=int, default=8)
     p.add_argument("--turns", type=int, default=6)
     p.add_argument("--system-tokens", type=int, default=256)
     p.add_argument("--user-tokens", type=int, default=256, help="each turn's new message (a document, a tool result)")

@@ -40,6 +40,7 @@ def test_the_host_tier_spills_to_disk(tmp_path, want):
     with engine(kv_offload_bytes=3 * (block + 256), kv_disk_path=str(tmp_path)) as e:
         assert run_rounds(e) == want
         assert e.stats.tiers["host_hits"] > 0 and e.stats.tiers["disk_hits"] > 0
+        assert e.stats.tiers["inline_loads"] > 0  # host-memory-only loads on the CPU are copied at once
         assert 0 < e.snapshot().tiers["host_used_bytes"] <= 3 * (block + 256) == e.snapshot().tiers["host_capacity_bytes"]
 
 
