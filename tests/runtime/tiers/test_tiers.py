@@ -40,8 +40,13 @@ def test_the_host_tier_spills_to_disk(tmp_path, want):
     with engine(kv_offload_bytes=3 * (block + 256), kv_disk_path=str(tmp_path)) as e:
         assert run_rounds(e) == want
         assert e.stats.tiers["host_hits"] > 0 and e.stats.tiers["disk_hits"] > 0
-        assert e.stats.tiers["inline_loads"] > 0  # host-memory-only loads on the CPU are copied at once
         assert 0 < e.snapshot().tiers["host_used_bytes"] <= 3 * (block + 256) == e.snapshot().tiers["host_capacity_bytes"]
+
+
+def test_host_memory_loads_on_the_cpu_are_copied_at_once(want):
+    with engine(kv_offload_bytes=1 << 30) as e:
+        assert run_rounds(e) == want
+        assert e.stats.tiers["inline_loads"] == e.stats.tiers["loads"] > 0 and not e.scheduler.loading
 
 
 def test_a_restart_keeps_what_host_memory_held(tmp_path, want):
