@@ -6,7 +6,7 @@ import os
 import gradio as gr
 from fastapi import FastAPI
 
-from app.block_map import STATE_COLORS, STATE_NAMES
+from app.block_map import BELOW_COLOR, BELOW_NAME, STATE_COLORS, STATE_NAMES
 from app.chat import ChatSessions, ChatSettings, reply
 from app.gradio_guards import quiet_input_errors, refuse_uploads
 from app.ladder_summary import LADDER_JSON, ladder_markdown, model_identity
@@ -29,6 +29,8 @@ def about_markdown(engine: AsyncEngine) -> str:
 def legend_html() -> str:
     cells = "".join(f'<span style="display:inline-block;width:10px;height:10px;background:rgb{tuple(c)};'
                     f'margin:0 4px 0 10px"></span>{n}' for n, c in zip(STATE_NAMES, STATE_COLORS[:4].tolist()))
+    cells += (f'<span style="display:inline-block;width:10px;height:10px;background:rgb{BELOW_COLOR};'
+              f'border-radius:5px;margin:0 4px 0 10px"></span>{BELOW_NAME}')
     return f"<div style='font-size:12px'>{cells}</div>"
 
 

@@ -29,6 +29,7 @@ from runtime.parallel.runner import make_tp_runner
 from runtime.sequence import Proposer
 from runtime.spec.draft_model import DraftModelProposer
 from runtime.spec.ngram import NgramProposer
+from runtime.tiers.attach import attach_tiers, open_tiers, wants_tiers
 from runtime.tokenizer.tokenizer import Tokenizer
 from weights.config import ModelConfig
 
@@ -47,6 +48,7 @@ def build_engine(config: EngineConfig, model_config: ModelConfig, tensors: dict[
         raise UserError(reason)
     max_model_len = min(model_config.max_position_embeddings, config.max_model_len or 1 << 62)
     check_tp_size(model_config, ranks)  # before anything is built
+    tiered = wants_tiers(config)
     if device.type == "cpu":
         tune_host_allocator()
     # The draft comes first and the target's KV budget is read last, so free memory excludes both models.
@@ -62,8 +64,12 @@ def build_engine(config: EngineConfig, model_config: ModelConfig, tensors: dict[
         local = runner.local
     ledger.require_blocks()
     runner, pool_blocks = _with_graphs(config, runner, local, ledger, max_model_len)
-    return LLMEngine(config, model_config, tokenizer,
-                     EngineParts(runner, local, ledger, pool_blocks, device, dtype, max_model_len, proposer))
+    tiers = open_tiers(config, local, ledger, model_config) if tiered else None
+    engine = LLMEngine(config, model_config, tokenizer,
+                       EngineParts(runner, local, ledger, pool_blocks, device, dtype, max_model_len, proposer))
+    if tiers is not None:
+        attach_tiers(engine, tiers)
+    return engine
 
 
 def _with_graphs(config: EngineConfig, runner: Runner, local: ModelRunner, ledger: KVLedger,

@@ -168,13 +168,14 @@ class LLMEngine:
     def snapshot(self, with_block_states: bool = False) -> EngineStats:
         """A copy of the metrics with the gauges filled in, safe to hand to another thread."""
         running = {s.request_id for s in self.scheduler.running}
-        pool = self.pool
+        pool, connector = self.pool, self.scheduler.connector
         return self.stats.copy(
             num_requests_running=len(running), num_requests_waiting=len(self.requests.keys() - running),
             kv_blocks_total=pool.num_blocks, kv_blocks_used=pool.num_used,
             kv_bytes_per_block=self.ledger.bytes_per_token * self.ledger.block_size,
             prefix_cached_blocks=pool.num_cached, prefix_cache_evictions=pool.evictions,
-            block_states=pool.states() if with_block_states else None)
+            block_states=pool.states(connector.holds if connector else None) if with_block_states else None,
+            tiers=self.stats.tiers | connector.gauges() if connector else dict(self.stats.tiers))
 
     def reset_stats(self) -> None:
         """Counters from zero (e.g. after a warm-up); gauges are unaffected."""

@@ -66,6 +66,11 @@ class EngineConfig:
     kv_cache_memory: int | None = flag(None, "KV cache budget, e.g. 2GiB (default: sized from free memory)",
                                        type=parse_bytes)  # bytes
     kv_cache_fraction: float = 0.1  # of available host memory on cpu (gpu: 0.85 of free device memory)
+    kv_offload_bytes: int = flag(0, "host-memory tier below the KV pool, e.g. 16GiB (default 0: none; pays on a "
+                                 "GPU, where it is pinned host memory)", type=parse_bytes)
+    kv_disk_path: str | None = flag(None, "disk tier below the KV pool: evicted prefix blocks are written here and "
+                                    "read back on a hit, across restarts (default: none)")
+    kv_disk_bytes: int = flag(8 << 30, "the disk tier's budget (default 8GiB)", type=parse_bytes)
     max_num_batched_tokens: int = flag(1024, "token budget of one step")
     max_num_seqs: int = flag(64, "most sequences in one step")
     max_model_len: int | None = flag(None, "context limit (default: the model's)")

@@ -52,6 +52,8 @@ class EngineStats:
     spec_accepted_per_pos: list[int] = field(default_factory=list)  # [i]: verifications accepting draft i
     prefix_cache_queries: int = 0  # prompt tokens looked up
     prefix_cache_hits: int = 0  # of which found in the cache
+    external_prefix_cache_queries: int = 0  # tokens asked of a KV connector past the pool's prefix match
+    external_prefix_cache_hits: int = 0  # of which it loaded
     prefix_cache_evictions: int = 0  # cached blocks dropped for a fresh allocation (filled by snapshots)
     times: StepTimes = field(default_factory=StepTimes)
     tiers: dict[str, float] = field(default_factory=dict)  # a KV connector's counters, by name (runtime/tiers/)
@@ -62,7 +64,7 @@ class EngineStats:
     kv_blocks_used: int = 0
     kv_bytes_per_block: int = 0
     prefix_cached_blocks: int = 0  # blocks findable by hash (in use or free)
-    block_states: np.ndarray | None = None  # per block 0 free, 1 cached, 2 in use, 3 shared (BlockPool.states)
+    block_states: np.ndarray | None = None  # 0 free, 1 cached, 2 in use, 3 shared; | 4: held below too
 
     @property
     def kv_usage(self) -> float:

@@ -166,7 +166,7 @@ class OutputProcessor:
                     del self._choices[c.seq]
                     self.stats.finished[c.finish_reason] = self.stats.finished.get(c.finish_reason, 0) + 1
         return RequestOutput(state.request_id, state.prompt_ids, outs, finished, state.metrics.as_dict(),
-                             state.metrics.num_cached_prompt_tokens)
+                             state.metrics.num_cached_prompt_tokens, state.metrics.num_external_prompt_tokens)
 
 
 def _stop_hold_back(c: Choice) -> int:

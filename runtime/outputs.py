@@ -30,4 +30,5 @@ class RequestOutput:
     finished: bool
     metrics: dict[str, Any] = field(default_factory=dict)
     num_cached_tokens: int = 0
+    num_external_tokens: int = 0  # of the cached ones, those a KV connector loaded
     error: str | None = None

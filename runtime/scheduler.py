@@ -20,6 +20,7 @@ from runtime.engine_config import EngineConfig
 from runtime.engine_stats import EngineStats
 from runtime.kv.block_manager import BlockManager, KVBlocks
 from runtime.kv.block_pool import BlockPool
+from runtime.kv.connector import KVConnector
 from runtime.sequence import Draft, SeqChunk, SeqStatus, Sequence, SeqUpdate
 
 
@@ -61,13 +62,16 @@ class Scheduler:
         self.policy = StaticBatching() if config.scheduler == "static" else ContinuousBatching()
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.connector: KVConnector | None = None  # prefix blocks beyond the pool (runtime/tiers/); set by the build
+        self.loading: dict[Sequence, int] = {}  # waiting aside for a connector's blocks: tokens computed before
+        self.loaded: dict[Sequence, int] = {}  # back from a load: their device prefix hit, counted at admission
 
     def add(self, seq: Sequence) -> None:
         seq.status = SeqStatus.WAITING
         self.waiting.append(seq)
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.loading)
 
     def set_draft_pool(self, num_blocks: int) -> None:
         """A draft model's own KV pool of num_blocks blocks (0: the proposer has none)."""
@@ -76,6 +80,7 @@ class Scheduler:
     def schedule(self, drafts: dict[Sequence, Draft] | None = None) -> SchedulerOutput:
         """The next step's chunks, model-ready; drafts: those offered per decoding sequence (fit_drafts)."""
         drafts = drafts or {}
+        self._take_loads()
         out = self.policy.schedule(self, {seq: len(d.tokens) for seq, d in drafts.items()})
         self.stats.preemptions += len(out.preempted)
         verifying = {c.seq for c in out.chunks if c.num_spec_tokens}
@@ -91,6 +96,47 @@ class Scheduler:
                 out.sampled.append((seq, spec))
         out.drafts = {seq: drafts[seq] for seq, spec in out.sampled if spec}
         return out
+
+    def start_load(self, seq: Sequence) -> bool:
+        """After a sequence's device prefix match: have the connector fill the blocks it holds beyond it.
+        True when it does: the sequence waits aside (not in the queue) until they have landed."""
+        kv, bs = seq.kv, self.blocks.block_size
+        if self.connector is None or kv.num_computed != len(kv.block_table) * bs:
+            return False
+        hashes = self.blocks.block_hashes(kv, seq.token_ids, (len(seq.token_ids) - 1) // bs)
+        start = len(kv.block_table)
+        n = self.connector.lookup(hashes[start:])
+        self.stats.external_prefix_cache_queries += (len(hashes) - start) * bs
+        if n == 0 or not self.blocks.allocate(kv, n * bs):
+            return False
+        tokens = seq.token_ids
+        self.connector.load(seq, [(kv.block_table[i], hashes[i], tuple(tokens[i * bs:(i + 1) * bs]))
+                                  for i in range(start, start + n)])
+        self.loading[seq] = kv.num_computed
+        self.waiting.remove(seq)
+        self._take_loads(wait=0.0)  # a load the connector did at once rejoins the queue now
+        return True
+
+    def _take_loads(self, wait: float | None = None) -> None:
+        """Sequences whose loads ended rejoin the head of the queue with the blocks that arrived intact
+        computed (and cached); the others are recomputed. With nothing else to run, wait a little."""
+        if not self.loading:
+            return
+        wait = (0.0 if self.waiting or self.running else 0.01) if wait is None else wait
+        for seq, intact in self.connector.finished(wait=wait):
+            kv, before = seq.kv, self.loading.pop(seq)
+            self.blocks.truncate(kv, before + intact * self.blocks.block_size)
+            kv.num_computed = len(kv.block_table) * self.blocks.block_size
+            if seq.status is SeqStatus.FINISHED:  # aborted while its blocks were filling
+                self.blocks.free(kv)
+                continue
+            self.blocks.register_full_blocks(kv, seq.token_ids)
+            self.loaded[seq] = before
+            m = seq.metrics
+            m.num_cached_prompt_tokens = min(kv.num_computed, seq.num_prompt_tokens)
+            m.num_external_prompt_tokens = m.num_cached_prompt_tokens - min(before, seq.num_prompt_tokens)
+            self.stats.external_prefix_cache_hits += intact * self.blocks.block_size
+            self.waiting.appendleft(seq)
 
     @staticmethod
     def fit_drafts(drafts: dict[Sequence, Draft], room: dict[Sequence, int]) -> dict[Sequence, Draft]:
@@ -152,10 +198,21 @@ class Scheduler:
             self.running.remove(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
-        self.blocks.free(seq.kv)
+        seq.status = SeqStatus.FINISHED
+        self.loaded.pop(seq, None)
         if seq.draft_kv is not None:
             self.draft_blocks.free(seq.draft_kv)
-        seq.status = SeqStatus.FINISHED
+        if seq not in self.loading:  # a loading sequence's blocks are still filling: freed once they land
+            self.blocks.free(seq.kv)
+
+    def release_held_blocks(self) -> bool:
+        """Free the blocks waiting sequences hold since their loads landed (they stay cached: admission
+        finds them again). Whether any were held."""
+        held = [seq for seq in self.loaded if seq.kv.block_table]
+        for seq in held:
+            self.blocks.free(seq.kv)
+            del self.loaded[seq]
+        return bool(held)
 
     def preempt(self, seq: Sequence, out: SchedulerOutput) -> None:
         """Free a running sequence's blocks and put it first in line, to recompute later."""
@@ -195,7 +252,11 @@ class ContinuousBatching:
             return out
         while sched.waiting and budget > 0 and len(sched.running) < sched.max_num_seqs:
             seq = sched.waiting[0]
-            hit = sched.blocks.match_prefix(seq.kv, seq.token_ids)
+            hit = sched.loaded.pop(seq, None)  # back from a load (intact or not): no second one
+            if hit is None:
+                hit = sched.blocks.match_prefix(seq.kv, seq.token_ids)
+                if sched.start_load(seq):
+                    continue
             n = min(seq.num_remaining, budget)
             if not sched.blocks.allocate(seq.kv, n):
                 sched.blocks.free(seq.kv)  # do not pin shared blocks while waiting
@@ -228,6 +289,11 @@ class ContinuousBatching:
                     continue
                 victim = next((s for s in reversed(sched.running) if s not in scheduled), None)
                 if victim is None or (victim is seq and len(sched.running) == 1):
+                    if sched.release_held_blocks():  # blocks back from a load, held by waiting sequences
+                        continue
+                    if sched.loading:  # blocks held for loads free up when they land: wait for them
+                        sched.preempt(seq, out)
+                        break
                     # alone and still short of blocks: it can never grow further
                     sched.running.remove(seq)
                     out.out_of_memory.append(seq)

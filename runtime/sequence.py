@@ -46,6 +46,7 @@ class RequestMetrics:
     num_output_tokens: int = 0  # over all n choices (usage)
     longest_choice: int = 0  # output tokens of the longest choice: the choices decode side by side
     num_cached_prompt_tokens: int = 0
+    num_external_prompt_tokens: int = 0  # of which a KV connector loaded (runtime/kv/connector.py)
     num_preemptions: int = 0
     spec_proposed: int = 0
     spec_accepted: int = 0

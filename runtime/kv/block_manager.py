@@ -35,7 +35,7 @@ class BlockManager:
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def _block_hashes(self, kv: KVBlocks, tokens: list[int], num_full: int) -> list[int]:
+    def block_hashes(self, kv: KVBlocks, tokens: list[int], num_full: int) -> list[int]:
         """Chained hashes of the first num_full full blocks, extending the cached list."""
         bs = self.block_size
         hashes = kv.block_hashes
@@ -52,7 +52,7 @@ class BlockManager:
         # never match the block holding the last token: it must be computed to get logits,
         # and it must not be written into a block another sequence can see
         num_full = (len(tokens) - 1) // bs
-        for i, h in enumerate(self._block_hashes(kv, tokens, num_full)):
+        for i, h in enumerate(self.block_hashes(kv, tokens, num_full)):
             block = self.pool.lookup(h, tuple(tokens[i * bs : (i + 1) * bs]))
             if block is None:
                 break
@@ -77,7 +77,7 @@ class BlockManager:
         if num_full <= kv.num_registered or not self.pool.enable_prefix_caching:
             return
         bs = self.block_size
-        hashes = self._block_hashes(kv, tokens, num_full)
+        hashes = self.block_hashes(kv, tokens, num_full)
         for i in range(kv.num_registered, num_full):
             self.pool.register(kv.block_table[i], hashes[i], tuple(tokens[i * bs : (i + 1) * bs]))
         kv.num_registered = num_full

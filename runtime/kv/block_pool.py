@@ -7,8 +7,11 @@ one queue in the order they were freed; a fresh allocation takes the oldest, evi
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 
 import numpy as np
+
+ALSO_BELOW = 4  # a states() flag: the block's KV is also held by a connector (host memory, disk)
 
 
 class BlockPool:
@@ -23,6 +26,8 @@ class BlockPool:
         self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.cached: dict[int, int] = {}  # block hash -> block id
         self.evictions = 0  # cached blocks whose contents were dropped for a fresh allocation
+        # called with (block, hash, tokens) before an eviction reuses a cached block (a KV connector's offer)
+        self.on_evict: Callable[[int, int, tuple[int, ...]], None] | None = None
 
     @property
     def num_free(self) -> int:
@@ -49,6 +54,8 @@ class BlockPool:
             if self.cached.get(h) == block:
                 del self.cached[h]
                 self.evictions += 1
+                if self.on_evict is not None:
+                    self.on_evict(block, h, self.block_tokens[block])
             self.block_hash[block] = None
             self.block_tokens[block] = None
 
@@ -89,8 +96,14 @@ class BlockPool:
         for block in list(self.free_queue):
             self._uncache(block)
 
-    def states(self) -> np.ndarray:
-        """Per block: 0 free, 1 cached-free, 2 in use by one sequence, 3 shared (for the UI's map)."""
+    def states(self, held_below: Callable[[int], bool] | None = None) -> np.ndarray:
+        """Per block: 0 free, 1 cached-free, 2 in use by one sequence, 3 shared (for the UI's map), plus
+        ALSO_BELOW for a cached block a KV connector also holds (held_below(its hash))."""
         refs = np.asarray(self.ref_counts)
         cached = np.fromiter((h is not None for h in self.block_hash), dtype=bool, count=self.num_blocks)
-        return np.where(refs > 1, 3, np.where(refs == 1, 2, np.where(cached, 1, 0))).astype(np.uint8)
+        states = np.where(refs > 1, 3, np.where(refs == 1, 2, np.where(cached, 1, 0))).astype(np.uint8)
+        if held_below is not None:
+            below = np.fromiter((h is not None and held_below(h) for h in self.block_hash), dtype=bool,
+                                count=self.num_blocks)
+            states[below] |= ALSO_BELOW
+        return states

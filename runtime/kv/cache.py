@@ -24,6 +24,7 @@ class KVLedger:
     tensor_parallel_size: int = 1  # >1: every figure is one rank's (its weight shard, its KV heads)
     quantization: str = ""  # how the linear weights are held, e.g. "Q4_1 x 120, Q8_0 x 1"
     kv_dtype: str = "float32"  # the cache's element type
+    tiers: str = ""  # the budgets of the tiers below it (runtime/tiers/), e.g. "disk 8.0 GiB at /var/kv"
 
     @property
     def max_tokens(self) -> int:
@@ -47,7 +48,8 @@ class KVLedger:
                 f"KV cache ({self.kv_dtype}): {self.bytes_per_token_per_layer} B/token/layer, "
                 f"{self.bytes_per_token / 1024:.1f} KiB/token "
                 f"over all layers; {self.num_blocks} blocks x {self.block_size} tokens = {self.max_tokens} tokens "
-                f"in {self.total_bytes / 2**20:.1f} MiB (budget {self.budget_bytes / 2**20:.1f} MiB)")
+                f"in {self.total_bytes / 2**20:.1f} MiB (budget {self.budget_bytes / 2**20:.1f} MiB)"
+                + (f"; below it: {self.tiers}" if self.tiers else ""))
 
 
 def plan_kv_cache(cfg: ModelConfig, budget_bytes: int, block_size: int, dtype: torch.dtype,

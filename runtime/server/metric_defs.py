@@ -63,6 +63,7 @@ VLLM_GAUGES = _defs(VLLM, "gauge", [
     ("num_requests_waiting_by_reason", "Waiting requests by reason: capacity (KV cache or batch room); deferred "
                                        "(always 0 here: nothing defers a request).", ("reason",)),
     ("kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."),
+    ("kv_offload_cpu_cache_usage_perc", "Fraction of the host-memory KV tier in use (--kv-offload-bytes)."),
     ("cache_config_info", "Information of the LLMEngine CacheConfig (value 1; the labels carry it).",
      ("block_size", "num_gpu_blocks", "num_cpu_blocks", "cache_dtype", "enable_prefix_caching",
       "kv_cache_memory_bytes")),
@@ -75,6 +76,16 @@ VLLM_COUNTERS = _defs(VLLM, "counter", [
     ("num_preemptions", "Cumulative number of preemption from the engine."),
     ("prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens."),
     ("prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."),
+    ("external_prefix_cache_queries", "External prefix cache queries from KV connector cross-instance cache "
+                                      "sharing, in terms of number of queried tokens (here: the tiers below)."),
+    ("external_prefix_cache_hits", "External prefix cache hits from KV connector cross-instance cache sharing, "
+                                   "in terms of number of cached tokens."),
+    # vLLM's OffloadingConnector series, from the tiers below the pool (host memory and disk together)
+    ("kv_offload_load_bytes", "Bytes of KV blocks loaded back from the tiers below the pool."),
+    ("kv_offload_store_bytes", "Bytes of KV blocks stored to the tiers below the pool."),
+    ("kv_offload_load_time", "Seconds loads took, from their start until the scheduler took them."),
+    ("kv_offload_store_time", "Seconds the writer spent encoding and storing evicted blocks."),
+    ("kv_offload_stores_skipped", "Evicted blocks not stored: the write queue was full."),
     ("spec_decode_num_drafts", "Number of spec decoding drafts (sequence-steps that verified drafts)."),
     ("spec_decode_num_draft_tokens", "Number of draft tokens."),
     ("spec_decode_num_accepted_tokens", "Number of accepted tokens."),
@@ -111,7 +122,7 @@ VLLM_STREAM_HISTOGRAMS = _defs(VLLM, "histogram", [  # observed as outputs strea
 # RAM on the CPU, GPU memory on a GPU), read from EngineStats' own fields. A tier below it (a KV
 # connector's, runtime/tiers/) is named in LOWER_KV_TIERS and counts its numbers in EngineStats.tiers
 # as f"{tier}_{key}" ("host_read_bytes"); engine_collector.tier_rows turns both into rows.
-LOWER_KV_TIERS: tuple[str, ...] = ()  # nearest first; the tiered KV cache adds "host", "disk"
+LOWER_KV_TIERS: tuple[str, ...] = ("host", "disk")  # nearest first (runtime/tiers/); zero rows when off
 KV_TIERS = ("device", *LOWER_KV_TIERS)
 KV_TIER = OURS + "kv_cache_tier_"
 KV_TIER_GAUGES = _defs(KV_TIER, "gauge", [

@@ -116,11 +116,12 @@ class ServerMetrics:
             self._observe_request(output)
 
     def _count_prompt_sources(self, out: RequestOutput) -> None:
-        cached = out.num_cached_tokens
+        cached, external = out.num_cached_tokens, out.num_external_tokens
         self.prompt_sources["local_compute"].inc(len(out.prompt_token_ids) - cached)
-        self.prompt_sources["local_cache_hit"].inc(cached)
+        self.prompt_sources["local_cache_hit"].inc(cached - external)
+        self.prompt_sources["external_kv_transfer"].inc(external)
         self.cached.inc(cached)
-        self.cached_by_tier.inc(cached)  # all the device's until the output says what a lower tier supplied
+        self.cached_by_tier.inc(cached - external)  # the device's; the tiers below count their hits in blocks
 
     def _observe_request(self, out: RequestOutput) -> None:
         times = request_phases(out.metrics)

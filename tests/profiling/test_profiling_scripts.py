@@ -144,3 +144,17 @@ def test_bench_tp_smoke_splits_steps_into_compute_and_communication(tmp_path):
     assert (one["tp"], two["tp"]) == (1, 2) and report["multi_gpu"] is False
     assert one["decode"]["comm_ms"] == 0 and two["decode"]["comm_ms"] > 0 and two["prefill"]["steps"] > 0
     assert "multi-GPU run: no" in proc.stdout and "identical greedy tokens: yes" in proc.stdout
+
+
+def test_bench_multiturn_smoke_compares_tiers_with_the_same_engine_without(tmp_path):
+    out = tmp_path / "multiturn.json"
+    proc = run_script("profiling/benchmarks/bench_multiturn.py", "--smoke", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(out.read_text())
+    rows = report["rows"]
+    assert set(rows) == {"off", "host", "host+disk", "bigger pool", "restart warm", "restart cold",
+                         "no hit, off", "no hit, disk"}
+    assert rows["host"]["tiers"]["host_hits"] > 0 and rows["restart warm"]["tiers"]["disk_hits"] > 0
+    assert not rows["no hit, disk"]["tiers"].get("disk_hits") and not rows["off"]["tiers"]
+    assert report["identical"] and report["identical_restart"] and report["identical_to_bigger_pool"]  # tiny model
+    assert "greedy tokens identical" in proc.stdout

@@ -8,7 +8,7 @@ from runtime.engine_config import EngineConfig, add_engine_args, config_from_arg
 
 NOT_FLAGS = {"kv_cache_fraction", "log_ledger"}  # set from Python only (LLM(...), the server's own ledger print)
 FLAGS = ["--model", "--device", "--dtype", "--backend", "--quantization", "--kv-cache-dtype", "--block-size",
-         "--kv-cache-memory",
+         "--kv-cache-memory", "--kv-offload-bytes", "--kv-disk-path", "--kv-disk-bytes",
          "--max-num-batched-tokens", "--max-num-seqs", "--max-model-len", "--scheduler",
          "--enable-prefix-caching", "--no-enable-prefix-caching", "--speculative", "--num-speculative-tokens",
          "--draft-model", "--ngram-min", "--ngram-max", "--tensor-parallel-size", "--engine-seed", "--enforce-eager",
@@ -26,6 +26,7 @@ def test_flags_are_exactly_the_cli_contract():
     assert [s for a in actions.values() for s in a.option_strings] == FLAGS
     assert isinstance(actions["enable_prefix_caching"], argparse.BooleanOptionalAction)
     assert actions["kv_cache_memory"].type is parse_bytes
+    assert actions["kv_offload_bytes"].type is parse_bytes and actions["kv_disk_bytes"].type is parse_bytes
     assert actions["engine_seed"].option_strings == ["--engine-seed"]
     assert list(actions["dtype"].choices) == ["auto", "float32", "bfloat16", "float16"]
     assert list(actions["backend"].choices) == ["auto", "torch", "cute"]

@@ -23,7 +23,6 @@ NEEDS_PROMTOOL = pytest.mark.skipif(PROMTOOL is None, reason="needs Debian's pro
 # vLLM's own do when the feature is off. Each must be absent here and queried by some dashboard.
 NOT_APPLICABLE = {
     "up": "made by Prometheus itself for each scrape target",
-    "vllm:external_prefix_cache_": "a KV connector's cross-instance cache (--kv-transfer-config)",
     "vllm:num_requests_kv_fetch_by_stage": "a KV connector's async loads",
     "vllm:mm_cache_": "the multimodal input cache: no multimodal models here",
     "vllm:lora_requests_info": "LoRA adapters",
@@ -33,7 +32,12 @@ NOT_APPLICABLE = {
     "vllm:estimated_": "model FLOPs utilization (--enable-mfu-metrics)",
     "vllm:kv_block_": "KV block residency sampling (--kv-cache-metrics)",
     "vllm:nixl_": "the NIXL KV connector",
-    "vllm:kv_offload_": "the OffloadingConnector (a host tier of our own is cute_serve:kv_cache_tier_*)",
+    "vllm:kv_offload_lookup_": "the OffloadingConnector's lookup delays (a lookup here is an index check)",
+    "vllm:kv_offload_cpu_cache_read_usage_perc": "the OffloadingConnector's read and write pressure",
+    "vllm:kv_offload_cpu_cache_write_usage_perc": "the OffloadingConnector's read and write pressure",
+    "vllm:kv_offload_allocation_failure": "the OffloadingConnector's allocator (a full host tier evicts to disk)",
+    "vllm:kv_offload_load_size": "per-transfer size histograms (cute_serve:kv_cache_tier_* count bytes per tier)",
+    "vllm:kv_offload_store_size": "per-transfer size histograms (cute_serve:kv_cache_tier_* count bytes per tier)",
     "vllm:simple_kv_offload_": "the SimpleCPUOffloadConnector",
 }
 # the Gateway API Inference Extension's model-server protocol (what the routers scrape), by vLLM's names
