@@ -1,0 +1,27 @@
+"""What runs in a compile worker process: its own GrammarCompiler (no cache: the parent keeps one,
+bounded in bytes), niced so a long compile yields the CPU to the engine. A compile that outlives
+its time limit or its client is ended by killing the process (structured/service.py)."""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from structured.compile import build
+
+NICENESS = 10  # a busy engine thread at 0 gets ~90% of a shared core back from a compile at 10
+_compiler: Any = None  # this worker's GrammarCompiler
+
+
+def start_worker(tokenizer_info_json: str) -> None:
+    """The pool's initializer: the compiler over the parent's tokenizer info."""
+    import xgrammar as xgr
+
+    global _compiler
+    os.nice(NICENESS)
+    _compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.deserialize_json(tokenizer_info_json), max_threads=1,
+                                    cache_enabled=False)
+
+
+def compile_serialized(kind: str, text: str) -> str:
+    """The compiled grammar as xgrammar's JSON (the parent deserializes it over its TokenizerInfo)."""
+    return build(_compiler, kind, text).serialize_json()
