@@ -11,6 +11,7 @@ from starlette.types import ASGIApp, Scope
 from runtime.server import info, tokenize_routes
 from runtime.server.async_engine import AsyncEngine
 from runtime.server.errors import install_error_handlers
+from runtime.server.grammar_compiles import CompileWaits
 from runtime.server.guards import login
 from runtime.server.guards.auth import ApiKeyMiddleware
 from runtime.server.guards.body_limit import BodyLimitMiddleware
@@ -21,6 +22,7 @@ from runtime.server.openai.logprobs import LogprobFormatter
 from runtime.server.openapi import extend_openapi
 from runtime.server.options import ServerOptions
 from runtime.server.state import ServerState
+from structured.service import GrammarService, use_service
 
 
 def create_app(async_engine: AsyncEngine, model_name: str = "default", options: ServerOptions | None = None,
@@ -34,8 +36,10 @@ def create_app(async_engine: AsyncEngine, model_name: str = "default", options: 
     app = FastAPI(title="cute-serve", summary="OpenAI-compatible LLM server", version="0.1.0",
                   lifespan=page.running if page is not None else None)
     options = options or ServerOptions()
-    app.state.server = ServerState(async_engine, model_name, ServerMetrics(async_engine),
-                                   LogprobFormatter(async_engine.limits.tokenizer), options, page)
+    limits = async_engine.limits
+    compiles = CompileWaits(use_service(GrammarService(limits.tokenizer, limits.vocab_size, options.grammar)))
+    app.state.server = ServerState(async_engine, model_name, ServerMetrics(async_engine, compiles.service),
+                                   LogprobFormatter(limits.tokenizer), compiles, options, page)
     install_error_handlers(app)
     add_guards(app, options)
     modules = (completions, chat, info, tokenize_routes, *([login] if options.api_key else []))

@@ -17,6 +17,7 @@ from prometheus_client.registry import Collector
 
 from runtime.outputs import RequestOutput
 from runtime.server.async_engine import AsyncEngine
+from structured.service import GrammarService
 
 PREFIX = "cute_serve:"
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -64,6 +65,21 @@ class EngineCollector(Collector):
         yield finished
 
 
+class GrammarCollector(Collector):
+    """Structured output's compiled-grammar cache and compiles, read when scraped."""
+
+    def __init__(self, service: GrammarService) -> None:
+        self.service = service
+
+    def collect(self) -> Iterator[Metric]:
+        cache = self.service.cache
+        yield _gauge("grammar_cache_bytes", "Bytes of compiled grammars cached (at most --grammar-cache-bytes).",
+                     cache.bytes)
+        yield _gauge("grammar_cache_entries", "Compiled grammars cached.", len(cache))
+        yield _gauge("grammar_compiles_running", "Grammars compiling or queued for a compile worker.",
+                     self.service.num_compiling)
+
+
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(PREFIX + name, doc, value=value)
 
@@ -75,7 +91,7 @@ def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
 class ServerMetrics:
     """Latency histograms fed by the AsyncEngine's outputs, plus the engine collector, in one registry."""
 
-    def __init__(self, async_engine: AsyncEngine) -> None:
+    def __init__(self, async_engine: AsyncEngine, grammars: GrammarService | None = None) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
         self.ttft = Histogram(PREFIX + "time_to_first_token_seconds", "Time to first token (from arrival).",
@@ -89,6 +105,8 @@ class ServerMetrics:
         self.queue = Histogram(PREFIX + "request_queue_time_seconds", "Arrival to first scheduled.",
                                buckets=REQUEST_BUCKETS, registry=r)
         r.register(EngineCollector(async_engine))
+        if grammars is not None:
+            r.register(GrammarCollector(grammars))
         self.async_engine = async_engine
         async_engine.add_observer(self)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from structured.limits import GrammarLimits
+
 DEFAULT_MAX_TOKENS = 1024  # a request without max_tokens gets at most this (and at most what is left of the context)
 DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024  # the largest request body read (413 beyond it)
 DEFAULT_BODY_TIMEOUT = 30.0  # seconds a client may take to send its whole request body (408 after it)
@@ -24,6 +26,9 @@ class ServerOptions:
     reasoning_parser: str | None = None  # splits <think>...</think> into reasoning_content (runtime/server/openai/reasoning.py)
     strict_api: bool = False  # unknown request fields are 400s instead of ignored and named
     sampling_defaults: dict[str, Any] = field(default_factory=dict)  # the model's, for fields a request omits
+    grammar: GrammarLimits = field(default_factory=GrammarLimits)  # structured output's budgets
+    auth_rate: float = 1.0  # failed key checks (/login, a wrong Bearer key) a client address may make a second ...
+    auth_burst: int = 10  # ... after this many in a row (a token bucket; then 429 with Retry-After)
 
 
 def host_header_name(host: str) -> str | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from runtime.server.errors import APIError
 from runtime.server.openai.protocol import SamplingFields
-from structured import StructuredOutput
+from structured.spec import StructuredOutput
 
 GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
 
@@ -22,7 +22,8 @@ def structured_output(req: SamplingFields) -> StructuredOutput | None:
         if rf.json_schema is None or not rf.json_schema.json_schema:
             raise APIError(400, "response_format of type 'json_schema' needs 'json_schema': {'name', 'schema'}",
                            "response_format", "invalid_value")
-        return StructuredOutput.json_schema(rf.json_schema.json_schema)
+        # strict: false (not merely absent) opts into best effort: unenforceable keywords ignored, named
+        return StructuredOutput.json_schema(rf.json_schema.json_schema, best_effort=rf.json_schema.strict is False)
     if req.guided_json is not None:
         return StructuredOutput.json_schema(req.guided_json, "guided_json")
     if req.guided_regex is not None:
