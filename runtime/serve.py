@@ -277,11 +277,15 @@ def main(argv: list[str] | None = None) -> int:
     if host_header_name(args.host) is None and not args.allowed_hosts:  # listening everywhere, answering locally
         print(f"note: only the Host names {', '.join(LOCAL_HOSTS)} are answered; name this machine's with "
               f"--allowed-hosts", file=sys.stderr, flush=True)
-    server = GracefulServer(uvicorn.Config(app, log_level=args.log_level), async_engine, args.shutdown_grace)
+    compiles = app.state.server.compiles
+    server = GracefulServer(uvicorn.Config(app, log_level=args.log_level), async_engine, args.shutdown_grace, compiles)
     gc.freeze()
     gc.enable()
-    with async_engine:
-        server.run(sockets=[sock])
+    try:
+        with async_engine:
+            server.run(sockets=[sock])
+    finally:
+        compiles.service.close()  # its worker processes, a compile still running among them
     return 0
 
 

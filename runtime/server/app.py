@@ -15,6 +15,7 @@ from runtime.server.grammar_compiles import CompileWaits
 from runtime.server.guards import login
 from runtime.server.guards.auth import ApiKeyMiddleware
 from runtime.server.guards.body_limit import BodyLimitMiddleware
+from runtime.server.guards.rate_limit import AuthThrottle
 from runtime.server.late_page import LatePage, PrepareUI
 from runtime.server.metrics import ServerMetrics
 from runtime.server.openai import chat, completions
@@ -36,12 +37,13 @@ def create_app(async_engine: AsyncEngine, model_name: str = "default", options: 
     app = FastAPI(title="cute-serve", summary="OpenAI-compatible LLM server", version="0.1.0",
                   lifespan=page.running if page is not None else None)
     options = options or ServerOptions()
+    throttle = AuthThrottle(options.auth_rate, options.auth_burst) if options.api_key else None
     limits = async_engine.limits
     compiles = CompileWaits(use_service(GrammarService(limits.tokenizer, limits.vocab_size, options.grammar)))
     app.state.server = ServerState(async_engine, model_name, ServerMetrics(async_engine, compiles.service),
-                                   LogprobFormatter(limits.tokenizer), compiles, options, page)
+                                   LogprobFormatter(limits.tokenizer), compiles, options, page, throttle)
     install_error_handlers(app)
-    add_guards(app, options)
+    add_guards(app, options, throttle)
     modules = (completions, chat, info, tokenize_routes, *([login] if options.api_key else []))
     routers = [module.router for module in modules]
     for router in routers:
@@ -56,11 +58,12 @@ def create_app(async_engine: AsyncEngine, model_name: str = "default", options: 
     return app
 
 
-def add_guards(app: FastAPI, options: ServerOptions) -> None:
+def add_guards(app: FastAPI, options: ServerOptions, throttle: AuthThrottle | None = None) -> None:
     """The middleware every request passes, outermost last (each add wraps the ones before it)."""
     app.add_middleware(BodyLimitMiddleware, max_bytes=options.max_request_bytes, timeout=options.body_timeout)
     if options.api_key:  # outside the body limit: a request without the key never has its body read
-        app.add_middleware(ApiKeyMiddleware, api_key=options.api_key, metrics_public=options.metrics_public)
+        app.add_middleware(ApiKeyMiddleware, api_key=options.api_key, metrics_public=options.metrics_public,
+                           throttle=throttle)
     # Installed even with no origin allowed: Gradio then adds no CORS of its own (it grants any
     # http://localhost:* origin credentialed access). Outside the key check: preflights carry no key.
     app.add_middleware(CORSMiddleware, allow_origins=list(options.allowed_origins), allow_methods=["*"],

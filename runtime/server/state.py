@@ -9,6 +9,7 @@ from fastapi import Request
 from runtime.server.async_engine import AsyncEngine
 from runtime.server.errors import APIError
 from runtime.server.grammar_compiles import CompileWaits
+from runtime.server.guards.rate_limit import AuthThrottle
 from runtime.server.late_page import LatePage
 from runtime.server.metrics import ServerMetrics
 from runtime.server.openai.logprobs import LogprobFormatter
@@ -24,6 +25,7 @@ class ServerState:
     compiles: CompileWaits  # requests' grammars being compiled
     options: ServerOptions = field(default_factory=ServerOptions)
     page: LatePage | None = None  # the chat page, mounted after start-up
+    auth_throttle: AuthThrottle | None = None  # failed key checks per client address (with --api-key)
     created: int = field(default_factory=lambda: int(time.time()))
 
     def check_model(self, name: str | None) -> None:

@@ -91,6 +91,9 @@ async def start_generation(state: ServerState, req: SamplingFields, prefix: str,
     response_id = f"{prefix}-{uuid.uuid4().hex}"
     plan = tool_plan(req, state.options.tool_call_parser) if isinstance(req, ChatCompletionRequest) else None
     structure = request_structure(req, plan)
+    unavailable = state.engine.unavailable_error()
+    if structure is not None and unavailable is not None:  # shutting down: no compile starts now
+        raise unavailable
     unenforced = await state.compiles.compile(structure, request) if structure is not None else []
     prompts = await run_in_threadpool(prepare, state.engine, req, response_id, arrival, plan,
                                       state.options.default_max_tokens, state.options.sampling_defaults, structure)
