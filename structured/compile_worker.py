@@ -4,6 +4,7 @@ its time limit or its client is ended by killing the process (structured/service
 from __future__ import annotations
 
 import os
+import signal
 from typing import Any
 
 from structured.compile import build
@@ -18,6 +19,9 @@ def start_worker(tokenizer_info_json: str) -> None:
 
     global _compiler
     os.nice(NICENESS)
+    # pebble's own SIGTERM handler is Python: it cannot run inside a compile, which would then go on
+    # for pebble's grace period (seconds) before the SIGKILL; a compile has nothing to clean up
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.deserialize_json(tokenizer_info_json), max_threads=1,
                                     cache_enabled=False)
 

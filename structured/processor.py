@@ -72,10 +72,11 @@ class GrammarProcessor:
         import xgrammar as xgr
 
         start = time.monotonic()
+        for _, p in live:
+            p.prefetch()  # normally done before the forward; each fills on a thread of its own
         bitmask = xgr.allocate_token_bitmask(logits.shape[0], live[0][1].vocab_size)
         masked = []
         for i, p in live:
-            p.prefetch()
             mask = p._take_mask(max(0.0, start + p.wait - time.monotonic()))
             if mask is not None:
                 bitmask[i] = mask[0]
@@ -94,13 +95,13 @@ class GrammarProcessor:
                                                 "banned: min_tokens, logit_bias or a stop token id)"))
             return False
         if self.matcher.is_terminated():  # it took a stop token: complete, whatever ignore_eos says
-            self._ending = ("stop", None)
+            self._ending = ("stop", GrammarStop("the grammar is complete: nothing may follow"))
             return False
         return True
 
     def ending(self) -> tuple[str, str | None]:
         """After accept() said False: (finish_reason, stop_reason). "stop" when the grammar is complete
-        (stop_reason None) or allows no token (a GrammarStop saying why); "error" when its mask was late."""
+        or allows no token (stop_reason: a GrammarStop saying which); "error" when its mask was late."""
         return self._ending or ("stop", None)
 
     @property

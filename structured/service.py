@@ -87,6 +87,11 @@ class GrammarService:
     def num_compiling(self) -> int:
         return len(self._jobs)
 
+    def worker_pids(self) -> list[int]:
+        """The compile workers' process ids (none before the first compile)."""
+        pool = self._pool
+        return [] if pool is None else list(pool._pool_manager.worker_manager.workers)
+
     def close(self) -> None:
         """Kill the workers; whoever waits gets CancelledError. Idempotent."""
         with self._lock:

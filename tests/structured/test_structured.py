@@ -120,7 +120,7 @@ def test_a_complete_grammar_ends_the_choice_with_stop_even_with_ignore_eos():
     llm = LLM.from_engine(tiny_engine())
     p = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True, structured=StructuredOutput.choice(["ab"]))
     out = llm.generate(["x"], p, use_tqdm=False)[0].outputs[0]
-    assert (out.finish_reason, out.stop_reason, out.text) == ("stop", None, "ab")
+    assert (out.finish_reason, out.stop_reason, out.text) == ("stop", "the grammar is complete: nothing may follow", "ab")
     assert out.token_ids == [ord("a"), ord("b"), EOS]
 
 
