@@ -67,6 +67,11 @@ class GrammarService:
             job.waiters.append(waiter)
         return waiter
 
+    def warm(self) -> None:
+        """Start the workers now, in the background (seconds: the forkserver imports xgrammar), with the
+        any-JSON grammar as their first compile, so a server's first grammar request waits for neither."""
+        threading.Thread(target=self.submit, args=("json", ""), name="grammar-warm-up", daemon=True).start()
+
     def cancel(self, waiter: Future) -> None:
         """This caller no longer waits; the compile is killed when no other caller waits for it."""
         waiter.cancel()
@@ -153,7 +158,8 @@ class GrammarService:
 
 def _forkserver() -> Any:
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["structured.compile_worker", "xgrammar"])
+    # __main__ too: else every worker, forked or replaced, imports the main module again (seconds)
+    ctx.set_forkserver_preload(["__main__", "structured.compile_worker", "xgrammar"])
     return ctx
 
 

@@ -40,6 +40,7 @@ def create_app(async_engine: AsyncEngine, model_name: str = "default", options: 
     throttle = AuthThrottle(options.auth_rate, options.auth_burst) if options.api_key else None
     limits = async_engine.limits
     compiles = CompileWaits(use_service(GrammarService(limits.tokenizer, limits.vocab_size, options.grammar)))
+    compiles.service.warm()
     app.state.server = ServerState(async_engine, model_name, ServerMetrics(async_engine, compiles.service),
                                    LogprobFormatter(limits.tokenizer), compiles, options, page, throttle)
     install_error_handlers(app)

@@ -127,7 +127,7 @@ async def respond(state: ServerState, body: SamplingFields, request: Request, ge
     else:
         response = await json_response(request, stream, state.engine, gen, lambda finals: json_body(gen, finals))
     if gen.unenforced:
-        response.headers[UNENFORCED_HEADER] = header_value(gen.unenforced)
+        response.headers[UNENFORCED_HEADER] = header_value(gen.unenforced, safe="._-[]/~$ ")  # "allOf at /a/b"
     return response
 
 
