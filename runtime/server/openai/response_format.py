@@ -2,6 +2,8 @@
 StructuredOutput, or None for free text. At most one of them may be set."""
 from __future__ import annotations
 
+import json
+
 from runtime.server.errors import APIError
 from runtime.server.openai.protocol import SamplingFields
 from structured.spec import StructuredOutput
@@ -25,6 +27,9 @@ def structured_output(req: SamplingFields) -> StructuredOutput | None:
         # strict: false (not merely absent) opts into best effort: unenforceable keywords ignored, named
         return StructuredOutput.json_schema(rf.json_schema.json_schema, best_effort=rf.json_schema.strict is False)
     if req.guided_json is not None:
+        if isinstance(req.guided_json, str) and not _is_object(req.guided_json):
+            raise APIError(400, "guided_json must be a JSON schema: an object, or its JSON text", "guided_json",
+                           "invalid_value")
         return StructuredOutput.json_schema(req.guided_json, "guided_json")
     if req.guided_regex is not None:
         return StructuredOutput("regex", req.guided_regex, "guided_regex")
@@ -33,3 +38,10 @@ def structured_output(req: SamplingFields) -> StructuredOutput | None:
     if req.guided_grammar is not None:
         return StructuredOutput("grammar", req.guided_grammar, "guided_grammar")
     return None
+
+
+def _is_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False
