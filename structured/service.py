@@ -123,12 +123,19 @@ class GrammarService:
     def _finish(self, job: _Job, work: Future) -> None:
         """On pebble's thread: deserialize, cache, hand the result (or the failure) to each waiter."""
         try:
-            result: Any = self._deserialize(work.result())
-            self.cache.put(job.key, result, result.memory_size_bytes)
+            serialized = work.result()
         except CancelledError:
             return  # its waiters left (cancel) or the service closed
         except Exception as exc:  # noqa: BLE001 - each failure becomes a GrammarError for the client
+            if self._closed:
+                return  # the workers were stopped under it: nobody waits
             result = self._failure(job.key, exc)
+        else:
+            try:
+                result = self._deserialize(serialized)
+                self.cache.put(job.key, result, result.memory_size_bytes)
+            except Exception as exc:  # noqa: BLE001 - the waiters must hear of it, not hang
+                result = self._failure(job.key, exc)
         with self._lock:
             if self._jobs.get(job.key) is job:
                 del self._jobs[job.key]
