@@ -7,7 +7,9 @@ A step waits for a mask at most `wait` seconds past the forward pass: an ambiguo
 grow without bound (a 27-byte one took 0.2 s at its 30th token, 2.8 s at its 63rd) and once held
 every request of the batch for tens of seconds. A sequence whose mask is late ends there with
 finish_reason "error" (the server answers it with an error), and its fill finishes unseen on its
-thread. Each fill has a thread of its own among several, so a late one delays no other grammar."""
+thread. Each fill has a thread of its own among several, so a late one delays no other grammar.
+Masks in time still cost CPU beside the forward pass (on a CPU server, beside the model itself):
+a sequence whose masks each take longer than `wait` to fill, SLOW_MASKS in a row, ends the same way."""
 from __future__ import annotations
 
 import time
@@ -21,6 +23,7 @@ if TYPE_CHECKING:  # imported on first use: xgrammar brings transformers, second
     import xgrammar as xgr
 
 _FILLERS = ThreadPoolExecutor(8, thread_name_prefix="grammar-masks")
+SLOW_MASKS = 3  # masks in a row slower than the wait that end a sequence (one slow mask may be a hiccup)
 
 
 class GrammarStop(str):
@@ -38,6 +41,8 @@ class GrammarProcessor:
         self._next_mask: Future | None = None  # a mask being filled for the matcher's current state
         self._mask = xgr.allocate_token_bitmask(1, self.vocab_size)  # refilled each step, never reallocated
         self._ending: tuple[str, str | None] | None = None  # (finish_reason, stop_reason) once it ends
+        self._fill_seconds = 0.0  # the last fill's time (set on its thread, read after its result)
+        self._slow_fills = 0  # fills in a row that took longer than wait
 
     def prefetch(self) -> None:
         """Start filling the mask of the next token now, on a filler thread (once per state)."""
@@ -45,18 +50,29 @@ class GrammarProcessor:
             self._next_mask = _FILLERS.submit(self._fill)
 
     def _fill(self) -> torch.Tensor:
+        started = time.monotonic()
         self.matcher.fill_next_token_bitmask(self._mask)
+        self._fill_seconds = time.monotonic() - started
         return self._mask
 
     def _take_mask(self, timeout: float | None) -> torch.Tensor | None:
-        """The prefetched mask, waiting at most timeout; None when late (this sequence then ends)."""
+        """The prefetched mask, waiting at most timeout; None when late (this sequence then ends, as
+        it does after SLOW_MASKS slow ones in a row)."""
         pending, self._next_mask = self._next_mask, None
         try:
-            return pending.result(timeout) if pending is not None else None
+            mask = pending.result(timeout) if pending is not None else None
         except FutureTimeout:
-            self._ending = ("error", f"its grammar's token mask took longer than {self.wait * 1000:g} ms "
-                                     f"(--max-mask-wait-ms) to compute: the grammar is too ambiguous to enforce")
+            self._too_slow("its grammar's token mask took longer")
             return None
+        if pending is not None:
+            self._slow_fills = self._slow_fills + 1 if self._fill_seconds > self.wait else 0
+            if self._slow_fills >= SLOW_MASKS:
+                self._too_slow(f"{SLOW_MASKS} of its grammar's token masks in a row each took longer")
+        return mask
+
+    def _too_slow(self, what: str) -> None:
+        self._ending = ("error", f"{what} than {self.wait * 1000:g} ms (--max-mask-wait-ms) to compute: "
+                                 f"the grammar is too ambiguous to enforce")
 
     def __call__(self, row: torch.Tensor) -> None:
         GrammarProcessor.apply_batch(row.unsqueeze(0), [0], [self])

@@ -82,12 +82,27 @@ def _p(results: list[RequestResult], what: str) -> dict[str, float]:
     return summarize(values) if values else {"p50": float("nan"), "p99": float("nan")}
 
 
+def wait_settled(url: str, timeout: float = 300) -> None:
+    """Until the server's start-up work is done (the chat page built, the compile workers' warm-up
+    compile over): either, still running, would slow the idle run and flatter the ratios."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        loading = httpx.get(url + "/health").json().get("chat_page") == "loading"
+        compiling = next((float(line.split()[1]) for line in httpx.get(url + "/metrics").text.splitlines()
+                          if line.startswith("cute_serve:grammar_compiles_running ")), 0.0)
+        if not loading and compiling == 0:
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"the server still starts up after {timeout:.0f} s")
+
+
 def main(model: str | None, n: int, concurrency: int, max_tokens: int, hostile: int) -> None:
     log = tempfile.NamedTemporaryFile("w+", prefix="bench-adversarial-", suffix=".log", delete=False)
     proc, url = start_server(["--log-level", "warning", *(["--model", model] if model else [])], log, 300)
     try:
         name = httpx.get(url + "/v1/models").json()["data"][0]["id"]
-        asyncio.run(measured_run(url, name, 4, concurrency, 8, 0))  # warm-up: first forwards, compile workers
+        asyncio.run(measured_run(url, name, 4, concurrency, 8, 0))  # warm-up: first forwards
+        wait_settled(url)
         idle, _ = asyncio.run(measured_run(url, name, n, concurrency, max_tokens, 0))
         started = time.monotonic()
         busy, tally = asyncio.run(measured_run(url, name, n, concurrency, max_tokens, hostile))

@@ -13,7 +13,7 @@ from runtime.load import load_model
 from structured.compile import GrammarError
 from structured.keywords import UNENFORCED, unenforced_keywords
 from structured.limits import MAX_ENUM_VALUES, GrammarLimits
-from structured.processor import GrammarProcessor
+from structured.processor import SLOW_MASKS, GrammarProcessor
 from structured.service import GrammarService
 from tests.tiny_engine import EOS, TINY_VOCAB, byte_tokenizer
 
@@ -88,14 +88,20 @@ def test_the_cache_is_bounded_in_bytes_not_entries():
         svc.close()
 
 
-def test_a_step_waits_a_bounded_time_for_a_slow_mask_and_the_sequence_ends_with_error():
+@pytest.fixture(scope="module")
+def ambiguous():
+    """(the ambiguous grammar compiled over the real vocabulary, a two-letter token of it)."""
     _, _, tokenizer, _ = load_model(None)  # the real vocabulary: single-byte tokens never blow up
     svc = GrammarService(tokenizer, 49152)
     try:
-        compiled = svc.compile("grammar", AMBIGUOUS)
+        return svc.compile("grammar", AMBIGUOUS), tokenizer.encode("ab", add_special_tokens=False)[0]
     finally:
         svc.close()
-    slow, letter = GrammarProcessor(compiled, [0], wait=0.05), tokenizer.encode("ab", add_special_tokens=False)[0]
+
+
+def test_a_step_waits_a_bounded_time_for_a_slow_mask_and_the_sequence_ends_with_error(ambiguous):
+    compiled, letter = ambiguous
+    slow = GrammarProcessor(compiled, [0], wait=0.05)
     for _ in range(60):  # each mask now takes ~1 s
         assert slow.matcher.accept_token(letter)
     quick = GrammarProcessor(compiled, [0], wait=0.05)
@@ -106,6 +112,21 @@ def test_a_step_waits_a_bounded_time_for_a_slow_mask_and_the_sequence_ends_with_
     assert torch.isinf(logits[1]).any() and not torch.isinf(logits[0]).any()  # the quick row is masked
     assert not slow.accept(letter) and slow.ending()[0] == "error" and "--max-mask-wait-ms" in slow.ending()[1]
     assert quick.accept(letter)
+
+
+def test_masks_in_time_but_each_slower_than_the_wait_end_the_sequence_after_three(ambiguous):
+    compiled, letter = ambiguous
+    proc = GrammarProcessor(compiled, [0], wait=0.05)
+    for _ in range(40):  # each mask now takes ~0.3 s
+        assert proc.matcher.accept_token(letter)
+    for step in range(SLOW_MASKS):
+        proc.prefetch()
+        proc._next_mask.result()  # a forward pass longer than the fill: the mask is in time
+        logits = torch.zeros(1, 49152)
+        GrammarProcessor.apply_batch(logits, [0], [proc])
+        assert torch.isinf(logits[0]).any()  # masked: it was not late
+        assert proc.accept(letter) == (step < SLOW_MASKS - 1)
+    assert proc.ending()[0] == "error" and f"{SLOW_MASKS} of its grammar's token masks" in proc.ending()[1]
 
 
 def test_every_keyword_listed_as_unenforced_is_not_enforced_by_xgrammar():
