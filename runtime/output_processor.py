@@ -122,8 +122,8 @@ class OutputProcessor:
         p = c.seq.params
         c.num_tokens += 1
         n_out = c.num_tokens
-        if c.seq.grammar is not None and not c.seq.grammar.accept(token):  # a masked token: end, never feed it on
-            c.finish_reason, c.stop_reason = "error", f"grammar rejected token {token}"
+        if c.seq.grammar is not None and not c.seq.grammar.accept(token):  # complete, refused or too slow: end
+            c.finish_reason, c.stop_reason = c.seq.grammar.ending()
             c.text += c.detokenizer.flush()
             return
         stop_id = (not p.ignore_eos and token in self.eos_ids) or token in p.stop_token_ids

@@ -10,7 +10,7 @@ class CompletionOutput:
     index: int
     text: str  # all text so far (stop string excluded)
     token_ids: list[int]
-    finish_reason: str | None = None  # "stop", "length", "abort"
+    finish_reason: str | None = None  # "stop", "length", "abort"; "error": its grammar gave up
     stop_reason: str | int | None = None  # the stop string or stop token id that ended it
     delta_text: str = ""  # text new since the previous output of this choice
     delta_token_ids: list[int] = field(default_factory=list)

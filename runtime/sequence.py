@@ -21,7 +21,10 @@ class GrammarMask(Protocol):
         """Start computing the next mask (it fills while the forward pass runs)."""
 
     def accept(self, token: int) -> bool:
-        """Advance by a kept token; False when the grammar does not allow it."""
+        """Advance by a kept token; False: the sequence ends here (ending() says how)."""
+
+    def ending(self) -> tuple[str, str | None]:
+        """(finish_reason, stop_reason) once accept() said False."""
 
     @staticmethod
     def apply_batch(logits: torch.Tensor, rows: list[int], masks: list) -> None:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Iterator
 from tqdm import tqdm
 
 from runtime.cli import run_main, setup_logging
-from runtime.engine_config import add_engine_args, config_from_args
+from runtime.engine_config import add_engine_args, config_from_args, parse_bytes
 from runtime.errors import UserError
 from runtime.server.options import (
     DEFAULT_BODY_TIMEOUT,
@@ -33,6 +33,7 @@ from runtime.server.options import (
     check_tracing_flags,
     host_header_name,
 )
+from structured.limits import GrammarLimits, MiB
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -93,6 +94,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--collect-detailed-traces", default=None, nargs="+", metavar="{" + ",".join(DETAILED_MODULES) + "}",
                    help="also span each engine step and its phases under the request's span (any of vLLM's "
                         "values turns it on; needs --otlp-traces-endpoint)")
+    add_grammar_args(p)
     add_engine_args(p)
     args = p.parse_args(argv)
     if args.max_queue < 0:
@@ -112,7 +114,41 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.log_prompts and args.log_format != "json":
         p.error("--log-prompts needs --log-format json")
     args.otlp_traces_endpoint = check_tracing_flags(args.otlp_traces_endpoint, detailed)  # UserError: one line
+    check_grammar_args(p, args)
     return args
+
+
+def add_grammar_args(p: argparse.ArgumentParser) -> None:
+    """Structured output's budgets: what one request's grammar may cost the server."""
+    g = GrammarLimits()
+    p.add_argument("--max-grammar-compile-seconds", type=float, default=g.compile_seconds,
+                   help=f"a grammar (JSON schema, regex, EBNF, choices) compiling longer is stopped and the request "
+                        f"gets HTTP 400 (default: {g.compile_seconds:g})")
+    p.add_argument("--grammar-compile-workers", type=int, default=g.compile_workers,
+                   help=f"processes compiling grammars at once, niced, off the engine's step; up to "
+                        f"{g.max_queued} more wait, beyond that HTTP 429 (default: {g.compile_workers})")
+    p.add_argument("--max-grammar-bytes", type=int, default=g.max_bytes,
+                   help=f"largest schema, regex, grammar or list of choices, in bytes; larger: HTTP 400 "
+                        f"(default: {g.max_bytes})")
+    p.add_argument("--grammar-cache-bytes", type=parse_bytes, default=g.cache_bytes,
+                   help=f"compiled grammars kept for reuse, by their memory (default: {g.cache_bytes // MiB}MiB)")
+    p.add_argument("--max-mask-wait-ms", type=float, default=g.mask_wait_ms,
+                   help=f"how long a step waits past its forward pass for a request's grammar mask; a request "
+                        f"whose mask is later ends with an error instead of slowing the batch "
+                        f"(default: {g.mask_wait_ms:g})")
+
+
+def check_grammar_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if not args.max_grammar_compile_seconds > 0 or not args.max_mask_wait_ms > 0:
+        p.error("--max-grammar-compile-seconds and --max-mask-wait-ms must be > 0")
+    if args.grammar_compile_workers < 1 or args.max_grammar_bytes < 1 or args.grammar_cache_bytes < 0:
+        p.error("--grammar-compile-workers and --max-grammar-bytes must be >= 1, --grammar-cache-bytes >= 0")
+
+
+def grammar_limits(args: argparse.Namespace) -> GrammarLimits:
+    return GrammarLimits(max_bytes=args.max_grammar_bytes, compile_seconds=args.max_grammar_compile_seconds,
+                         compile_workers=args.grammar_compile_workers, cache_bytes=args.grammar_cache_bytes,
+                         mask_wait_ms=args.max_mask_wait_ms)
 
 
 def server_options(args: argparse.Namespace) -> ServerOptions:
@@ -123,7 +159,8 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
                          tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser,
                          strict_api=args.strict_api, log_format=args.log_format, log_prompts=args.log_prompts,
                          otlp_traces_endpoint=args.otlp_traces_endpoint,
-                         detailed_traces=bool(args.collect_detailed_traces))
+                         detailed_traces=bool(args.collect_detailed_traces),
+                         grammar=grammar_limits(args))
 
 
 def model_name(path: str) -> str:
@@ -263,15 +300,17 @@ def main(argv: list[str] | None = None) -> int:
     if host_header_name(args.host) is None and not args.allowed_hosts:  # listening everywhere, answering locally
         print(f"note: only the Host names {', '.join(LOCAL_HOSTS)} are answered; name this machine's with "
               f"--allowed-hosts", file=sys.stderr, flush=True)
+    compiles = app.state.server.compiles
     config = uvicorn.Config(app, log_level=args.log_level, access_log=args.log_format == "text")
-    server = GracefulServer(config, async_engine, args.shutdown_grace)
+    server = GracefulServer(config, async_engine, args.shutdown_grace, compiles)
     gc.freeze()
     gc.enable()
-    with async_engine:
-        try:
+    try:
+        with async_engine:
             server.run(sockets=[sock])
-        finally:
-            app.state.server.close()  # the last traces go out
+    finally:
+        app.state.server.close()  # the last traces go out
+        compiles.service.close()  # its worker processes, a compile still running among them
     return 0
 
 

@@ -1,19 +1,16 @@
-"""Compiling a request's structure into an xgrammar CompiledGrammar, cached by its text: clients send
-the same schema over and over, and compiling one costs milliseconds to seconds."""
+"""Building a request's structure into an xgrammar CompiledGrammar (in a compile worker process:
+structured/compile_worker.py), and the one-line reason when it cannot be."""
 from __future__ import annotations
 
-import functools
 import json
 import re
 from typing import TYPE_CHECKING
 
 from structured.schema_fixes import fix_schema
-from structured.tokenizer_info import grammar_compiler
 
 if TYPE_CHECKING:  # xgrammar (and the transformers it imports) load on the first grammar, not at start-up
     import xgrammar as xgr
 
-CACHE_SIZE = 256  # distinct grammars kept compiled (each holds its token-mask cache)
 ANY_OBJECT = '{"type": "object"}'
 _LOG_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: (Check failed: .*? is false: )?")  # xgrammar's C++ log header
 
@@ -22,9 +19,24 @@ class GrammarError(ValueError):
     """A structure the engine cannot compile; the message says why, in one line."""
 
 
+class GrammarBusyError(GrammarError):
+    """Every compile worker is busy and the queue is full: retry later (HTTP 429)."""
+
+
 def choice_grammar(choices: list[str]) -> str:
     """EBNF that matches exactly one of the strings (JSON string escapes are EBNF's too)."""
     return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
+
+
+def build(compiler: xgr.GrammarCompiler, kind: str, text: str) -> xgr.CompiledGrammar:
+    """The compiled grammar for (kind, text); GrammarError when it cannot be compiled."""
+    try:
+        return _build(compiler, kind, text)
+    except GrammarError:
+        raise
+    except Exception as exc:  # xgrammar raises RuntimeError / ValueError / InvalidJSONError with its reason
+        why = _LOG_PREFIX.sub("", " ".join(str(exc).split())) or type(exc).__name__
+        raise GrammarError(f"cannot compile the {kind.replace('_', ' ')}: {why[:500]}") from None
 
 
 def _build(compiler: xgr.GrammarCompiler, kind: str, text: str) -> xgr.CompiledGrammar:
@@ -41,15 +53,3 @@ def _build(compiler: xgr.GrammarCompiler, kind: str, text: str) -> xgr.CompiledG
     if kind == "grammar":
         return compiler.compile_grammar(text)
     raise GrammarError(f"unknown structure kind {kind!r}")
-
-
-@functools.lru_cache(maxsize=CACHE_SIZE)
-def compile_cached(tokenizer: object, vocab_size: int, kind: str, text: str) -> xgr.CompiledGrammar:
-    """The compiled grammar for (kind, text) over this tokenizer; GrammarError when it cannot be."""
-    try:
-        return _build(grammar_compiler(tokenizer, vocab_size), kind, text)
-    except GrammarError:
-        raise
-    except Exception as exc:  # xgrammar raises RuntimeError / ValueError / InvalidJSONError with its reason
-        why = _LOG_PREFIX.sub("", " ".join(str(exc).split())) or type(exc).__name__
-        raise GrammarError(f"cannot compile the {kind.replace('_', ' ')}: {why[:500]}") from None

@@ -1,10 +1,20 @@
 """One sequence's grammar state: an xgrammar GrammarMatcher. As a logits processor it masks its row
 to the tokens the grammar allows next, every grammar row of a step at once (apply_batch); `accept`
 advances it on each token the output stage keeps. `prefetch` fills the next mask on a worker thread
-while the forward pass runs (torch releases the GIL in its kernels), so sampling only applies it."""
+while the forward pass runs (xgrammar releases the GIL), so sampling only applies it.
+
+A step waits for a mask at most `wait` seconds past the forward pass: an ambiguous grammar's masks
+grow without bound (a 27-byte one took 0.2 s at its 30th token, 2.8 s at its 63rd) and once held
+every request of the batch for tens of seconds. A sequence whose mask is late ends there with
+finish_reason "error" (the server answers it with an error), and its fill finishes unseen on its
+thread. Each fill has a thread of its own among several, so a late one delays no other grammar.
+Masks in time still cost CPU beside the forward pass (on a CPU server, beside the model itself):
+a sequence whose masks each take longer than `wait` to fill, SLOW_MASKS in a row, ends the same way."""
 from __future__ import annotations
 
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING
 
 import torch
@@ -12,31 +22,57 @@ import torch
 if TYPE_CHECKING:  # imported on first use: xgrammar brings transformers, seconds of start-up
     import xgrammar as xgr
 
-_FILLER = ThreadPoolExecutor(1, thread_name_prefix="grammar-masks")
+_FILLERS = ThreadPoolExecutor(8, thread_name_prefix="grammar-masks")
+SLOW_MASKS = 3  # masks in a row slower than the wait that end a sequence (one slow mask may be a hiccup)
+
+
+class GrammarStop(str):
+    """A stop_reason that is the grammar's reason for ending a choice, not a stop string: the server
+    shows it as the choice's finish_details."""
 
 
 class GrammarProcessor:
-    def __init__(self, compiled: xgr.CompiledGrammar, stop_ids: list[int]) -> None:
+    def __init__(self, compiled: xgr.CompiledGrammar, stop_ids: list[int], wait: float = 0.05) -> None:
         import xgrammar as xgr
 
         self.matcher = xgr.GrammarMatcher(compiled, override_stop_tokens=stop_ids)
         self.vocab_size = compiled.tokenizer_info.vocab_size  # the logits width: the mask covers every logit
+        self.wait = wait  # seconds a step waits for this mask after the forward pass
         self._next_mask: Future | None = None  # a mask being filled for the matcher's current state
         self._mask = xgr.allocate_token_bitmask(1, self.vocab_size)  # refilled each step, never reallocated
+        self._ending: tuple[str, str | None] | None = None  # (finish_reason, stop_reason) once it ends
+        self._fill_seconds = 0.0  # the last fill's time (set on its thread, read after its result)
+        self._slow_fills = 0  # fills in a row that took longer than wait
 
     def prefetch(self) -> None:
-        """Start filling the mask of the next token now, on the filler thread (once per state)."""
-        if self._next_mask is None and not self.matcher.is_terminated():
-            self._next_mask = _FILLER.submit(self._fill)
+        """Start filling the mask of the next token now, on a filler thread (once per state)."""
+        if self._next_mask is None and self._ending is None and not self.matcher.is_terminated():
+            self._next_mask = _FILLERS.submit(self._fill)
 
     def _fill(self) -> torch.Tensor:
+        started = time.monotonic()
         self.matcher.fill_next_token_bitmask(self._mask)
+        self._fill_seconds = time.monotonic() - started
         return self._mask
 
-    def _take_mask(self) -> torch.Tensor | None:
-        """The prefetched mask (waiting for it), or None; the matcher is this thread's again after."""
+    def _take_mask(self, timeout: float | None) -> torch.Tensor | None:
+        """The prefetched mask, waiting at most timeout; None when late (this sequence then ends, as
+        it does after SLOW_MASKS slow ones in a row)."""
         pending, self._next_mask = self._next_mask, None
-        return pending.result() if pending is not None else None
+        try:
+            mask = pending.result(timeout) if pending is not None else None
+        except FutureTimeout:
+            self._too_slow("its grammar's token mask took longer")
+            return None
+        if pending is not None:
+            self._slow_fills = self._slow_fills + 1 if self._fill_seconds > self.wait else 0
+            if self._slow_fills >= SLOW_MASKS:
+                self._too_slow(f"{SLOW_MASKS} of its grammar's token masks in a row each took longer")
+        return mask
+
+    def _too_slow(self, what: str) -> None:
+        self._ending = ("error", f"{what} than {self.wait * 1000:g} ms (--max-mask-wait-ms) to compute: "
+                                 f"the grammar is too ambiguous to enforce")
 
     def __call__(self, row: torch.Tensor) -> None:
         GrammarProcessor.apply_batch(row.unsqueeze(0), [0], [self])
@@ -44,26 +80,45 @@ class GrammarProcessor:
     @staticmethod
     def apply_batch(logits: torch.Tensor, rows: list[int], processors: list["GrammarProcessor"]) -> None:
         """Mask logits[rows[j]] [B, V] by processors[j], in place: one bitmask filled row by row, then
-        one xgrammar apply (unpacking each row's bits in torch cost ~100x more at batch 32)."""
-        live = [(i, p) for i, p in zip(rows, processors) if not p.matcher.is_terminated()]
+        one xgrammar apply (unpacking each row's bits in torch cost ~100x more at batch 32). A row
+        whose mask is late stays unmasked: its token is refused (accept) and the sequence ends."""
+        live = [(i, p) for i, p in zip(rows, processors) if p._ending is None and not p.matcher.is_terminated()]
         if not live:  # only a static batch's padding rows sample past the end
             return
         import xgrammar as xgr
 
+        start = time.monotonic()
+        for _, p in live:
+            p.prefetch()  # normally done before the forward; each fills on a thread of its own
         bitmask = xgr.allocate_token_bitmask(logits.shape[0], live[0][1].vocab_size)
+        masked = []
         for i, p in live:
-            mask = p._take_mask()
-            if mask is None:
-                p.matcher.fill_next_token_bitmask(bitmask, i)
-            else:
+            mask = p._take_mask(max(0.0, start + p.wait - time.monotonic()))
+            if mask is not None:
                 bitmask[i] = mask[0]
-        xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device, non_blocking=True),
-                                        indices=[i for i, _ in live])
+                masked.append(i)
+        if masked:
+            xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device, non_blocking=True), indices=masked)
 
     def accept(self, token: int) -> bool:
-        """Advance over a kept token; False when the grammar forbids it (the matcher is unchanged)."""
-        self._take_mask()  # a mask still being filled was for the state this token leaves
-        return not self.matcher.is_terminated() and self.matcher.accept_token(token)
+        """Advance over a kept token; False: the sequence ends here (ending() says how)."""
+        if self._ending is None:
+            self._take_mask(None)  # a mask still being filled was for the state this token leaves
+        if self._ending is not None:
+            return False
+        if self.matcher.is_terminated() or not self.matcher.accept_token(token):
+            self._ending = ("stop", GrammarStop("the grammar allows no further token (a token it allows was "
+                                                "banned: min_tokens, logit_bias or a stop token id)"))
+            return False
+        if self.matcher.is_terminated():  # it took a stop token: complete, whatever ignore_eos says
+            self._ending = ("stop", GrammarStop("the grammar is complete: nothing may follow"))
+            return False
+        return True
+
+    def ending(self) -> tuple[str, str | None]:
+        """After accept() said False: (finish_reason, stop_reason). "stop" when the grammar is complete
+        or allows no token (stop_reason: a GrammarStop saying which); "error" when its mask was late."""
+        return self._ending or ("stop", None)
 
     @property
     def terminated(self) -> bool:

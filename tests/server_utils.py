@@ -96,6 +96,7 @@ def live_server(engine: LLMEngine, max_queue: int | None = None, model_name: str
                 wait_for_chat_page(url)
             yield LiveServer(url, async_engine)
         app.state.server.close()
+        app.state.server.compiles.service.close()
 
 
 def settled_chat_page(url: str, timeout: float = 120.0) -> str:

@@ -32,10 +32,11 @@ def _byte_of(ch: str) -> int:
     return {v: k for k, v in bytes_to_unicode().items()}[ch]
 
 
-def tiny_weights(arch: str = "llama", seed: int = 0, logit_scale: float = 1.0, **shape):
+def tiny_weights(arch: str = "llama", seed: int = 0, logit_scale: float = 1.0, vocab_size: int = TINY_VOCAB,
+                 **shape):
     """(ModelConfig, HF-named tensors) of a random 2-layer model; logit_scale sharpens its outputs;
     shape: transformers config overrides (num_key_value_heads=4 ...)."""
-    hf = tiny_hf_model(arch, seed=seed, vocab_size=TINY_VOCAB, max_position_embeddings=1024, **shape)
+    hf = tiny_hf_model(arch, seed=seed, vocab_size=vocab_size, max_position_embeddings=1024, **shape)
     tensors = state_dict(hf)
     tensors["lm_head.weight"] = tensors["lm_head.weight"] * logit_scale
     return our_config(hf, arch), tensors
@@ -47,13 +48,14 @@ def tiny_engine(arch: str = "llama", seed: int = 0, num_blocks: int = 256, logit
     """A random 2-layer model over the byte tokenizer (or tokenizer); num_blocks sizes the KV pool exactly
     (per rank under tensor parallelism). seed picks the weights, engine_seed the sampling of requests
     without a seed of their own; kv_heads overrides the model's 2 KV heads; chat_template replaces the
-    tokenizer's."""
-    cfg, tensors = tiny_weights(arch, seed, logit_scale, **({"num_key_value_heads": kv_heads} if kv_heads else {}))
+    tokenizer's. The model's vocabulary is the tokenizer's (a real one: 49k rows, still tiny)."""
+    tokenizer = tokenizer or byte_tokenizer()
+    cfg, tensors = tiny_weights(arch, seed, logit_scale, tokenizer.vocab_size,
+                                **({"num_key_value_heads": kv_heads} if kv_heads else {}))
     config["seed"] = engine_seed
     config.setdefault("block_size", 16)
     rank_kv_heads = max(1, cfg.num_kv_heads // config.get("tensor_parallel_size", 1))
     per_block = config["block_size"] * 2 * rank_kv_heads * cfg.head_dim * 4 * cfg.num_layers
     econf = EngineConfig(device="cpu", backend="torch", kv_cache_memory=num_blocks * per_block,
                          log_ledger=False, **config)
-    tokenizer = tokenizer or byte_tokenizer()
     return build_engine(econf, cfg, tensors, tokenizer.with_chat_template(chat_template) if chat_template else tokenizer)

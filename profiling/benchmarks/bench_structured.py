@@ -2,10 +2,13 @@
 in the same run over the same engine.
 
     python profiling/benchmarks/bench_structured.py [--model PATH] [--batch 1,32] [--max-tokens 64] [--device cpu]
+    python profiling/benchmarks/bench_structured.py --adversarial [--requests 48] [--concurrency 4] [--hostile 2]
 
 The schema asks for a long array of small objects so the grammar never ends before max_tokens; the
 free run uses ignore_eos to the same length. Prints tok/s per case and constrained/free ratios, and
 the share of the sampling stage (where masks are filled and applied: not overlapped with the forward).
+--adversarial: plain requests' TTFT/TPOT p99 on a real server, idle and then while hostile grammars and
+schemas are sent alongside (profiling/common/adversarial.py), and their ratios.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
+from profiling.common import adversarial  # noqa: E402
 from runtime.llm import LLM  # noqa: E402
 from runtime.sampling_params import SamplingParams  # noqa: E402
 from structured import StructuredOutput  # noqa: E402
@@ -47,7 +51,14 @@ def main() -> None:
     ap.add_argument("--batch", default="1,32")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--adversarial", action="store_true", help="plain requests beside hostile grammars, on a server")
+    ap.add_argument("--requests", type=int, default=48, help="--adversarial: plain requests per run")
+    ap.add_argument("--concurrency", type=int, default=4, help="--adversarial: plain requests at once")
+    ap.add_argument("--hostile", type=int, default=2, help="--adversarial: hostile clients sending at once")
     args = ap.parse_args()
+    if args.adversarial:
+        adversarial.main(args.model, args.requests, args.concurrency, args.max_tokens, args.hostile)
+        return
     # no prefix caching: the second run of each pair would skip the prefill the first one paid for
     llm = LLM(args.model, device=args.device, max_num_seqs=256, enable_prefix_caching=False)
     run(llm, 1, 8, False), run(llm, 1, 8, True)  # warm-up: first forwards, the schema compiled

@@ -11,9 +11,11 @@ from starlette.types import ASGIApp, Scope
 from runtime.server import info, tokenize_routes
 from runtime.server.async_engine import AsyncEngine
 from runtime.server.errors import install_error_handlers
+from runtime.server.grammar_compiles import CompileWaits
 from runtime.server.guards import login
 from runtime.server.guards.auth import ApiKeyMiddleware
 from runtime.server.guards.body_limit import BodyLimitMiddleware
+from runtime.server.guards.rate_limit import AuthThrottle
 from runtime.server.late_page import LatePage, PrepareUI
 from runtime.server.metrics import ServerMetrics
 from runtime.server.openai import chat, completions
@@ -23,6 +25,7 @@ from runtime.server.options import ServerOptions
 from runtime.server.request_log import RequestTelemetry, TelemetryMiddleware
 from runtime.server.state import ServerState
 from runtime.server.tracing import Tracer
+from structured.service import GrammarService, use_service
 
 
 def create_app(async_engine: AsyncEngine, model_name: str = "default", options: ServerOptions | None = None,
@@ -36,11 +39,15 @@ def create_app(async_engine: AsyncEngine, model_name: str = "default", options: 
     app = FastAPI(title="cute-serve", summary="OpenAI-compatible LLM server", version="0.1.0",
                   lifespan=page.running if page is not None else None)
     options = options or ServerOptions()
-    metrics = ServerMetrics(async_engine, model_name)
-    app.state.server = ServerState(async_engine, model_name, metrics, LogprobFormatter(async_engine.limits.tokenizer),
-                                   options, page, telemetry=telemetry(async_engine, model_name, options))
+    throttle = AuthThrottle(options.auth_rate, options.auth_burst) if options.api_key else None
+    limits = async_engine.limits
+    compiles = CompileWaits(use_service(GrammarService(limits.tokenizer, limits.vocab_size, options.grammar)))
+    compiles.service.warm()
+    metrics = ServerMetrics(async_engine, model_name, compiles.service)
+    app.state.server = ServerState(async_engine, model_name, metrics, LogprobFormatter(limits.tokenizer), compiles,
+                                   options, page, throttle, telemetry=telemetry(async_engine, model_name, options))
     install_error_handlers(app)
-    add_guards(app, options)
+    add_guards(app, options, throttle)
     metrics.instrument(app)  # the HTTP series: outside the guards, so refused requests count too
     if app.state.server.telemetry is not None:
         app.add_middleware(TelemetryMiddleware, telemetry=app.state.server.telemetry)  # outermost
@@ -68,11 +75,12 @@ def telemetry(async_engine: AsyncEngine, model_name: str, options: ServerOptions
     return RequestTelemetry(async_engine, options.log_format == "json", options.log_prompts, tracer)
 
 
-def add_guards(app: FastAPI, options: ServerOptions) -> None:
+def add_guards(app: FastAPI, options: ServerOptions, throttle: AuthThrottle | None = None) -> None:
     """The middleware every request passes, outermost last (each add wraps the ones before it)."""
     app.add_middleware(BodyLimitMiddleware, max_bytes=options.max_request_bytes, timeout=options.body_timeout)
     if options.api_key:  # outside the body limit: a request without the key never has its body read
-        app.add_middleware(ApiKeyMiddleware, api_key=options.api_key, metrics_public=options.metrics_public)
+        app.add_middleware(ApiKeyMiddleware, api_key=options.api_key, metrics_public=options.metrics_public,
+                           throttle=throttle)
     # Installed even with no origin allowed: Gradio then adds no CORS of its own (it grants any
     # http://localhost:* origin credentialed access). Outside the key check: preflights carry no key.
     app.add_middleware(CORSMiddleware, allow_origins=list(options.allowed_origins), allow_methods=["*"],

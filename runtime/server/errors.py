@@ -15,6 +15,7 @@ from starlette.exceptions import HTTPException
 
 from runtime.errors import RequestError
 from runtime.server.async_engine import EngineStepError, EngineUnavailableError, QueueFullError
+from runtime.server.grammar_compiles import ClientGone, GrammarBusy
 from runtime.server.openai.protocol import ErrorResponse
 
 log = logging.getLogger("cute_serve")
@@ -48,6 +49,10 @@ def as_api_error(exc: BaseException) -> APIError:
         return APIError(400, str(exc), exc.param, exc.code)
     if isinstance(exc, QueueFullError):
         return APIError(429, str(exc), code="queue_full", headers={"Retry-After": str(exc.retry_after)})
+    if isinstance(exc, GrammarBusy):
+        return APIError(429, str(exc), code="grammar_queue_full", headers={"Retry-After": "1"})
+    if isinstance(exc, ClientGone):  # nobody reads it: nginx's "client closed the request"
+        return APIError(499, "the client closed the request", code="client_closed")
     if isinstance(exc, EngineUnavailableError):
         return APIError(503, str(exc), code="engine_unavailable")
     if isinstance(exc, EngineStepError):
@@ -115,6 +120,8 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(QueueFullError)
     @app.exception_handler(EngineUnavailableError)
     @app.exception_handler(EngineStepError)
+    @app.exception_handler(GrammarBusy)
+    @app.exception_handler(ClientGone)
     async def _on_known(request: Request, exc: Exception) -> JSONResponse:
         return error_response(as_api_error(exc))
 
@@ -137,7 +144,8 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     413: _error_doc("The request body is larger than --max-request-bytes"),
     422: _error_doc("Not produced by this server (validation errors are 400, as OpenAI's); listed for "
                     "FastAPI's generated schema"),
-    429: _error_doc("The server is at capacity (--max-queue)",
+    429: _error_doc("The server is at capacity (--max-queue, or grammar compiles queued), or a client address "
+                    "failed the API key check too often",
                     headers={"Retry-After": {"description": "seconds to wait", "schema": {"type": "integer"}}}),
     503: _error_doc("The engine is not running"),
 }

@@ -142,6 +142,9 @@ OUR_GAUGES = _defs(OURS, "gauge", [
     ("prefix_cache_blocks", "KV blocks findable in the prefix cache (in use or free)."),
     ("cpu_kernel_route_info", "The SIMD route each loaded C kernel library was built for (value 1).",
      ("library", "route")),
+    ("grammar_cache_bytes", "Bytes of compiled grammars cached (at most --grammar-cache-bytes)."),
+    ("grammar_cache_entries", "Compiled grammars cached."),
+    ("grammar_compiles_running", "Grammars compiling or queued for a compile worker."),
 ])
 OUR_COUNTERS = _defs(OURS, "counter", [
     ("prefix_cache_evictions", "Cached blocks evicted for fresh allocations."),

@@ -14,6 +14,7 @@ from fastapi import FastAPI
 from prometheus_client import (
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     PlatformCollector,
     ProcessCollector,
@@ -41,6 +42,7 @@ from runtime.server.metric_defs import (
     token_buckets,
 )
 from runtime.server.step_feed import StepRecord
+from structured.service import GrammarService
 
 FINISHED_OK = ("stop", "length")
 EXCLUDED_HANDLERS = ["/metrics", "/health"]  # vLLM's probes, as its server leaves them out
@@ -77,7 +79,8 @@ class ServerMetrics:
     """The registry: per-request histograms fed by the AsyncEngine's outputs, per-step ones by its step
     feed, the engine collector, the HTTP middleware's series and the process collector."""
 
-    def __init__(self, async_engine: AsyncEngine, model_name: str = "default") -> None:
+    def __init__(self, async_engine: AsyncEngine, model_name: str = "default",
+                 grammars: GrammarService | None = None) -> None:
         self.registry = r = CollectorRegistry()
         self.base = (model_name, ENGINE_INDEX)
         max_len = async_engine.limits.max_model_len
@@ -96,6 +99,8 @@ class ServerMetrics:
         slo = Counter(slo_def.name, slo_def.help, [*LABELS, *slo_def.labels], registry=r)
         self.slo = {(a, b): slo.labels(*self.base, str(a), str(b)) for a in TTFT_SLOS for b in TPOT_SLOS}
         r.register(EngineCollector(async_engine, model_name))
+        if grammars is not None:
+            self._grammar_gauges(grammars)
         ProcessCollector(registry=r)
         PlatformCollector(registry=r)
         self.async_engine = async_engine
@@ -147,6 +152,14 @@ class ServerMetrics:
 
     def observe_grammar(self, seconds: float) -> None:
         self.grammar.observe(seconds)
+
+    def _grammar_gauges(self, service: GrammarService) -> None:
+        """Structured output's compiled-grammar cache and compiles, read when scraped."""
+        read = {"grammar_cache_bytes": lambda: service.cache.bytes, "grammar_cache_entries": lambda: len(service.cache),
+                "grammar_compiles_running": lambda: service.num_compiling}
+        for name, value in read.items():
+            d = BY_NAME[OURS + name]
+            Gauge(d.name, d.help, LABELS, registry=self.registry).labels(*self.base).set_function(value)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

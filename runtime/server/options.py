@@ -8,6 +8,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from runtime.errors import UserError
+from structured.limits import GrammarLimits
 
 DEFAULT_MAX_TOKENS = 1024  # a request without max_tokens gets at most this (and at most what is left of the context)
 DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024  # the largest request body read (413 beyond it)
@@ -36,6 +37,9 @@ class ServerOptions:
     log_prompts: bool = False  # access lines carry the request's prompt or messages (off: never its text)
     otlp_traces_endpoint: str | None = None  # OTLP/HTTP URL that gets a span per request (runtime/server/tracing.py)
     detailed_traces: bool = False  # spans for each engine step and phase under each request's span
+    grammar: GrammarLimits = field(default_factory=GrammarLimits)  # structured output's budgets
+    auth_rate: float = 1.0  # failed key checks (/login, a wrong Bearer key) a client address may make a second ...
+    auth_burst: int = 10  # ... after this many in a row (a token bucket; then 429 with Retry-After)
 
 
 def host_header_name(host: str) -> str | None:

@@ -1,6 +1,7 @@
 """SIGTERM / SIGINT: stop admitting, let requests in flight finish for a grace period, then abort the
 rest so every client still gets an ending (a last chunk with finish_reason "abort", an error event
-and [DONE]; a JSON 503), and exit with status 0.
+and [DONE]; a JSON 503), and exit with status 0. Requests still waiting for their grammar to compile
+count as in flight: at the end of the grace period their compiles are killed and they get the 503.
 
 Plain uvicorn cut streams at its graceful timeout (clients saw "incomplete chunked read", JSON
 clients a text/plain 500, the log CancelledError tracebacks) and re-raised the signal after
@@ -16,6 +17,7 @@ from types import FrameType
 import uvicorn
 
 from runtime.server.async_engine import AsyncEngine
+from runtime.server.grammar_compiles import CompileWaits
 
 log = logging.getLogger("cute_serve")
 
@@ -24,10 +26,12 @@ FLUSH_SECONDS = 5.0
 
 
 class GracefulServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, engine: AsyncEngine, grace: float) -> None:
+    def __init__(self, config: uvicorn.Config, engine: AsyncEngine, grace: float,
+                 compiles: CompileWaits | None = None) -> None:
         config.timeout_graceful_shutdown = FLUSH_SECONDS
         super().__init__(config)
         self.engine = engine
+        self.compiles = compiles
         self.grace = grace
         self.draining_since: float | None = None
         self.aborted = False
@@ -44,11 +48,14 @@ class GracefulServer(uvicorn.Server):
 
     async def on_tick(self, counter: int) -> bool:
         if self.draining_since is not None and not self.should_exit:
-            if self.engine.num_seqs_in_flight == 0:
+            compiling = len(self.compiles) if self.compiles is not None else 0
+            if self.engine.num_seqs_in_flight == 0 and compiling == 0:
                 self.should_exit = True
             elif not self.aborted and time.monotonic() - self.draining_since >= self.grace:
                 self.aborted = True
-                log.warning("aborting %d sequences still running after the %gs grace period",
-                            self.engine.num_seqs_in_flight, self.grace)
+                log.warning("aborting %d sequences still running and %d grammar compiles after the %gs grace period",
+                            self.engine.num_seqs_in_flight, compiling, self.grace)
                 self.engine.abort_all()
+                if self.compiles is not None:
+                    self.compiles.cancel_all()  # each waiting client gets the JSON 503
         return await super().on_tick(counter)

@@ -1,4 +1,4 @@
-"""What every route needs: the engine, the served model's name, the metrics; one per app."""
+"""What every route needs: the engine, the served model's name, the metrics, the grammar compiles; one per app."""
 from __future__ import annotations
 
 import time
@@ -8,6 +8,8 @@ from fastapi import Request
 
 from runtime.server.async_engine import AsyncEngine
 from runtime.server.errors import APIError
+from runtime.server.grammar_compiles import CompileWaits
+from runtime.server.guards.rate_limit import AuthThrottle
 from runtime.server.late_page import LatePage
 from runtime.server.metrics import ServerMetrics
 from runtime.server.openai.logprobs import LogprobFormatter
@@ -21,8 +23,10 @@ class ServerState:
     model_name: str
     metrics: ServerMetrics
     formatter: LogprobFormatter
+    compiles: CompileWaits  # requests' grammars being compiled
     options: ServerOptions = field(default_factory=ServerOptions)
     page: LatePage | None = None  # the chat page, mounted after start-up
+    auth_throttle: AuthThrottle | None = None  # failed key checks per client address (with --api-key)
     created: int = field(default_factory=lambda: int(time.time()))
     telemetry: RequestTelemetry | None = None  # access log and traces, when either is on
 

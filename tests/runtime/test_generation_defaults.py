@@ -56,11 +56,11 @@ def test_a_default_the_engine_would_refuse_fails_the_load(tmp_path):
 def test_requests_keep_what_they_set_and_take_the_rest():
     defaults = {"temperature": 0.6, "top_p": 0.9, "max_tokens": 50}
     req = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], temperature=1.0)
-    p = sampling_params(req, 1024, None, None, defaults)
+    p = sampling_params(req, 1024, None, defaults)
     assert (p.temperature, p.top_p, p.max_tokens) == (1.0, 0.9, 50)
-    p = sampling_params(req, 20, None, None, defaults)  # the server's cap still holds
+    p = sampling_params(req, 20, None, defaults)  # the server's cap still holds
     assert p.max_tokens == 20
-    p = sampling_params(req.model_copy(update={"max_tokens": 99}), 1024, None, None, defaults)
+    p = sampling_params(req.model_copy(update={"max_tokens": 99}), 1024, None, defaults)
     assert p.max_tokens == 99
 
 

@@ -12,7 +12,7 @@ import torch
 from runtime.llm import LLM
 from runtime.sampling_params import SamplingParams
 from structured import StructuredOutput
-from structured.processor import GrammarProcessor
+from structured.processor import GrammarProcessor, GrammarStop
 from structured.tokenizer_info import tokenizer_info
 from tests.server_utils import TINY_MODEL, live_server
 from tests.tiny_engine import BOS, EOS, TINY_VOCAB, byte_tokenizer, tiny_engine
@@ -35,7 +35,7 @@ def test_bitmask_covers_the_logits_width_and_never_allows_special_tokens():
     row = torch.zeros(TINY_VOCAB)
     proc(row)
     assert (row == 0).nonzero().flatten().tolist() == list(range(ord("a"), ord("z") + 1))
-    assert proc.accept(ord("q")) and not proc.accept(ord("Q"))
+    assert proc.accept(ord("q"))
     row = torch.zeros(TINY_VOCAB)
     proc(row)
     assert row[EOS] == 0 and row[BOS] == float("-inf") and row[TINY_VOCAB - 1] == float("-inf")
@@ -105,14 +105,23 @@ def test_stop_strings_and_speculation_leave_the_grammar_whole():
     assert schema_params(POINT).validate(TINY_VOCAB).speculative is False  # no drafts for a grammared sequence
 
 
-def test_a_token_the_grammar_rejects_ends_the_sequence_with_error():
+def test_a_grammar_that_allows_no_token_ends_the_choice_with_stop_and_says_why():
     # min_tokens bans eos where the grammar allows nothing else: the argmax of an all -inf row is
-    # token 0, which the grammar rejects
+    # token 0, which the grammar refuses
     llm = LLM.from_engine(tiny_engine())
     p = SamplingParams(max_tokens=10, min_tokens=5, temperature=0,
                        structured=StructuredOutput.choice(["ab"]))
     out = llm.generate(["x"], p, use_tqdm=False)[0].outputs[0]
-    assert out.finish_reason == "error" and out.text == "ab" and "grammar rejected" in out.stop_reason
+    assert out.finish_reason == "stop" and out.text == "ab" and isinstance(out.stop_reason, GrammarStop)
+    assert "allows no further token" in out.stop_reason
+
+
+def test_a_complete_grammar_ends_the_choice_with_stop_even_with_ignore_eos():
+    llm = LLM.from_engine(tiny_engine())
+    p = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True, structured=StructuredOutput.choice(["ab"]))
+    out = llm.generate(["x"], p, use_tqdm=False)[0].outputs[0]
+    assert (out.finish_reason, out.stop_reason, out.text) == ("stop", "the grammar is complete: nothing may follow", "ab")
+    assert out.token_ids == [ord("a"), ord("b"), EOS]
 
 
 def _random_schema(rng: random.Random, depth: int = 0) -> dict:

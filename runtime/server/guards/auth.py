@@ -11,6 +11,7 @@ from starlette.responses import RedirectResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from runtime.server.errors import APIError, error_response
+from runtime.server.guards.rate_limit import AuthThrottle, client_address
 
 LOGIN_PATH = "/login"
 COOKIE = "cute_serve_session"
@@ -40,6 +41,11 @@ class KeyCheck:
         return hmac.compare_digest(_digest(value), self._session)
 
 
+def too_many_failures(wait: int) -> APIError:
+    return APIError(429, f"too many wrong API keys from this address; retry in {wait} s", code="too_many_key_failures",
+                    headers={"Retry-After": str(wait)})
+
+
 def _cookie(headers: Headers, name: str) -> str:
     for part in headers.get("cookie", "").split(";"):
         key, _, value = part.strip().partition("=")
@@ -51,9 +57,11 @@ def _cookie(headers: Headers, name: str) -> str:
 class ApiKeyMiddleware:
     """Pure ASGI (not BaseHTTPMiddleware, which would get between a stream and its disconnect)."""
 
-    def __init__(self, app: ASGIApp, api_key: str, metrics_public: bool = False) -> None:
+    def __init__(self, app: ASGIApp, api_key: str, metrics_public: bool = False,
+                 throttle: AuthThrottle | None = None) -> None:
         self.app = app
         self.check = KeyCheck(api_key)
+        self.throttle = throttle
         self.public = {"/health", LOGIN_PATH} | ({"/metrics"} if metrics_public else set())
 
     def authorized(self, headers: Headers) -> bool:
@@ -64,13 +72,18 @@ class ApiKeyMiddleware:
             await self.app(scope, receive, send)
             return
         headers = Headers(scope=scope)
-        if self.authorized(headers):
+        wait = self.throttle.retry_after(client_address(scope)) if self.throttle is not None else 0
+        if wait:
+            await error_response(too_many_failures(wait))(scope, receive, send)
+        elif self.authorized(headers):
             await self.app(scope, receive, send)
         elif scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 1008})  # policy violation
         elif scope["method"] in ("GET", "HEAD") and "text/html" in headers.get("accept", ""):
             await RedirectResponse(LOGIN_PATH, status_code=303)(scope, receive, send)  # a browser: sign in first
         else:
+            if self.throttle is not None and headers.get("authorization"):  # a key was tried, and it was wrong
+                self.throttle.failed(client_address(scope))
             err = APIError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'", code="invalid_api_key",
                            headers={"WWW-Authenticate": "Bearer"})
             await error_response(err)(scope, receive, send)

@@ -7,7 +7,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
 from runtime.outputs import CompletionOutput, RequestOutput
-from runtime.server.openai.generation import Generation
+from runtime.server.openai.generation import Generation, finish_fields
 from runtime.server.openai.leniency import check_fields
 from runtime.server.openai.prepare import start_generation
 from runtime.server.openai.protocol import (
@@ -45,7 +45,7 @@ def chat_body(gen: Generation, finals: dict[str, RequestOutput]) -> dict[str, An
     for c in out.outputs:
         message, finish_reason = assistant_message(gen, c.text, c.finish_reason)
         choices.append({"index": c.index, "message": message, "logprobs": _logprobs(gen, c.token_ids, c.logprobs),
-                        "finish_reason": finish_reason, "stop_reason": c.stop_reason})
+                        **finish_fields(c, finish_reason)})
     return {"id": gen.response_id, "object": "chat.completion", "created": gen.created, "model": gen.model,
             "choices": choices, "usage": gen.usage(sum(len(c.token_ids) for c in out.outputs), out.num_cached_tokens)}
 
@@ -58,10 +58,10 @@ class ChatChunks(ChunkRenderer):
         self.tools = {k: ToolDeltas(gen.tools) for k in range(gen.n)} if gen.tools else {}
         self.thinking = {k: ReasoningSplitter(gen.reasoning) for k in range(gen.n)} if gen.reasoning else {}
 
-    def _chunk(self, index: int, delta: dict[str, Any], logprobs=None, finish_reason=None,
-               stop_reason=None) -> dict[str, Any]:
-        return self.chunk([{"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason,
-                            "stop_reason": stop_reason}])
+    def _chunk(self, index: int, delta: dict[str, Any], logprobs=None, finish: dict[str, Any] | None = None
+               ) -> dict[str, Any]:
+        return self.chunk([{"index": index, "delta": delta, "logprobs": logprobs,
+                            **(finish or {"finish_reason": None, "stop_reason": None})}])
 
     def start(self):
         # the role first, at once: the client sees the response begin before the first token
@@ -81,12 +81,12 @@ class ChatChunks(ChunkRenderer):
     def final(self, index: int, c: CompletionOutput):
         deltas, called = self.tools[index].final() if self.tools else ([], False)
         reason = "tool_calls" if called and c.finish_reason == "stop" else c.finish_reason
-        return [self._chunk(index, d) for d in deltas] + [self._chunk(index, {}, None, reason, c.stop_reason)]
+        return [self._chunk(index, d) for d in deltas] + [self._chunk(index, {}, None, finish_fields(c, reason))]
 
 
 @router.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=RESPONSES)
 async def create_chat_completion(body: ChatCompletionRequest, request: Request,
                                  state: ServerState = Depends(server_state)) -> Response:
     ignored = check_fields(body, state.options.strict_api)
-    gen, stream = await start_generation(state, body, "chatcmpl")
+    gen, stream = await start_generation(state, body, "chatcmpl", request)
     return with_ignored(await respond(state, body, request, gen, stream, ChatChunks, chat_body), ignored)

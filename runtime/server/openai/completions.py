@@ -7,7 +7,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
 from runtime.outputs import CompletionOutput, RequestOutput
-from runtime.server.openai.generation import Generation, PreparedPrompt
+from runtime.server.openai.generation import Generation, PreparedPrompt, finish_fields
 from runtime.server.openai.leniency import check_fields
 from runtime.server.openai.logprobs import TextOffsets
 from runtime.server.openai.prepare import start_generation
@@ -36,7 +36,7 @@ def completion_body(gen: Generation, finals: dict[str, RequestOutput]) -> dict[s
             generated += len(c.token_ids)
             choices.append({"index": gen.choice_index(out.request_id, c.index), "text": p.echo + c.text,
                             "logprobs": _logprobs(gen, c.token_ids, c.logprobs, _offsets(gen, p)),
-                            "finish_reason": c.finish_reason, "stop_reason": c.stop_reason})
+                            **finish_fields(c)})
     choices.sort(key=lambda ch: ch["index"])
     return {"id": gen.response_id, "object": "text_completion", "created": gen.created, "model": gen.model,
             "choices": choices, "usage": gen.usage(generated, sum(out.num_cached_tokens for out in finals.values()))}
@@ -49,9 +49,9 @@ class CompletionChunks(ChunkRenderer):
         super().__init__(gen)
         self.offsets: dict[int, TextOffsets] = {}  # choice -> where its next token starts (for logprobs)
 
-    def _chunk(self, index: int, text: str, logprobs=None, finish_reason=None, stop_reason=None) -> dict[str, Any]:
-        return self.chunk([{"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason,
-                            "stop_reason": stop_reason}])
+    def _chunk(self, index: int, text: str, logprobs=None, finish: dict[str, Any] | None = None) -> dict[str, Any]:
+        return self.chunk([{"index": index, "text": text, "logprobs": logprobs,
+                            **(finish or {"finish_reason": None, "stop_reason": None})}])
 
     def start(self):
         for i, p in enumerate(self.gen.prompts):
@@ -66,12 +66,12 @@ class CompletionChunks(ChunkRenderer):
         return self._chunk(index, c.delta_text, lp)
 
     def final(self, index: int, c: CompletionOutput):
-        return self._chunk(index, "", None, c.finish_reason, c.stop_reason)
+        return self._chunk(index, "", None, finish_fields(c))
 
 
 @router.post("/v1/completions", response_model=CompletionResponse, responses=RESPONSES)
 async def create_completion(body: CompletionRequest, request: Request,
                             state: ServerState = Depends(server_state)) -> Response:
     ignored = check_fields(body, state.options.strict_api)
-    gen, stream = await start_generation(state, body, "cmpl")
+    gen, stream = await start_generation(state, body, "cmpl", request)
     return with_ignored(await respond(state, body, request, gen, stream, CompletionChunks, completion_body), ignored)

@@ -5,17 +5,18 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from runtime.outputs import RequestOutput
+from runtime.outputs import CompletionOutput, RequestOutput
 from runtime.server.async_engine import AsyncEngine, EngineRequest, RequestStream
 from runtime.server.errors import APIError
 from runtime.server.openai.logprobs import LogprobFormatter
 from runtime.server.openai.reasoning import ReasoningParser
 from runtime.server.openai.tools import ToolPlan
+from structured.processor import GrammarStop
 
 CLIENT_CLOSED = 499  # nginx's code for "client closed the request"; nobody is left to read it
 
@@ -40,6 +41,8 @@ class Generation:
     formatter: LogprobFormatter
     tools: ToolPlan | None = None  # a chat request's tool calling, when it offers tools
     reasoning: ReasoningParser | None = None  # a chat request's thinking split from its answer
+    grammar_param: str | None = None  # the field of the request's grammar, when it has one
+    unenforced: list[str] = field(default_factory=list)  # its schema keywords ignored (strict: false)
     prompt_index: dict[str, int] = field(init=False)  # engine request id -> prompt number
 
     def __post_init__(self) -> None:
@@ -84,13 +87,30 @@ async def collect(request: Request, stream: RequestStream) -> dict[str, RequestO
         stream.close()
 
 
+def finish_fields(c: CompletionOutput, finish_reason: str | None = None) -> dict[str, Any]:
+    """A choice's finish_reason (OpenAI's values only) and stop_reason; a grammar's own reason for
+    ending it (complete under ignore_eos, or allowing no token) goes in finish_details."""
+    if isinstance(c.stop_reason, GrammarStop):
+        return {"finish_reason": finish_reason or c.finish_reason, "stop_reason": None,
+                "finish_details": {"type": "grammar", "reason": str(c.stop_reason)}}
+    return {"finish_reason": finish_reason or c.finish_reason, "stop_reason": c.stop_reason}
+
+
+def grammar_failure(gen: Generation, outputs: Iterable[RequestOutput]) -> APIError | None:
+    """The error for a request whose grammar gave up (its masks too slow: finish_reason "error")."""
+    why = next((c.stop_reason for out in outputs for c in out.outputs if c.finish_reason == "error"), None)
+    if why is None:
+        return None
+    return APIError(400, f"the request was stopped: {why}", gen.grammar_param, "grammar_too_slow")
+
+
 def aborted_error(engine: AsyncEngine) -> APIError:
     """What a client still there hears when the server aborted its request (it is shutting down)."""
     why = engine.unavailable_error()
     return APIError(503, "the request was aborted by the server" + (f": {why}" if why else ""), code="aborted")
 
 
-async def json_response(request: Request, stream: RequestStream, engine: AsyncEngine,
+async def json_response(request: Request, stream: RequestStream, engine: AsyncEngine, gen: Generation,
                         body: Callable[[dict[str, RequestOutput]], dict[str, Any]]) -> Response:
     """Wait for every final output, then answer with body(finals); abort if the client leaves first."""
     finals = await collect(request, stream)
@@ -99,4 +119,7 @@ async def json_response(request: Request, stream: RequestStream, engine: AsyncEn
     if any(c.finish_reason == "abort" for out in finals.values() for c in out.outputs):
         # aborted by the server, not by this client (which is still here): no answer to give
         raise aborted_error(engine)
+    failure = grammar_failure(gen, finals.values())
+    if failure is not None:
+        raise failure
     return JSONResponse(body(finals))

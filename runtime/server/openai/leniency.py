@@ -47,7 +47,8 @@ def check_fields(body: BaseModel, strict: bool) -> list[str]:
     return unknown
 
 
-def header_value(names: list[str]) -> str:
-    """The names, percent-encoded where not plain ASCII (headers are latin-1), the first MAX_NAMED only."""
-    shown = [quote(n, safe="._-[]")[:100] for n in names[:MAX_NAMED]]
+def header_value(names: list[str], safe: str = "._-[]") -> str:
+    """The names, percent-encoded where not plain ASCII (headers are latin-1) or not in safe, the first
+    MAX_NAMED only."""
+    shown = [quote(n, safe=safe, errors="replace")[:100] for n in names[:MAX_NAMED]]  # a lone surrogate too
     return ", ".join(shown) + (f", ... ({len(names)} in all)" if len(names) > MAX_NAMED else "")

@@ -10,6 +10,7 @@ import time
 import uuid
 from typing import Any
 
+from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
 from runtime.errors import RequestError
@@ -24,6 +25,7 @@ from runtime.server.openai.reasoning import ReasoningParser
 from runtime.server.openai.response_format import structured_output
 from runtime.server.openai.tools import ToolPlan, chat_messages, tool_plan, tool_structure
 from runtime.server.state import ServerState
+from structured.spec import StructuredOutput
 
 
 def completion_prompts(req: CompletionRequest, limits: RequestLimits) -> list[tuple[list[int], str]]:
@@ -43,10 +45,12 @@ def chat_prompt(req: ChatCompletionRequest, limits: RequestLimits, plan: ToolPla
 
 def prepare(engine: AsyncEngine, req: SamplingFields, request_id: str, arrival: float,
             plan: ToolPlan | None = None, default_max_tokens: int = 0,
-            model_defaults: dict[str, Any] | None = None) -> list[PreparedPrompt]:
+            model_defaults: dict[str, Any] | None = None,
+            structure: StructuredOutput | None = None) -> list[PreparedPrompt]:
     """One EngineRequest per prompt (ids request_id-0, -1, ...); raises APIError / RequestError.
     default_max_tokens: the cap on a request without max_tokens (0: none but the context);
-    model_defaults: the model's sampling defaults (generation_config.json) for fields the request omits."""
+    model_defaults: the model's sampling defaults (generation_config.json) for fields the request omits;
+    structure: the request's grammar (request_structure), compiled beforehand."""
     limits = engine.limits
     logprobs = requested_logprobs(req)
     try:
@@ -54,7 +58,8 @@ def prepare(engine: AsyncEngine, req: SamplingFields, request_id: str, arrival: 
         out = []
         for i, (ids, text) in enumerate(prompts):
             room = limits.max_request_tokens - len(ids)
-            params = sampling_params(req, default_tokens(room, default_max_tokens), logprobs, plan, model_defaults)
+            params = sampling_params(req, default_tokens(room, default_max_tokens), logprobs, model_defaults,
+                                     structure)
             admitted = engine.admit(ids, params)
             echo = (text or limits.tokenizer.decode(ids)) if isinstance(req, CompletionRequest) and req.echo else ""
             out.append(PreparedPrompt(EngineRequest(f"{request_id}-{i}", admitted, arrival), echo))
@@ -77,18 +82,26 @@ def _encoded_prompts(req: SamplingFields, limits: RequestLimits, logprobs: int |
     return completion_prompts(req, limits)
 
 
-async def start_generation(state: ServerState, req: SamplingFields, prefix: str) -> tuple[Generation, RequestStream]:
-    """Check the model, tokenize and validate in the thread pool, then enqueue (all or nothing)."""
+async def start_generation(state: ServerState, req: SamplingFields, prefix: str,
+                           request: Request | None = None) -> tuple[Generation, RequestStream]:
+    """Check the model, compile the grammar (cancelled if the client leaves), tokenize and validate in
+    the thread pool, then enqueue (all or nothing)."""
     arrival = time.perf_counter()
     state.check_model(req.model)
     response_id = f"{prefix}-{uuid.uuid4().hex}"
     plan = tool_plan(req, state.options.tool_call_parser) if isinstance(req, ChatCompletionRequest) else None
+    structure = request_structure(req, plan)
+    unavailable = state.engine.unavailable_error()
+    if structure is not None and unavailable is not None:  # shutting down: no compile starts now
+        raise unavailable
+    unenforced = await state.compiles.compile(structure, request) if structure is not None else []
     prompts = await run_in_threadpool(prepare, state.engine, req, response_id, arrival, plan,
-                                      state.options.default_max_tokens, state.options.sampling_defaults)
+                                      state.options.default_max_tokens, state.options.sampling_defaults, structure)
     wants_logprobs = prompts[0].request.params.logprobs is not None
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     gen = Generation(response_id, int(time.time()), state.model_name, req.n, prompts, wants_logprobs, include_usage,
-                     state.formatter, plan, reasoning_parser(state, req, prompts))
+                     state.formatter, plan, reasoning_parser(state, req, prompts),
+                     structure.param if structure else None, unenforced)
     stream = state.engine.submit([p.request for p in prompts])
     observe(state, gen, req)
     return gen, stream
@@ -136,9 +149,10 @@ def default_tokens(room: int, cap: int) -> int:
 
 
 def sampling_params(req: SamplingFields, default_max_tokens: int, logprobs: int | None,
-                    plan: ToolPlan | None = None, model_defaults: dict[str, Any] | None = None) -> SamplingParams:
+                    model_defaults: dict[str, Any] | None = None,
+                    structure: StructuredOutput | None = None) -> SamplingParams:
     """model_defaults: {SamplingParams field: value} for the fields the request does not set (its
-    max_tokens: a cap on default_max_tokens)."""
+    max_tokens: a cap on default_max_tokens); structure: its grammar (request_structure)."""
     if isinstance(req, ChatCompletionRequest):
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     else:
@@ -154,10 +168,10 @@ def sampling_params(req: SamplingFields, default_max_tokens: int, logprobs: int 
         stop=req.stop if req.stop is not None else [],
         stop_token_ids=list(req.stop_token_ids or []), ignore_eos=req.ignore_eos, logprobs=logprobs,
         logit_bias=_logit_bias(req.logit_bias), skip_special_tokens=req.skip_special_tokens,
-        include_stop_str_in_output=req.include_stop_str_in_output, structured=_structure(req, plan))
+        include_stop_str_in_output=req.include_stop_str_in_output, structured=structure)
 
 
-def _structure(req: SamplingFields, plan: ToolPlan | None):
+def request_structure(req: SamplingFields, plan: ToolPlan | None) -> StructuredOutput | None:
     """The request's grammar: response_format / guided_*, or the one tool_choice enforces (not both)."""
     asked, tools = structured_output(req), tool_structure(req, plan) if plan is not None else None
     if asked is not None and tools is not None:

@@ -10,20 +10,12 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, Strict
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict
 
 from runtime.sampling_params import MAX_LOGPROBS
+from runtime.server.openai.json_checks import JsonObject, JsonText, Str
 from runtime.server.openai.protocol_tools import ResponseFormat, Tool, ToolCall, ToolCallDelta, ToolChoice
 from runtime.tokenizer.chat_options import RESERVED, ChatOptions
-
-
-def _unicode(value: str) -> str:
-    """JSON can carry lone surrogates ("\\ud800"); they are not text and the tokenizer rejects them."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError("text must be valid Unicode (it has a lone surrogate)") from None
-    return value
 
 
 def _integer(value: Any) -> Any:
@@ -47,7 +39,6 @@ TokenId = Annotated[int, Field(ge=0, le=2**31 - 1, json_schema_extra=TOKEN_ID), 
 TOKEN_ID_KEY = r"^(0|[1-9][0-9]{0,9})$"  # a token id as a JSON object key (logit_bias)
 Number = Annotated[float, Strict(), Field(allow_inf_nan=False)]
 Bool = Annotated[bool, Strict()]
-Str = Annotated[str, Strict(), AfterValidator(_unicode)]
 StopText = Annotated[Str, Field(min_length=1)]
 
 
@@ -89,7 +80,7 @@ class SamplingFields(BaseModel):
     include_stop_str_in_output: Bool = Field(False, description="keep the stop string that ended the output")
     # structured output: response_format (OpenAI) or one of vLLM's guided_* fields
     response_format: ResponseFormat | None = None
-    guided_json: dict[str, Any] | Str | None = Field(None, description="a JSON schema the output must match")
+    guided_json: JsonObject | JsonText | None = Field(None, description="a JSON schema the output must match")
     guided_regex: Str | None = None
     guided_choice: Annotated[list[Annotated[Str, Field(min_length=1)]], Field(min_length=1, max_length=MAX_BATCH)] \
         | None = None
@@ -162,7 +153,7 @@ class ChatTemplateFields(BaseModel):
     add_generation_prompt: Bool = Field(True, description="open the assistant's turn after the messages")
     continue_final_message: Bool = Field(False, description="leave the final message open for the model to "
                                          "continue (needs add_generation_prompt: false)")
-    chat_template_kwargs: dict[str, Any] | None = Field(
+    chat_template_kwargs: JsonObject | None = Field(
         None, description="extra chat template variables, e.g. {\"enable_thinking\": false}",
         json_schema_extra={"propertyNames": {"not": {"enum": sorted(RESERVED)}}})
 

@@ -2,9 +2,11 @@
 response_format, tools, tool_choice, assistant tool_calls."""
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, StringConstraints
+
+from runtime.server.openai.json_checks import JsonObject, JsonText, Str
 
 Name = Annotated[str, Strict(), StringConstraints(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_.-]+$")]
 
@@ -12,8 +14,8 @@ Name = Annotated[str, Strict(), StringConstraints(min_length=1, max_length=64, p
 class JsonSchemaFormat(BaseModel):
     model_config = ConfigDict(extra="allow", populate_by_name=True)
     name: Name
-    description: str | None = None
-    json_schema: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    description: Str | None = None
+    json_schema: JsonObject = Field(default_factory=dict, alias="schema")
     strict: Annotated[bool, Strict()] | None = None
 
 
@@ -26,8 +28,8 @@ class ResponseFormat(BaseModel):
 class FunctionDefinition(BaseModel):
     model_config = ConfigDict(extra="allow")
     name: Name
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
+    description: Str | None = None
+    parameters: JsonObject | None = None
     strict: Annotated[bool, Strict()] | None = None
 
 
@@ -52,12 +54,12 @@ ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
 
 
 class FunctionCall(BaseModel):
-    name: str
-    arguments: str  # JSON text, as OpenAI sends it
+    name: Str
+    arguments: JsonText  # JSON text, as OpenAI sends it
 
 
 class ToolCall(BaseModel):
-    id: str
+    id: Str
     type: Literal["function"] = "function"
     function: FunctionCall
 

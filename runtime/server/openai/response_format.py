@@ -2,9 +2,11 @@
 StructuredOutput, or None for free text. At most one of them may be set."""
 from __future__ import annotations
 
+import json
+
 from runtime.server.errors import APIError
 from runtime.server.openai.protocol import SamplingFields
-from structured import StructuredOutput
+from structured.spec import StructuredOutput
 
 GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
 
@@ -22,8 +24,12 @@ def structured_output(req: SamplingFields) -> StructuredOutput | None:
         if rf.json_schema is None or not rf.json_schema.json_schema:
             raise APIError(400, "response_format of type 'json_schema' needs 'json_schema': {'name', 'schema'}",
                            "response_format", "invalid_value")
-        return StructuredOutput.json_schema(rf.json_schema.json_schema)
+        # strict: false (not merely absent) opts into best effort: unenforceable keywords ignored, named
+        return StructuredOutput.json_schema(rf.json_schema.json_schema, best_effort=rf.json_schema.strict is False)
     if req.guided_json is not None:
+        if isinstance(req.guided_json, str) and not _is_object(req.guided_json):
+            raise APIError(400, "guided_json must be a JSON schema: an object, or its JSON text", "guided_json",
+                           "invalid_value")
         return StructuredOutput.json_schema(req.guided_json, "guided_json")
     if req.guided_regex is not None:
         return StructuredOutput("regex", req.guided_regex, "guided_regex")
@@ -32,3 +38,10 @@ def structured_output(req: SamplingFields) -> StructuredOutput | None:
     if req.guided_grammar is not None:
         return StructuredOutput("grammar", req.guided_grammar, "guided_grammar")
     return None
+
+
+def _is_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False

@@ -12,12 +12,13 @@ from starlette.background import BackgroundTask
 from runtime.outputs import CompletionOutput, RequestOutput
 from runtime.server.async_engine import AsyncEngine, RequestStream
 from runtime.server.errors import APIError, as_api_error, error_body
-from runtime.server.openai.generation import Generation, aborted_error, json_response
+from runtime.server.openai.generation import Generation, aborted_error, grammar_failure, json_response
 from runtime.server.openai.leniency import IGNORED_HEADER, header_value
 from runtime.server.openai.protocol import SamplingFields
 from runtime.server.state import ServerState
 
 DONE = "data: [DONE]\n\n"
+UNENFORCED_HEADER = "X-Unenforced-Schema-Keywords"  # what a best-effort (strict: false) schema had ignored
 
 
 def event(payload: dict[str, Any]) -> str:
@@ -37,6 +38,7 @@ class ChunkRenderer:
         self.gen = gen
         self.finished: set[int] = set()
         self.aborted = False  # a choice ended with "abort": the server stopped it (shutting down)
+        self.failed: APIError | None = None  # a choice's grammar gave up: an error event ends the stream
         self.completion_tokens = 0
         self.cached_tokens: dict[str, int] = {}  # engine request id -> its prompt tokens from the prefix cache
 
@@ -68,6 +70,9 @@ class ChunkRenderer:
                 self.finished.add(index)
                 self.aborted = self.aborted or c.finish_reason == "abort"
                 self.completion_tokens += len(c.token_ids)
+                if c.finish_reason == "error":  # no finish_reason but OpenAI's: the error event says why
+                    self.failed = self.failed or grammar_failure(self.gen, [out])
+                    continue
                 yield from _chunks(self.final(index, c))
 
     def end(self) -> Iterable[dict[str, Any]]:
@@ -95,8 +100,8 @@ async def sse_events(stream: RequestStream, renderer: ChunkRenderer, engine: Asy
                 yield event(payload)
         for payload in renderer.end():
             yield event(payload)
-        if renderer.aborted:
-            yield error_event(aborted_error(engine))
+        if renderer.aborted or renderer.failed:
+            yield error_event(renderer.failed or aborted_error(engine))
         yield DONE
     except Exception as exc:  # not CancelledError / GeneratorExit: those mean the client is gone
         yield error_event(as_api_error(exc))
@@ -118,8 +123,12 @@ async def respond(state: ServerState, body: SamplingFields, request: Request, ge
                   json_body: Callable[[Generation, dict[str, RequestOutput]], dict[str, Any]]) -> Response:
     """A started generation's answer: renderer(gen)'s events streamed, or json_body(gen, finals)."""
     if body.stream:
-        return sse_response(stream, renderer(gen), state.engine)
-    return await json_response(request, stream, state.engine, lambda finals: json_body(gen, finals))
+        response: Response = sse_response(stream, renderer(gen), state.engine)
+    else:
+        response = await json_response(request, stream, state.engine, gen, lambda finals: json_body(gen, finals))
+    if gen.unenforced:
+        response.headers[UNENFORCED_HEADER] = header_value(gen.unenforced, safe="._-[]/~$ ")  # "allOf at /a/b"
+    return response
 
 
 def with_ignored(response: Response, ignored: list[str]) -> Response:

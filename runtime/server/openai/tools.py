@@ -13,7 +13,7 @@ from typing import Any
 from runtime.server.errors import APIError
 from runtime.server.openai.protocol import ChatCompletionRequest
 from runtime.server.openai.tool_parsers import PARSERS, ToolParser
-from structured import StructuredOutput
+from structured.spec import StructuredOutput
 
 
 @dataclass(frozen=True)
@@ -56,13 +56,14 @@ def tool_structure(req: ChatCompletionRequest, plan: ToolPlan | None) -> Structu
         return None
     if plan.mode == "named":
         fn = next(t.function for t in req.tools if t.function.name == plan.name)
-        return StructuredOutput.json_schema(_parameters(fn), "tools")
+        return StructuredOutput.json_schema(_parameters(fn), "tools", best_effort=fn.strict is False)
     call = [{"type": "object", "properties": {"name": {"const": t.function.name}, "arguments": _parameters(t.function)},
              "required": ["name", "arguments"], "additionalProperties": False} for t in req.tools]
     schema = {"type": "array", "items": {"anyOf": call}, "minItems": 1}
     if not req.parallel_tool_calls:
         schema["maxItems"] = 1
-    return StructuredOutput.json_schema(schema, "tools")
+    lenient = all(t.function.strict is False for t in req.tools)  # every tool opted into best effort
+    return StructuredOutput.json_schema(schema, "tools", best_effort=lenient)
 
 
 def _call_text(message: dict[str, Any]) -> str:

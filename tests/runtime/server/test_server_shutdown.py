@@ -3,15 +3,17 @@ past the grace period are aborted, yet every stream ends with a final "abort" ch
 and [DONE], every JSON client gets an OpenAI-shaped 503, new requests get 503 engine_unavailable,
 and the process exits with status 0 without a traceback in its log."""
 import json
+import re
 import signal
 import tempfile
 import threading
+import time
 
 import httpx
 import pytest
 
 from profiling.benchmarks.bench_serving import start_server, stop_server
-from tests.server_utils import sse_payloads, write_tiny_model
+from tests.server_utils import sse_payloads, wait_for_chat_page, write_tiny_model
 
 LONG = {"max_tokens": 480, "ignore_eos": True, "temperature": 0}  # seconds of decoding: outlasts the grace
 
@@ -84,3 +86,25 @@ def test_sigint_when_idle_exits_0_at_once(serve):
     proc.send_signal(signal.SIGINT)
     assert proc.wait(15) == 0
     assert "Traceback" not in output()
+
+
+def test_sigterm_during_a_grammar_compile_kills_it_answers_json_503_and_exits(serve):
+    proc, url, output = serve
+    wait_for_chat_page(url)  # its mount holds the event loop for seconds: not what this measures
+    slow = {"prompt": "x", "max_tokens": 2, "guided_json": {"type": "string", "pattern": "^[a-z]{0,20000}$"}}
+    answers: list[httpx.Response] = []
+    client = threading.Thread(target=lambda: answers.append(httpx.post(url + "/v1/completions", json=slow, timeout=60)))
+    client.start()
+    deadline = time.monotonic() + 30
+    while not re.search(r"^cute_serve:grammar_compiles_running\{[^}]*\} 1\.0$", httpx.get(url + "/metrics").text, re.M):
+        assert time.monotonic() < deadline, "the compile never started"
+        time.sleep(0.1)
+    time.sleep(0.5)  # the ~30 s compile is under way in its worker
+    signalled = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(20) == 0
+    client.join(10)
+    assert time.monotonic() - signalled < 8  # the grace (1 s), the kill, the flush: not the compile's 30 s
+    assert answers[0].status_code == 503 and answers[0].headers["content-type"] == "application/json"
+    assert answers[0].json()["error"]["code"] == "engine_unavailable"
+    assert "Traceback" not in output(), output()[-3000:]

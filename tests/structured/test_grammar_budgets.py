@@ -1,0 +1,177 @@
+"""What one grammar may cost: size limits before a compile, a time limit that kills the compile's
+worker process, a cache bounded in bytes, a step's bounded wait for a mask (on the default model's
+real 49k vocabulary, where an ambiguous grammar's masks blow up), and the list of schema keywords
+xgrammar does not enforce kept true against xgrammar itself."""
+import json
+import time
+
+import psutil
+import pytest
+import torch
+
+from runtime.load import load_model
+from structured.compile import GrammarError
+from structured.keywords import UNENFORCED, unenforced_keywords
+from structured.limits import MAX_ENUM_VALUES, GrammarLimits
+from structured.processor import SLOW_MASKS, GrammarProcessor
+from structured.service import GrammarService
+from tests.tiny_engine import EOS, TINY_VOCAB, byte_tokenizer
+
+SLOW_SCHEMA = json.dumps({"type": "string", "pattern": "^[a-z]{0,20000}$"})  # 50 bytes, ~30 s to compile
+AMBIGUOUS = 'root ::= e\ne ::= e e e | e e | [a-z] | ""'  # the issue's 27-byte grammar
+
+
+def service(**limits) -> GrammarService:
+    return GrammarService(byte_tokenizer(), TINY_VOCAB, GrammarLimits(**limits))
+
+
+@pytest.mark.parametrize("kind, text, words", [
+    ("json_schema", json.dumps({"enum": [f"v{i}" for i in range(20_000)]}), "--max-grammar-bytes"),
+    ("json_schema", json.dumps({"enum": [f"v{i}" for i in range(MAX_ENUM_VALUES + 1)]}), "at most 1000"),
+    ("choice", json.dumps(["x" * 2000] * 8), "at most 15000 characters"),
+    ("grammar", "\n".join(f"r{i} ::= \"a\"" for i in range(1001)) + "\nroot ::= r0", "1000 rules"),
+    ("json_schema", json.dumps(json.loads("[" * 40 + "]" * 40)), "deeper than 32"),
+])
+def test_a_structure_over_a_size_limit_is_refused_at_once_naming_the_limit(kind, text, words):
+    svc = service()
+    started = time.monotonic()
+    with pytest.raises(GrammarError, match=words):
+        svc.submit(kind, text)
+    assert time.monotonic() - started < 0.5 and svc._pool is None  # nothing was compiled
+
+
+def test_a_compile_past_its_time_limit_is_killed_and_fails_fast_when_sent_again():
+    svc = service(compile_seconds=1.0, compile_workers=1)
+    try:
+        assert svc.compile("regex", "[ab]+") is not None  # the worker is up
+        worker = _worker(svc)
+        started = time.monotonic()
+        with pytest.raises(GrammarError, match="--max-grammar-compile-seconds"):
+            svc.compile("json_schema", SLOW_SCHEMA)
+        assert time.monotonic() - started < 5
+        assert not _alive(worker)  # killed, not left to run
+        started = time.monotonic()
+        with pytest.raises(GrammarError, match="--max-grammar-compile-seconds"):
+            svc.compile("json_schema", SLOW_SCHEMA)  # remembered: no second compile
+        assert time.monotonic() - started < 0.1
+        assert svc.compile("regex", "[cd]+") is not None  # a fresh worker serves the next one
+    finally:
+        svc.close()
+
+
+def test_a_compile_nobody_waits_for_is_killed_and_shared_ones_are_not():
+    svc = service(compile_workers=1)
+    try:
+        svc.compile("regex", "[ab]+")
+        first, second = svc.submit("json_schema", SLOW_SCHEMA), svc.submit("json_schema", SLOW_SCHEMA)
+        time.sleep(0.5)
+        worker = _worker(svc)
+        svc.cancel(first)
+        time.sleep(0.3)
+        assert worker.is_running() and svc.num_compiling == 1  # the second caller still waits for it
+        svc.cancel(second)
+        time.sleep(0.5)
+        assert not _alive(worker)  # its process was killed
+        assert svc.num_compiling == 0 and svc.compile("regex", "[cd]+") is not None
+    finally:
+        svc.close()
+
+
+def test_the_cache_is_bounded_in_bytes_not_entries():
+    one = service().compile("json_schema", json.dumps({"enum": ["x" * 40 + str(i) for i in range(200)]}))
+    svc = service(cache_bytes=3 * one.memory_size_bytes)
+    try:
+        for n in range(8):
+            svc.compile("json_schema", json.dumps({"enum": [f"{'x' * 40}{i}-{n}" for i in range(200)]}))
+        assert 0 < svc.cache.bytes <= 3 * one.memory_size_bytes and len(svc.cache) <= 3
+    finally:
+        svc.close()
+
+
+@pytest.fixture(scope="module")
+def ambiguous():
+    """(the ambiguous grammar compiled over the real vocabulary, a two-letter token of it)."""
+    _, _, tokenizer, _ = load_model(None)  # the real vocabulary: single-byte tokens never blow up
+    svc = GrammarService(tokenizer, 49152)
+    try:
+        return svc.compile("grammar", AMBIGUOUS), tokenizer.encode("ab", add_special_tokens=False)[0]
+    finally:
+        svc.close()
+
+
+def test_a_step_waits_a_bounded_time_for_a_slow_mask_and_the_sequence_ends_with_error(ambiguous):
+    compiled, letter = ambiguous
+    slow = GrammarProcessor(compiled, [0], wait=0.05)
+    for _ in range(60):  # each mask now takes ~1 s
+        assert slow.matcher.accept_token(letter)
+    quick = GrammarProcessor(compiled, [0], wait=0.05)
+    logits = torch.zeros(2, 49152)
+    started = time.monotonic()
+    GrammarProcessor.apply_batch(logits, [0, 1], [slow, quick])
+    assert time.monotonic() - started < 0.5  # not the second the mask takes
+    assert torch.isinf(logits[1]).any() and not torch.isinf(logits[0]).any()  # the quick row is masked
+    assert not slow.accept(letter) and slow.ending()[0] == "error" and "--max-mask-wait-ms" in slow.ending()[1]
+    assert quick.accept(letter)
+
+
+def test_masks_in_time_but_each_slower_than_the_wait_end_the_sequence_after_three(ambiguous):
+    compiled, letter = ambiguous
+    proc = GrammarProcessor(compiled, [0], wait=0.05)
+    for _ in range(40):  # each mask now takes ~0.3 s
+        assert proc.matcher.accept_token(letter)
+    for step in range(SLOW_MASKS):
+        proc.prefetch()
+        proc._next_mask.result()  # a forward pass longer than the fill: the mask is in time
+        logits = torch.zeros(1, 49152)
+        GrammarProcessor.apply_batch(logits, [0], [proc])
+        assert torch.isinf(logits[0]).any()  # masked: it was not late
+        assert proc.accept(letter) == (step < SLOW_MASKS - 1)
+    assert proc.ending()[0] == "error" and f"{SLOW_MASKS} of its grammar's token masks" in proc.ending()[1]
+
+
+def test_every_keyword_listed_as_unenforced_is_not_enforced_by_xgrammar():
+    # Each keyword with an instance that breaks it: xgrammar's matcher accepts the instance. When a
+    # new xgrammar enforces one, this fails and the keyword leaves UNENFORCED.
+    cases = {"allOf": ({"allOf": [{"type": "integer", "minimum": 0}, {"type": "integer", "maximum": 10}]}, "11"),
+             "not": ({"type": "integer", "not": {"const": 3}}, "3"),
+             "if": ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                     "if": {"properties": {"a": {"const": 1}}}, "then": {"required": ["b"]}}, '{"a": 1}'),
+             "multipleOf": ({"type": "integer", "multipleOf": 7}, "15"),
+             "uniqueItems": ({"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, "[1, 1]"),
+             "contains": ({"type": "array", "items": {"type": "integer"}, "contains": {"const": 5}}, "[1]"),
+             "dependentRequired": ({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                                    "dependentRequired": {"a": ["b"]}}, '{"a": 1}')}
+    svc = service()
+    try:
+        for keyword, (schema, breaking) in cases.items():
+            matcher = __import__("xgrammar").GrammarMatcher(svc.compile("json_schema", json.dumps(schema)))
+            assert matcher.accept_string(breaking), keyword
+            assert keyword in UNENFORCED and any(f.startswith(keyword) for f in unenforced_keywords(schema))
+    finally:
+        svc.close()
+    assert unenforced_keywords({"properties": {"not": {"type": "string"}}}) == []  # a property, not a keyword
+    assert unenforced_keywords({"$defs": {"a/b": {"multipleOf": 2}}}) == ["multipleOf at /$defs/a~1b"]
+
+
+def _worker(svc: GrammarService) -> psutil.Process:
+    """The pool's one worker process."""
+    (pid,) = svc.worker_pids()
+    return psutil.Process(pid)
+
+
+def test_masks_of_a_compiled_grammar_match_xgrammar_in_process():
+    svc = service()
+    try:
+        proc = GrammarProcessor(svc.compile("regex", "[a-c]+"), [EOS])
+    finally:
+        svc.close()
+    row = torch.zeros(TINY_VOCAB)
+    proc(row)
+    assert torch.isfinite(row).nonzero().flatten().tolist() == [ord("a"), ord("b"), ord("c")]
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
