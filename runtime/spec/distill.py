@@ -1,0 +1,65 @@
+"""Self-distillation data for the draft heads: the target answers the training prompts (runtime/spec/prompts.py)
+through the engine itself, at several temperatures, and its final hidden state at every response position
+is recorded on the way (HiddenTap), as the decode path computes it at inference time."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from runtime.engine import LLMEngine
+from runtime.sampling_params import SamplingParams
+from runtime.spec.hidden_tap import HiddenTap
+
+
+@dataclass
+class Samples:
+    """Responses packed end to end: row i of `hidden` is the target's state that sampled `tokens[i]`."""
+
+    hidden: torch.Tensor  # [N, hidden] float16
+    tokens: torch.Tensor  # [N] int64
+    starts: torch.Tensor  # [responses + 1] where each response begins
+    temperatures: torch.Tensor  # [responses] what each was sampled at
+
+    def split(self, every: int) -> tuple[Samples, Samples]:
+        """(the rest, every `every`-th response): a held-out set for evaluation."""
+        held = [i for i in range(len(self.temperatures)) if i % every == every - 1]
+        rest = [i for i in range(len(self.temperatures)) if i % every != every - 1]
+        return self.subset(rest), self.subset(held)
+
+    def subset(self, which: list[int]) -> Samples:
+        spans = [(int(self.starts[i]), int(self.starts[i + 1])) for i in which]
+        idx = torch.cat([torch.arange(a, b) for a, b in spans]) if spans else torch.empty(0, dtype=torch.long)
+        lengths = torch.tensor([b - a for a, b in spans], dtype=torch.long)
+        return Samples(self.hidden[idx], self.tokens[idx], torch.cat([torch.zeros(1, dtype=torch.long),
+                       lengths.cumsum(0)]), self.temperatures[which])
+
+
+def collect(engine: LLMEngine, prompts: list[list[int]], temperatures: list[float], max_tokens: int,
+            seed: int = 0) -> Samples:
+    """Every prompt answered once at each temperature, hidden states recorded; the engine's runner is tapped."""
+    tap = engine.runner if isinstance(engine.runner, HiddenTap) else HiddenTap(engine.runner, engine.model_runner)
+    engine.runner = tap
+    seqs, states = {}, {}
+    for i, (ids, temp) in enumerate((p, t) for t in temperatures for p in prompts):
+        rid = f"distill-{i}"
+        engine.add_request(rid, ids, SamplingParams(temperature=temp, max_tokens=max_tokens, seed=seed + i))
+        seq = engine.requests[rid].choices[0].seq
+        seqs[seq.seq_id], states[seq.seq_id] = (seq, temp), {}
+    while engine.has_unfinished_requests():
+        engine.step()
+        for seq_id, (first, rows) in tap.rows.items():
+            for j in range(rows.shape[0]):
+                states[seq_id][first + j] = rows[j].to(torch.float16)
+    hidden, tokens, lengths, temps = [], [], [], []
+    for seq_id, (seq, temp) in seqs.items():
+        start, out = seq.num_prompt_tokens - 1, seq.token_ids[seq.num_prompt_tokens:]
+        got = states[seq_id]
+        if not out or any(start + j not in got for j in range(len(out))):
+            continue  # (not expected: every sampled row is recorded)
+        hidden += [got[start + j] for j in range(len(out))]
+        tokens += out
+        lengths.append(len(out))
+        temps.append(temp)
+    starts = torch.cat([torch.zeros(1, dtype=torch.long), torch.tensor(lengths, dtype=torch.long).cumsum(0)])
+    return Samples(torch.stack(hidden).cpu(), torch.tensor(tokens), starts, torch.tensor(temps))
