@@ -48,6 +48,8 @@ class EngineStats:
     spec_proposed: int = 0
     spec_accepted: int = 0
     spec_verify_steps: int = 0  # (sequence, step) pairs that verified drafts
+    spec_proposed_by_pos: list[int] = field(default_factory=list)  # drafts verified at each draft position
+    spec_accepted_by_pos: list[int] = field(default_factory=list)  # of which accepted
     prefix_cache_queries: int = 0  # prompt tokens looked up
     prefix_cache_hits: int = 0  # of which found in the cache
     prefix_cache_evictions: int = 0  # cached blocks dropped for a fresh allocation (filled by snapshots)
@@ -77,10 +79,16 @@ class EngineStats:
     def spec_mean_accepted_len(self) -> float:
         return self.spec_accepted / self.spec_verify_steps if self.spec_verify_steps else 0.0
 
+    @property
+    def spec_acceptance_by_pos(self) -> list[float]:
+        accepted = self.spec_accepted_by_pos + [0] * len(self.spec_proposed_by_pos)
+        return [a / p if p else 0.0 for a, p in zip(accepted, self.spec_proposed_by_pos)]
+
     def copy(self, **gauges) -> "EngineStats":
         """A frozen-in-time copy with the given gauges set."""
         out = copy.copy(self)
         out.finished, out.times = dict(self.finished), copy.copy(self.times)
+        out.spec_proposed_by_pos, out.spec_accepted_by_pos = list(self.spec_proposed_by_pos), list(self.spec_accepted_by_pos)
         for name, value in gauges.items():
             setattr(out, name, value)
         return out

@@ -50,6 +50,12 @@ class EngineCollector(Collector):
         yield _counter("spec_decode_num_accepted_tokens", "Speculative tokens accepted.", s.spec_accepted)
         yield _gauge("spec_decode_mean_accepted_length", "Accepted drafts per verification step.",
                      s.spec_mean_accepted_len)
+        by_pos = GaugeMetricFamily(PREFIX + "spec_decode_acceptance_by_position",
+                                   "Accepted / verified speculative tokens at each draft position (0-based).",
+                                   labels=["position"])
+        for j, rate in enumerate(s.spec_acceptance_by_pos):
+            by_pos.add_metric([str(j)], rate)
+        yield by_pos
         yield _gauge("prefix_cache_blocks", "KV blocks findable in the prefix cache.", s.prefix_cached_blocks)
         yield _counter("prefix_cache_evictions", "Cached blocks evicted for fresh allocations.", s.prefix_cache_evictions)
         yield _counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", s.prefix_cache_queries)
