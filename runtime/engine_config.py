@@ -77,7 +77,7 @@ class EngineConfig:
     num_speculative_tokens: int = flag(4, "draft tokens per step (default: %(default)s)")
     draft_model: str | None = flag(None, "draft model path for --speculative draft")
     speculative_model: str | None = flag(None, "trained heads for --speculative medusa|eagle (default: the "
-                                         "default model's, built by python -m runtime.spec.train)")
+                                         "default model's, shipped in runtime/spec/data/)")
     ngram_min: int = flag(1, "smallest n-gram to match (default: %(default)s)")
     ngram_max: int = flag(4, "largest n-gram to match (default: %(default)s)")
     tensor_parallel_size: int = flag(1, "split the model over N processes (torch.distributed: gloo on the CPU, NCCL over "

@@ -41,6 +41,8 @@ def _args(argv=None) -> argparse.Namespace:
     ap.add_argument("--kind", default="both", choices=(*KINDS, "both"))
     ap.add_argument("--prompts", type=int, default=400)
     ap.add_argument("--temperatures", default="0,0.7,1.0")
+    ap.add_argument("--seed", type=int, default=0, help="which prompts (a shuffle of them) and the sampling seeds")
+    ap.add_argument("--data-minutes", type=float, default=float("inf"), help="cut generation after this long")
     ap.add_argument("--max-tokens", type=int, default=160)
     ap.add_argument("--heads", type=int, default=4, help="Medusa heads / EAGLE unrolled steps")
     ap.add_argument("--draft-vocab", type=int, default=4096)
@@ -49,7 +51,8 @@ def _args(argv=None) -> argparse.Namespace:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--out", default=CACHE)
-    ap.add_argument("--data-cache", default=None, help="a .pt file: load the data from it if present, else save it there")
+    ap.add_argument("--data-cache", default=None, help="a .pt file: load the data from it if present, else save it "
+                    "there; several, comma-separated: their data together")
     ap.add_argument("--json", default=None)
     ap.add_argument("--smoke", action="store_true", help="a seconds-long run of every stage (CI)")
     args = ap.parse_args(argv)
@@ -60,12 +63,13 @@ def _args(argv=None) -> argparse.Namespace:
 
 
 def data(args, engine, tokenizer) -> Samples:
-    if args.data_cache and os.path.exists(args.data_cache):
-        return Samples(**torch.load(args.data_cache))
-    prompts = [tokenizer.encode_chat([{"role": "user", "content": p}]) for p in training_prompts(args.prompts)]
+    if args.data_cache and all(os.path.exists(p) for p in args.data_cache.split(",")):
+        return Samples.concat([Samples(**torch.load(p)) for p in args.data_cache.split(",")])
+    prompts = [tokenizer.encode_chat([{"role": "user", "content": p}])
+               for p in training_prompts(args.prompts, args.seed)]
     temps = [float(t) for t in args.temperatures.split(",")]
     t0 = time.perf_counter()
-    samples = collect(engine, prompts, temps, args.max_tokens)
+    samples = collect(engine, prompts, temps, args.max_tokens, args.seed, args.data_minutes * 60)
     print(f"data: {len(samples.temperatures)} answers, {samples.tokens.shape[0]} tokens in "
           f"{time.perf_counter() - t0:.0f} s")
     if args.data_cache:

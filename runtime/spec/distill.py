@@ -3,6 +3,7 @@ through the engine itself, at several temperatures, and its final hidden state a
 is recorded on the way (HiddenTap), as the decode path computes it at inference time."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +22,13 @@ class Samples:
     starts: torch.Tensor  # [responses + 1] where each response begins
     temperatures: torch.Tensor  # [responses] what each was sampled at
 
+    @staticmethod
+    def concat(parts: list[Samples]) -> Samples:
+        offsets = torch.tensor([0] + [int(p.starts[-1]) for p in parts]).cumsum(0)
+        starts = torch.cat([parts[0].starts[:1]] + [p.starts[1:] + o for p, o in zip(parts, offsets)])
+        return Samples(torch.cat([p.hidden for p in parts]), torch.cat([p.tokens for p in parts]), starts,
+                       torch.cat([p.temperatures for p in parts]))
+
     def split(self, every: int) -> tuple[Samples, Samples]:
         """(the rest, every `every`-th response): a held-out set for evaluation."""
         held = [i for i in range(len(self.temperatures)) if i % every == every - 1]
@@ -36,27 +44,32 @@ class Samples:
 
 
 def collect(engine: LLMEngine, prompts: list[list[int]], temperatures: list[float], max_tokens: int,
-            seed: int = 0) -> Samples:
-    """Every prompt answered once at each temperature, hidden states recorded; the engine's runner is tapped."""
+            seed: int = 0, seconds: float = float("inf")) -> Samples:
+    """Every prompt answered once at each temperature, hidden states recorded; the engine's runner is tapped.
+    After `seconds` the answers still running are cut where they are (what they have is as good)."""
+    deadline = time.perf_counter() + seconds
     tap = engine.runner if isinstance(engine.runner, HiddenTap) else HiddenTap(engine.runner, engine.model_runner)
     engine.runner = tap
     seqs, states = {}, {}
-    for i, (ids, temp) in enumerate((p, t) for t in temperatures for p in prompts):
+    for i, (ids, temp) in enumerate((p, t) for p in prompts for t in temperatures):
         rid = f"distill-{i}"
         engine.add_request(rid, ids, SamplingParams(temperature=temp, max_tokens=max_tokens, seed=seed + i))
         seq = engine.requests[rid].choices[0].seq
         seqs[seq.seq_id], states[seq.seq_id] = (seq, temp), {}
     while engine.has_unfinished_requests():
+        if time.perf_counter() > deadline:
+            for rid in list(engine.requests):
+                engine.abort_request(rid)
         engine.step()
         for seq_id, (first, rows) in tap.rows.items():
             for j in range(rows.shape[0]):
                 states[seq_id][first + j] = rows[j].to(torch.float16)
     hidden, tokens, lengths, temps = [], [], [], []
     for seq_id, (seq, temp) in seqs.items():
-        start, out = seq.num_prompt_tokens - 1, seq.token_ids[seq.num_prompt_tokens:]
-        got = states[seq_id]
-        if not out or any(start + j not in got for j in range(len(out))):
-            continue  # (not expected: every sampled row is recorded)
+        start, out, got = seq.num_prompt_tokens - 1, seq.token_ids[seq.num_prompt_tokens:], states[seq_id]
+        out = out[:next((j for j in range(len(out)) if start + j not in got), len(out))]  # all, unless cut short
+        if not out:
+            continue
         hidden += [got[start + j] for j in range(len(out))]
         tokens += out
         lengths.append(len(out))

@@ -1,4 +1,4 @@
-"""Draft heads trained on the target's own final hidden states (runtime/spec/train.py), and their file.
+"""Draft heads trained on the target's own final hidden states (profiling/quality/train_heads.py), and their file.
 
 Both end in the target's tied LM head, cut to a draft vocabulary (the tokens the target emits most in the
 training data): its rows come from the target's embedding table at load, so a file holds only the heads.

@@ -1,4 +1,4 @@
-"""The self-distillation prompts (runtime/spec/train.py): instruction templates over topics, and tasks over
+"""The self-distillation prompts (profiling/quality/train_heads.py): instruction templates over topics, and tasks over
 the shipped public-domain passages (data/public_domain.txt). A few hundred of each, shuffled by seed;
 profiling/benchmarks/bench_spec.py's chat prompts are none of these (its topics are held out)."""
 from __future__ import annotations
