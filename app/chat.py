@@ -6,9 +6,11 @@ line under each reply never leaks into the next prompt.
 from __future__ import annotations
 
 import itertools
+import time
 from dataclasses import dataclass
 from typing import AsyncIterator
 
+from app.latency_chart import seconds_text
 from runtime.errors import UserError
 from runtime.outputs import RequestOutput
 from runtime.sampling_params import SamplingParams
@@ -34,14 +36,14 @@ def metrics_line(out: RequestOutput) -> str:
     n = m.get("num_output_tokens") or len(out.outputs[0].token_ids)
     ttft, tpot = m.get("ttft"), m.get("tpot")
     rate = (n - 1) / (m["e2e"] - ttft) if n > 1 and m.get("e2e") and ttft is not None and m["e2e"] > ttft else None
-    parts = [f"TTFT {ttft * 1000:.0f} ms" if ttft is not None else "TTFT -",
-             f"TPOT {tpot * 1000:.0f} ms" if tpot is not None else "TPOT -",
+    parts = [f"TTFT {seconds_text(ttft)}", f"TPOT {seconds_text(tpot)}",
              f"{n} tokens", f"{rate:.1f} tok/s" if rate else "- tok/s"]
     return " · ".join(parts)
 
 
-def _prepare(engine: AsyncEngine, convo: list[dict], s: ChatSettings) -> EngineRequest:
-    """Tokenize and validate; raises UserError with a message fit for the chat."""
+def _prepare(engine: AsyncEngine, convo: list[dict], s: ChatSettings, arrival: float) -> EngineRequest:
+    """Tokenize and validate; raises UserError with a message fit for the chat. arrival: when the
+    message was taken, before templating, as the API counts a request's TTFT from its arrival."""
     limits = engine.limits
     messages = ([{"role": "system", "content": s.system}] if s.system.strip() else []) + convo
     prompt_ids = limits.encode_chat(messages)
@@ -54,7 +56,7 @@ def _prepare(engine: AsyncEngine, convo: list[dict], s: ChatSettings) -> EngineR
     params = SamplingParams(max_tokens=min(int(s.max_tokens), room), temperature=float(s.temperature),
                             top_p=float(s.top_p), seed=seed, speculative=bool(s.speculative),
                             structured=StructuredOutput("json") if s.json_mode else None)
-    return EngineRequest(f"chat-{next(_ids)}", engine.admit(prompt_ids, params))
+    return EngineRequest(f"chat-{next(_ids)}", engine.admit(prompt_ids, params), arrival)
 
 
 @dataclass
@@ -116,10 +118,11 @@ async def reply(sessions: ChatSessions, session: str, message: str, display: lis
 
 async def _stream_turn(engine: AsyncEngine, turn: Turn, message: str, display: list[dict], convo: list[dict],
                        settings: ChatSettings) -> AsyncIterator[tuple[list[dict], list[dict], str | None]]:
+    arrival = time.perf_counter()
     convo = convo + [{"role": "user", "content": message}]
     display = display + [{"role": "user", "content": message}, {"role": "assistant", "content": ""}]
     try:
-        request = _prepare(engine, convo, settings)
+        request = _prepare(engine, convo, settings, arrival)
         stream = engine.submit([request])
     except (UserError, QueueFullError, EngineUnavailableError) as exc:  # e.g. the server is shutting down
         display[-1] = {"role": "assistant", "content": f"⚠️ {exc}"}

@@ -8,10 +8,22 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from app.block_map import render
-from app.latency_chart import latency_frame
+from app.latency_chart import CHARTS, Chart, latency_chart, seconds_text
 from app.latency_window import LatencyWindow
+from runtime.engine_stats import EngineStats
 from runtime.server.async_engine import AsyncEngine
 from runtime.server.metrics import ServerMetrics
+
+
+def proposer_text(engine: AsyncEngine) -> str:
+    """The proposer in use ("ngram, 4 tokens a step") or "off"; fixed at start."""
+    name = engine.describe()["speculative"]
+    return name if name == "off" else f"{name}, {engine.engine.config.num_speculative_tokens} tokens a step"
+
+
+def acceptance_text(s: EngineStats) -> str:
+    """Accepted / proposed drafts since start, with the count behind the rate."""
+    return f"{s.spec_acceptance_rate:.0%} of {s.spec_proposed}" if s.spec_proposed else "-"
 
 
 @dataclass
@@ -21,13 +33,18 @@ class LivePanel:
     engine: AsyncEngine
     metrics: ServerMetrics
     latency: LatencyWindow = field(init=False)
+    proposer: str = field(init=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False)
     _last: tuple[float, int] | None = None
     _rate: float = 0.0
     _map: tuple[np.ndarray, np.ndarray] | None = None  # (block states, the map drawn from them)
 
     def __post_init__(self) -> None:
+        # the engine's TTFT (first token - arrival), as every request's metrics carry it: what the
+        # chat footers show too; API clients that time the first streamed chunk agree once that
+        # chunk carries the first token
         self.latency = LatencyWindow({"ttft": self.metrics.ttft, "tpot": self.metrics.tpot})
+        self.proposer = proposer_text(self.engine)
 
     def tokens_per_second(self, generated: int) -> float:
         now = time.monotonic()
@@ -49,19 +66,23 @@ class LivePanel:
                 f'<div style="background:#eee;height:14px;border-radius:4px">'
                 f'<div style="background:#f0a030;width:{pct:.2f}%;height:14px;border-radius:4px"></div></div></div>')
 
+    def stat_groups(self, s: EngineStats) -> list[list[tuple[str, str]]]:
+        """The stats row as groups of (header, value) cells, one table each, read from one snapshot:
+        what the engine comes to count (a KV tier's hit rate, acceptance by draft position, the
+        instance's KV role) is one more cell or group."""
+        load = [("run", str(s.num_requests_running)), ("wait", str(s.num_requests_waiting)),
+                ("tok/s", f"{self.tokens_per_second(s.generated_tokens):.1f}"),
+                ("prefix hits", f"{s.prefix_cache_hit_rate:.1%}")]
+        speculation = [("proposer", self.proposer), ("drafts accepted", acceptance_text(s))]
+        return [load, speculation]
+
     def stats_markdown(self) -> str:
-        s = self.engine.snapshot()
+        tables = [f"| {' | '.join(h for h, _ in cells)} |\n|{'---|' * len(cells)}\n| {' | '.join(v for _, v in cells)} |"
+                  for cells in self.stat_groups(self.engine.snapshot())]
         lat = self.latency.latest()
-
-        def ms(key: str) -> str:
-            v = lat.get(key)
-            return f"{v * 1000:.0f}" if v is not None else "-"
-
-        return (f"| run | wait | tok/s | prefix hits | spec accept |\n|---|---|---|---|---|\n"
-                f"| {s.num_requests_running} | {s.num_requests_waiting} | {self.tokens_per_second(s.generated_tokens):.1f} "
-                f"| {s.prefix_cache_hit_rate:.1%} | {s.spec_acceptance_rate:.1%} |\n\n"
-                f"TTFT p50/p95 {ms('ttft_p50')}/{ms('ttft_p95')} ms · TPOT p50/p95 {ms('tpot_p50')}/{ms('tpot_p95')} ms "
-                f"(last {self.latency.window_s:.0f} s)")
+        quantiles = " · ".join(f"{title} p50/p95 {seconds_text(lat.get(f'{name}_p50'))} / "
+                               f"{seconds_text(lat.get(f'{name}_p95'))}" for name, title in CHARTS.items())
+        return "\n\n".join([*tables, f"{quantiles} (last {self.latency.window_s:.0f} s)"])
 
     def block_map(self) -> np.ndarray:
         """Redrawn only when the engine has published new block states (see AsyncEngine.snapshot)."""
@@ -71,6 +92,9 @@ class LivePanel:
                 self._map = (states, render(states))
             return self._map[1]
 
-    def refresh(self):
+    def refresh(self) -> tuple[str, np.ndarray, str, list[Chart]]:
+        """(KV usage HTML, block map, stats row, one chart per CHARTS entry)."""
         self.latency.sample()
-        return self.kv_usage_html(), self.block_map(), self.stats_markdown(), latency_frame(self.latency.points())
+        points = self.latency.points()
+        return (self.kv_usage_html(), self.block_map(), self.stats_markdown(),
+                [latency_chart(points, name) for name in CHARTS])

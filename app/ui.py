@@ -9,8 +9,8 @@ from fastapi import FastAPI
 from app.block_map import STATE_COLORS, STATE_NAMES
 from app.chat import ChatSessions, ChatSettings, reply
 from app.gradio_guards import quiet_input_errors, refuse_uploads
-from app.ladder_summary import ladder_markdown
-from app.latency_chart import X_LIM, latency_frame
+from app.ladder_summary import LADDER_JSON, ladder_markdown, model_identity
+from app.latency_chart import CHARTS, X_LIM, Chart, latency_chart
 from app.panel import LivePanel
 from runtime.server.async_engine import AsyncEngine
 from runtime.server.late_page import MountPage
@@ -32,8 +32,21 @@ def legend_html() -> str:
     return f"<div style='font-size:12px'>{cells}</div>"
 
 
-def build_ui(engine: AsyncEngine, metrics: ServerMetrics) -> gr.Blocks:
+def chart_update(chart: Chart) -> gr.LinePlot:
+    """A new y range or unit rebuilds the chart's layout around its labels (app/latency_chart.py)."""
+    return gr.LinePlot(chart.frame, y_lim=chart.y_lim, y_title=chart.title)
+
+
+def latency_plot(chart: Chart, name: str, window_s: float) -> gr.LinePlot:
+    # no height: a fixed one clips the legend below the axis
+    return gr.LinePlot(chart.frame, x="t", y="latency", color="series", x_lim=X_LIM, y_lim=chart.y_lim,
+                       x_title="seconds ago", y_title=chart.title, color_title="", elem_id=f"{name}-plot",
+                       label=f"recent {CHARTS[name]} (P50 and P95 of the last {window_s:.0f} s)")
+
+
+def build_ui(engine: AsyncEngine, metrics: ServerMetrics, ladder_path: str = LADDER_JSON) -> gr.Blocks:
     panel = LivePanel(engine, metrics)
+    served = model_identity(engine.engine.model_config)  # immutable once loaded: safe off the engine thread
     has_proposer = engine.describe()["speculative"] != "off"
     with gr.Blocks(title="cute-serve") as demo:
         gr.Markdown("## cute-serve")
@@ -60,13 +73,10 @@ def build_ui(engine: AsyncEngine, metrics: ServerMetrics) -> gr.Blocks:
                 blocks = gr.Image(label="KV block map", elem_id="block-map", interactive=False, height=260)
                 gr.HTML(legend_html())
                 stats = gr.Markdown(elem_id="live-stats")
-                # no height: a fixed one clips the legend below the axis
-                plot = gr.LinePlot(latency_frame([]), x="t", y="ms", color="series", x_lim=X_LIM,
-                                   x_title="seconds ago", y_title="ms", color_title="", elem_id="latency-plot",
-                                   label="recent TTFT / TPOT (P50, P95)")
+                plots = [latency_plot(latency_chart([], name), name, panel.latency.window_s) for name in CHARTS]
         with gr.Accordion("About this engine", open=False):
             gr.Markdown(about_markdown(engine), elem_id="about")
-            gr.Markdown(ladder_markdown(), elem_id="about-ladder")  # empty until the ladder script has run
+            ladder = gr.Markdown(elem_id="about-ladder")  # read at each page load: a new run shows on reload
 
         settings = [system, temperature, top_p, max_tokens, seed, speculative, json_mode]
 
@@ -94,17 +104,22 @@ def build_ui(engine: AsyncEngine, metrics: ServerMetrics) -> gr.Blocks:
         stop.click(stop_turn, None, None, queue=False)
         clear.click(clear_chat, None, [chat, convo, msg], queue=False)
 
+        def refresh():
+            kv_html, block_map, stats_md, charts = panel.refresh()
+            return kv_html, block_map, stats_md, *map(chart_update, charts)
+
         timer = gr.Timer(1.0)
-        timer.tick(panel.refresh, None, [kv, blocks, stats, plot], show_progress="hidden")
-        demo.load(panel.refresh, None, [kv, blocks, stats, plot])
+        timer.tick(refresh, None, [kv, blocks, stats, *plots], show_progress="hidden")
+        demo.load(refresh, None, [kv, blocks, stats, *plots])
+        demo.load(lambda: ladder_markdown(served, ladder_path), None, ladder)
     return demo
 
 
-def prepare_chat_ui(app: FastAPI, engine: AsyncEngine) -> MountPage:
+def prepare_chat_ui(app: FastAPI, engine: AsyncEngine, ladder_path: str = LADDER_JSON) -> MountPage:
     """runtime.server.app.create_app's UI hook, run on a thread once the server answers: builds the page
     and returns what mounts it at "/" on the event loop. The app's middleware (API key, Host check,
-    CORS, body caps) guards the page's routes too."""
-    demo = build_ui(engine, app.state.server.metrics)
+    CORS, body caps) guards the page's routes too. ladder_path: the ladder JSON the About panel reads."""
+    demo = build_ui(engine, app.state.server.metrics, ladder_path)
     quiet_input_errors(demo)
 
     def mount(app: FastAPI) -> FastAPI:

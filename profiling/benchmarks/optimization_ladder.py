@@ -11,7 +11,9 @@ ladder in one process, each rung adding one optimization to the one before:
 Per rung: output tok/s, TTFT and TPOT P50/P99 (every request arrives at t=0, so TTFT includes the
 queue), KV reserved vs holding tokens (time-averaged over steps; profiling/common/kv_occupancy.py) and the
 speed-up over rung 1. Greedy, ignore_eos: every rung generates exactly the same number of tokens.
---smoke: a tiny random-weight model and a few requests, in seconds (CI).
+--smoke: a tiny random-weight model and a few requests, in seconds (CI); its results go to
+profiling/out/smoke/, never to profiling/out/ladder.json, the file the chat page's About panel shows
+(and only when it measured the served model: profiling/common/ladder_files.py records which, where, when).
 """
 from __future__ import annotations
 
@@ -28,11 +30,13 @@ import torch  # noqa: E402
 
 from profiling.common.engine_workload import warm_up  # noqa: E402
 from profiling.common.kv_occupancy import OccupancyMeter  # noqa: E402
+from profiling.common.ladder_files import output_paths, run_record  # noqa: E402
 from profiling.common.ladder_plot import plot_ladder  # noqa: E402
 from profiling.common.ladder_workload import LadderRequest, LadderShape, describe, ladder_workload  # noqa: E402
-from profiling.common.report_files import OUT, write_report  # noqa: E402
+from profiling.common.report_files import write_report  # noqa: E402
 from profiling.common.workloads import percentile  # noqa: E402
-from runtime.build import build_engine
+from runtime.build import build_engine  # noqa: E402
+from runtime.device import resolve_device  # noqa: E402
 from runtime.engine import LLMEngine  # noqa: E402
 from runtime.engine_config import EngineConfig  # noqa: E402
 from runtime.errors import UserError  # noqa: E402
@@ -149,7 +153,8 @@ def format_row(row: dict, base: dict) -> str:
 
 
 def engine_factory(args) -> tuple:
-    """(make_engine(config overrides) -> LLMEngine, tokenizer, model name) for the real or the tiny model."""
+    """(make_engine(config overrides) -> LLMEngine, tokenizer, model name, its ModelConfig) for the real or the
+    tiny model."""
     if args.smoke and args.model is None:
         from tests.tiny_engine import byte_tokenizer, tiny_weights  # the unit tests' 2-layer random model
 
@@ -162,7 +167,7 @@ def engine_factory(args) -> tuple:
         name = os.path.basename(path)
     common = dict(kv_cache_memory=args.kv_bytes, max_num_seqs=args.max_num_seqs, log_ledger=False,
                   max_num_batched_tokens=args.max_num_batched_tokens, device=args.device)
-    return lambda config: build_engine(EngineConfig(**common, **config), cfg, dict(tensors), tok), tok, name
+    return lambda config: build_engine(EngineConfig(**common, **config), cfg, dict(tensors), tok), tok, name, cfg
 
 
 def main() -> None:
@@ -184,10 +189,14 @@ def main() -> None:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch threads (default: torch's; 1 keeps ratios steady on a shared, busy machine)")
-    ap.add_argument("--json", default=os.path.join(OUT, "ladder.json"))
-    ap.add_argument("--png", default=os.path.join(OUT, "ladder.png"))
+    ap.add_argument("--json", default=None, help="default profiling/out/ladder.json (--smoke: profiling/out/smoke/)")
+    ap.add_argument("--png", default=None, help="default profiling/out/ladder.png (--smoke: profiling/out/smoke/)")
     args = ap.parse_args()
     smoke = args.smoke
+    try:
+        json_path, png_path = output_paths(smoke, args.json, args.png)
+    except UserError as exc:
+        ap.error(str(exc))
     args.kv_bytes = args.kv_bytes or (16 << 20 if smoke else 1 << 30)
     if args.threads or smoke:  # a tiny model's ops are too small to share: one thread, no spinning on a busy box
         torch.set_num_threads(args.threads or 1)
@@ -195,7 +204,7 @@ def main() -> None:
                         system_tokens=args.system_tokens or (120 if smoke else 250), copy_fraction=args.copy_fraction,
                         output_range=(4, 24) if smoke else (16, 256), copy_tokens=24 if smoke else 160,
                         max_notes=3 if smoke else 30)
-    make_engine, tok, model_name = engine_factory(args)
+    make_engine, tok, model_name, model_cfg = engine_factory(args)
     workload = ladder_workload(tok, shape)
     info = describe(workload)
     spec = {"speculative": "ngram", "num_speculative_tokens": args.spec_tokens, "ngram_min": args.ngram_min}
@@ -207,9 +216,9 @@ def main() -> None:
     rows = run_ladder(make_engine, workload, ladder(spec))
     same = [f"{r['rung'][0]} {'yes' if r['same_tokens_as_rung1'] else 'no'}" for r in rows[1:] if "speedup" in r]
     print("greedy outputs identical to rung 1's: " + ", ".join(same))
-    report = {"model": model_name, "workload": info, "max_num_seqs": args.max_num_seqs, "smoke": smoke,
-              "threads": torch.get_num_threads(), "rungs": rows}
-    write_report(report, args.json, args.png, plot_ladder)
+    report = {"model": model_name, **run_record(model_cfg, resolve_device(args.device), smoke), "workload": info,
+              "max_num_seqs": args.max_num_seqs, "threads": torch.get_num_threads(), "rungs": rows}
+    write_report(report, json_path, png_path, plot_ladder)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The chat turn logic without a browser: Stop and Clear abort the engine request, and the reply
 generator alone renders the end of the turn (so nothing can repaint the chat after it)."""
 import asyncio
+import time
 
 from app.chat import ChatSessions, ChatSettings, reply
 from runtime.server.async_engine import AsyncEngine
@@ -109,3 +110,37 @@ def test_json_mode_makes_the_reply_a_json_object():
     answer, free = updates[-1][1][-1]["content"], plain[-1][1][-1]["content"]
     assert answer.startswith("{") and not free.startswith("{")  # the grammar, not the model, made it JSON
     assert all(u[0][-1]["content"].startswith("{") for u in updates[2:])  # every streamed piece too
+
+
+def test_ttft_counts_from_the_message_taken_as_the_api_counts_from_the_request(monkeypatch):
+    """The chat footer's TTFT is the engine's (first token - arrival); arrival is when the message was
+    taken, before the chat template runs, as the API stamps a request before tokenizing it. A
+    template that takes 0.3 s shows in the TTFT."""
+    from app.chat import metrics_line
+
+    with AsyncEngine(tiny_engine()) as ae:
+        limits = type(ae.limits)  # a frozen dataclass: patched on its class
+        encode = limits.encode_chat
+
+        def slow_encode(self, *args, **kwargs):
+            time.sleep(0.3)
+            return encode(self, *args, **kwargs)
+
+        monkeypatch.setattr(limits, "encode_chat", slow_encode)
+        finished = Finished()
+        ae.add_observer(finished)
+        updates = asyncio.run(run_turn(ChatSessions(ae), "hi"))
+    (out,) = finished.outputs
+    assert out.metrics["ttft"] >= 0.3
+    assert metrics_line(out) in updates[-1][0][-1]["content"]  # the footer is the engine's figure
+
+
+class Finished:
+    """An AsyncEngine observer (as the server's metrics are) keeping each finished RequestOutput."""
+
+    def __init__(self) -> None:
+        self.outputs = []
+
+    def on_output(self, output, now, token_gap) -> None:
+        if output.finished:
+            self.outputs.append(output)

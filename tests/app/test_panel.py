@@ -50,28 +50,52 @@ def test_latency_window_keeps_and_reports_only_its_window(monkeypatch):
     assert [t for t, _ in window.samples] == [5.0, 12.0]  # the t=0 sample fell out of the window
 
 
-def test_latency_frame_names_every_series_and_keeps_its_window():
+def test_latency_chart_names_every_series_and_keeps_its_window():
     """Gradio's LinePlot draws (and lists in its legend) only the series its frame had when it last
-    built its spec: every frame, even one with no latency yet, names all four."""
-    from app.latency_chart import SERIES, WINDOW_S, latency_frame
+    built its spec: every frame, even one with no latency yet, names both."""
+    from app.latency_chart import SERIES, WINDOW_S, latency_chart
 
-    empty = latency_frame([])
-    assert set(empty["series"]) == set(SERIES.values()) and empty["ms"].isna().all()
+    empty = latency_chart([], "ttft")
+    assert set(empty.frame["series"]) == set(SERIES.values()) and empty.frame["latency"].isna().all()
+    assert (empty.unit, empty.title) == ("ms", "TTFT (ms)")
     points = [{"t": 100.0, "ttft_p50": 0.5}, {"t": 150.0, "ttft_p50": 0.25, "tpot_p50": 0.02},
-              {"t": 100.0 + WINDOW_S + 20, "ttft_p50": 0.3, "tpot_p50": None}]
-    drawn = latency_frame(points).dropna()
-    assert drawn.values.tolist() == [[-30.0, 250.0, "TTFT p50"], [-30.0, 20.0, "TPOT p50"], [0.0, 300.0, "TTFT p50"]]
+              {"t": 100.0 + WINDOW_S + 20, "ttft_p50": 0.3, "tpot_p95": None}]
+    ttft = latency_chart(points, "ttft")
+    assert ttft.frame.dropna().values.tolist() == [[-30.0, 250.0, "P50"], [0.0, 300.0, "P50"]]  # t=100 fell out
+    assert ttft.y_lim == [0.0, 500.0]
+    assert latency_chart(points, "tpot").frame.dropna().values.tolist() == [[-30.0, 20.0, "P50"]]
 
 
-def test_about_panel_shows_the_latest_ladder_or_nothing(tmp_path):
-    import json
+def test_latency_chart_picks_its_unit_and_a_range_above_every_value():
+    """Below a second in ms, from a second in s; the top of the axis is the next 1-2-5 step, so its
+    labels change only with y_lim (which makes the page lay the chart out again around them)."""
+    from app.latency_chart import latency_chart, seconds_text
 
-    from app.ladder_summary import ladder_markdown
+    for top, unit, y_max in ((0.0042, "ms", 5.0), (0.18, "ms", 200.0), (0.5, "ms", 500.0), (0.9995, "s", 1.0),
+                             (1.75, "s", 2.0), (12.5, "s", 20.0), (640.0, "s", 1000.0)):
+        chart = latency_chart([{"t": 0.0, "ttft_p50": top / 2, "ttft_p95": top}], "ttft")
+        assert (chart.unit, chart.y_max, chart.title) == (unit, y_max, f"TTFT ({unit})"), top
+        assert chart.frame["latency"].max() <= y_max
+    assert [seconds_text(v) for v in (None, 0.0042, 0.18, 1.254)] == ["-", "4.2 ms", "180 ms", "1.25 s"]
 
-    assert ladder_markdown(str(tmp_path / "none.json")) == ""
-    path = tmp_path / "ladder.json"
-    path.write_text(json.dumps({"model": "m", "max_num_seqs": 8, "workload": {"requests": 24}, "rungs": [
-        {"rung": "1 static batching", "output_tok_s": 20.0, "speedup": 1.0, "kv_waste": 0.62},
-        {"rung": "4 + quantized weights", "note": "n/a (no quantization mode on this device)"}]}))
-    text = ladder_markdown(str(path))
-    assert "| 1 static batching | 20.0 | 1.00x | 62% |" in text and "n/a (no quantization mode" in text
+
+def test_stats_row_names_the_proposer_and_its_acceptance_as_the_engine_counts_it():
+    from app.panel import acceptance_text
+
+    for config, proposer in (({"speculative": "ngram", "num_speculative_tokens": 3}, "ngram, 3 tokens a step"),
+                             ({}, "off")):
+        engine = tiny_engine(**config)
+        async_engine = AsyncEngine(engine)  # not started: this test publishes the snapshots itself
+        metrics = ServerMetrics(async_engine)
+        try:
+            panel = LivePanel(async_engine, metrics)
+            assert f"| {proposer} | - |" in panel.stats_markdown()  # nothing drafted yet
+            engine.add_request("r", [5, 6, 7, 5, 6, 7, 5, 6, 7] * 4, SamplingParams(max_tokens=30, temperature=0))
+            while engine.has_unfinished_requests():
+                engine.step()
+            async_engine._publish(idle=True)
+            s = async_engine.snapshot()
+            assert (s.spec_proposed > 0) == bool(config)
+            assert f"| {proposer} | {acceptance_text(s)} |" in panel.stats_markdown()
+        finally:
+            metrics.close()
