@@ -63,8 +63,12 @@ def _args(argv=None) -> argparse.Namespace:
 
 
 def data(args, engine, tokenizer) -> Samples:
-    if args.data_cache and all(os.path.exists(p) for p in args.data_cache.split(",")):
-        return Samples.concat([Samples(**torch.load(p)) for p in args.data_cache.split(",")])
+    paths = args.data_cache.split(",") if args.data_cache else []
+    if paths and all(os.path.exists(p) for p in paths):
+        return Samples.concat([Samples(**torch.load(p)) for p in paths])
+    if len(paths) > 1:
+        raise SystemExit(f"--data-cache: {', '.join(p for p in paths if not os.path.exists(p))} missing "
+                         "(several files are only read; generate each with its own run)")
     prompts = [tokenizer.encode_chat([{"role": "user", "content": p}])
                for p in training_prompts(args.prompts, args.seed)]
     temps = [float(t) for t in args.temperatures.split(",")]

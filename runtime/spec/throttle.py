@@ -4,10 +4,11 @@ length from how its drafts have fared, down to none.
 Per sequence, a = hits / (hits + misses) estimates the chance that a draft token is accepted once those
 before it were (hits: drafts accepted, misses: verifications that rejected one; both decayed, so the
 estimate follows the text, and started from one of each). Draft j is then accepted with probability
-about a^j, and verifying it costs one more query row, about `row_cost` of a step (docs/speculative.md
-has the measured figure): the draft length is the largest j <= k with a^j >= row_cost. Where even one
-draft does not pay, the sequence drafts nothing for `backoff` steps (doubling each time, up to
-max_backoff), then probes with one; the proposer does no work for it meanwhile.
+about a^j, and verifying it costs one more query row, taken as `row_cost` of a step (batch-1 decode
+reads every weight once whatever the rows, so a row adds a fraction of a step): the draft length is
+the largest j <= k with a^j >= row_cost. Where even one draft does not pay, the sequence drafts
+nothing for `backoff` steps (doubling each time, up to max_backoff), then probes with one; the proposer
+does no work for it meanwhile.
 """
 from __future__ import annotations
 
