@@ -86,7 +86,7 @@ def run(args) -> dict:
     engine = build_engine(EngineConfig(device="cpu", kv_cache_memory=1 << 30, max_num_seqs=48, log_ledger=False),
                           cfg, tensors, tokenizer)
     samples = data(args, engine, tokenizer)
-    train, held = samples.split(max(2, min(10, len(samples.temperatures) // 2)))  # every 10th answer held out
+    train, held = samples.split(max(2, min(10, len(samples.temperatures) // 4)))  # every 10th of each temperature held out
     model = engine.model_runner.model
     draft_ids = draft_vocab(train.tokens, args.draft_vocab, sorted(tokenizer.eos_token_ids))
     out = head_rows(model, draft_ids)

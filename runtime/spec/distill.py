@@ -30,9 +30,13 @@ class Samples:
                        torch.cat([p.temperatures for p in parts]))
 
     def split(self, every: int) -> tuple[Samples, Samples]:
-        """(the rest, every `every`-th response): a held-out set for evaluation."""
-        held = [i for i in range(len(self.temperatures)) if i % every == every - 1]
-        rest = [i for i in range(len(self.temperatures)) if i % every != every - 1]
+        """(the rest, every `every`-th response of each temperature): a held-out set for evaluation with
+        answers at every temperature (greedy ones among them) however the responses are ordered."""
+        seen: dict[float, int] = {}
+        held, rest = [], []
+        for i, t in enumerate(self.temperatures.tolist()):
+            seen[t] = seen.get(t, 0) + 1
+            (held if seen[t] % every == 0 else rest).append(i)
         return self.subset(rest), self.subset(held)
 
     def subset(self, which: list[int]) -> Samples:
