@@ -26,6 +26,13 @@ def acceptance_text(s: EngineStats) -> str:
     return f"{s.spec_acceptance_rate:.0%} of {s.spec_proposed}" if s.spec_proposed else "-"
 
 
+def by_position_text(s: EngineStats) -> str:
+    """Acceptance at each draft position (given the earlier ones were) and the mean accepted a step."""
+    if not s.spec_proposed:
+        return "-"
+    return f"{' '.join(f'{a:.0%}' for a in s.spec_acceptance_by_pos)} ({s.spec_mean_accepted_len:.2f} a step)"
+
+
 @dataclass
 class LivePanel:
     """Shared by every browser tab; Gradio calls refresh() from worker threads, once a second per tab."""
@@ -73,7 +80,8 @@ class LivePanel:
         load = [("run", str(s.num_requests_running)), ("wait", str(s.num_requests_waiting)),
                 ("tok/s", f"{self.tokens_per_second(s.generated_tokens):.1f}"),
                 ("prefix hits", f"{s.prefix_cache_hit_rate:.1%}")]
-        speculation = [("proposer", self.proposer), ("drafts accepted", acceptance_text(s))]
+        speculation = [("proposer", self.proposer), ("drafts accepted", acceptance_text(s)),
+                       ("by draft position", by_position_text(s))]
         return [load, speculation]
 
     def stats_markdown(self) -> str:

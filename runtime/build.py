@@ -28,7 +28,13 @@ from runtime.parallel.plan import check_tp_size
 from runtime.parallel.runner import make_tp_runner
 from runtime.sequence import Proposer
 from runtime.spec.draft_model import DraftModelProposer
+from runtime.spec.head_proposer import HeadProposer
+from runtime.spec.heads import KINDS as HEAD_KINDS
+from runtime.spec.heads import default_heads_path, load_heads
+from runtime.spec.hidden_tap import HiddenTap
 from runtime.spec.ngram import NgramProposer
+from runtime.spec.suffix import SuffixProposer
+from runtime.spec.throttle import Throttle
 from runtime.tiers.attach import attach_tiers, open_tiers, wants_tiers
 from runtime.tokenizer.tokenizer import Tokenizer
 from weights.config import ModelConfig
@@ -63,7 +69,12 @@ def build_engine(config: EngineConfig, model_config: ModelConfig, tensors: dict[
                                         config.backend, ranks, make_runner, config.quantization)
         local = runner.local
     ledger.require_blocks()
-    runner, pool_blocks = _with_graphs(config, runner, local, ledger, max_model_len)
+    heads = config.speculative in HEAD_KINDS  # they read the target's hidden states, which a replayed graph keeps to itself
+    runner, pool_blocks = (runner, ledger.num_blocks) if heads else _with_graphs(config, runner, local, ledger,
+                                                                                 max_model_len)
+    if heads:
+        runner = HiddenTap(runner, local)
+        proposer = Throttle(heads_proposer(config, model_config, local, runner))
     tiers = open_tiers(config, local, ledger, model_config) if tiered else None
     engine = LLMEngine(config, model_config, tokenizer,
                        EngineParts(runner, local, ledger, pool_blocks, device, dtype, max_model_len, proposer))
@@ -112,9 +123,10 @@ def make_proposer(config: EngineConfig, target: ModelConfig, device: torch.devic
         return None
     if config.num_speculative_tokens < 1:
         raise UserError("--num-speculative-tokens must be >= 1")
-    if config.speculative == "ngram":
+    if config.speculative in ("ngram", "suffix"):
         try:
-            return NgramProposer(config.ngram_min, config.ngram_max)
+            return Throttle(NgramProposer(config.ngram_min, config.ngram_max) if config.speculative == "ngram"
+                            else SuffixProposer())
         except ValueError as exc:
             raise UserError(str(exc)) from None
     if config.speculative == "draft":
@@ -122,7 +134,23 @@ def make_proposer(config: EngineConfig, target: ModelConfig, device: torch.devic
             raise UserError("--speculative draft needs --draft-model PATH")
         draft_cfg, tensors, _, _ = load_model(config.draft_model)
         return draft_proposer(draft_cfg, tensors, target, config, device, dtype)
-    raise UserError(f"unknown speculative method {config.speculative!r} (ngram or draft)")
+    if config.speculative in HEAD_KINDS:
+        return None  # built with the target's runner (heads_proposer)
+    raise UserError(f"unknown speculative method {config.speculative!r} (ngram, suffix, draft, medusa or eagle)")
+
+
+def heads_proposer(config: EngineConfig, target: ModelConfig, local: ModelRunner, tap: HiddenTap) -> HeadProposer:
+    """Trained heads over the target's hidden states: --speculative-model, or the default model's own."""
+    path = config.speculative_model or default_heads_path(config.speculative, target)
+    try:
+        head, draft_ids = load_heads(path, local.model.norm.dtype)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"--speculative {config.speculative}: cannot load heads from {path}: {exc}") from None
+    cfg = head.cfg
+    if cfg.kind != config.speculative or cfg.hidden != target.hidden_size or cfg.target_vocab != target.vocab_size:
+        raise UserError(f"{path} holds {cfg.kind} heads for a {cfg.hidden}-wide model with {cfg.target_vocab} "
+                        f"tokens ({cfg.target!r}); this is --speculative {config.speculative} on {target.name!r}")
+    return HeadProposer(head.to(local.device), draft_ids, local.model, tap)
 
 
 def draft_proposer(draft_cfg: ModelConfig, tensors: dict[str, torch.Tensor], target_cfg: ModelConfig,

@@ -77,9 +77,12 @@ class EngineConfig:
     scheduler: str = flag("continuous", "continuous (iteration-level) batching, or static batches for comparison",
                           choices=SCHEDULERS)
     enable_prefix_caching: bool = flag(True, "share KV blocks of common prompt prefixes across requests (default: on)")
-    speculative: str | None = flag(None, "speculative decoding proposer", choices=("ngram", "draft"))
+    speculative: str | None = flag(None, "speculative decoding proposer (docs/speculative.md)",
+                                   choices=("ngram", "suffix", "draft", "medusa", "eagle"))
     num_speculative_tokens: int = flag(4, "draft tokens per step (default: %(default)s)")
     draft_model: str | None = flag(None, "draft model path for --speculative draft")
+    speculative_model: str | None = flag(None, "trained heads for --speculative medusa|eagle (default: the "
+                                         "default model's, shipped in runtime/spec/data/)")
     ngram_min: int = flag(1, "smallest n-gram to match (default: %(default)s)")
     ngram_max: int = flag(4, "largest n-gram to match (default: %(default)s)")
     tensor_parallel_size: int = flag(1, "split the model over N processes (torch.distributed: gloo on the CPU, NCCL over "

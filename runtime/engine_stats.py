@@ -49,7 +49,8 @@ class EngineStats:
     spec_proposed: int = 0
     spec_accepted: int = 0
     spec_verify_steps: int = 0  # (sequence, step) pairs that verified drafts
-    spec_accepted_per_pos: list[int] = field(default_factory=list)  # [i]: verifications accepting draft i
+    spec_proposed_by_pos: list[int] = field(default_factory=list)  # drafts verified at each draft position
+    spec_accepted_by_pos: list[int] = field(default_factory=list)  # of which accepted
     prefix_cache_queries: int = 0  # prompt tokens looked up
     prefix_cache_hits: int = 0  # of which found in the cache
     external_prefix_cache_queries: int = 0  # tokens asked of a KV connector past the pool's prefix match
@@ -82,11 +83,16 @@ class EngineStats:
     def spec_mean_accepted_len(self) -> float:
         return self.spec_accepted / self.spec_verify_steps if self.spec_verify_steps else 0.0
 
+    @property
+    def spec_acceptance_by_pos(self) -> list[float]:
+        accepted = self.spec_accepted_by_pos + [0] * len(self.spec_proposed_by_pos)
+        return [a / p if p else 0.0 for a, p in zip(accepted, self.spec_proposed_by_pos)]
+
     def copy(self, **gauges) -> "EngineStats":
         """A frozen-in-time copy with the given gauges set."""
         out = copy.copy(self)
-        out.finished, out.times, out.spec_accepted_per_pos = dict(self.finished), copy.copy(self.times), \
-            list(self.spec_accepted_per_pos)
+        out.finished, out.times = dict(self.finished), copy.copy(self.times)
+        out.spec_proposed_by_pos, out.spec_accepted_by_pos = list(self.spec_proposed_by_pos), list(self.spec_accepted_by_pos)
         out.tiers = dict(self.tiers)
         for name, value in gauges.items():
             setattr(out, name, value)

@@ -92,10 +92,10 @@ class OutputProcessor:
         self.stats.spec_proposed += proposed
         self.stats.spec_accepted += accepted
         self.stats.spec_verify_steps += 1
-        per_pos = self.stats.spec_accepted_per_pos
-        per_pos.extend([0] * (proposed - len(per_pos)))
-        for pos in range(accepted):  # draft i counts when drafts 0..i were all accepted
-            per_pos[pos] += 1
+        for counts, n in ((self.stats.spec_proposed_by_pos, proposed), (self.stats.spec_accepted_by_pos, accepted)):
+            counts.extend([0] * (n - len(counts)))
+            for j in range(n):
+                counts[j] += 1
         m.spec_proposed += proposed
         m.spec_accepted += accepted
 

@@ -91,7 +91,7 @@ class Scheduler:
             spec = drafts[seq].tokens[:c.num_spec_tokens] if c.num_spec_tokens else []
             reaches_end = start + c.num_tokens == len(seq.token_ids)
             out.model_chunks.append(SeqChunk(seq.token_ids[start:start + c.num_tokens] + spec, start,
-                                             seq.kv.block_table, num_logits=len(spec) + 1 if reaches_end else 0))
+                                             seq.kv.block_table, len(spec) + 1 if reaches_end else 0, seq.seq_id))
             if reaches_end:
                 out.sampled.append((seq, spec))
         out.drafts = {seq: drafts[seq] for seq, spec in out.sampled if spec}

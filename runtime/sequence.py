@@ -121,6 +121,7 @@ class SeqChunk:
     start_pos: int  # tokens of this sequence already in the KV cache
     block_table: list[int]  # must cover start_pos + len(token_ids) tokens
     num_logits: int = 1  # logits wanted for this many trailing tokens (0 for a mid-prompt chunk)
+    seq_id: int = -1  # whose tokens (Sequence.seq_id), for proposers that read the target's hidden states
 
 
 @dataclass

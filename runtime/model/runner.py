@@ -47,6 +47,12 @@ class Runner(Protocol):
         """What runs, for logs and the About panel: "backend", "tensor parallel", "cuda graphs"."""
 
 
+def _as_decodes(c: SeqChunk) -> bool:
+    """Whether a chunk runs as decode rows, one query per token over the paged cache: a decode, or a
+    decode with drafts to verify (every token sampled), which then takes the decode kernels too."""
+    return len(c.token_ids) == 1 or c.num_logits == len(c.token_ids)
+
+
 def _padded_tables(tables: list[list[int]]) -> np.ndarray:
     width = max(len(t) for t in tables)
     out = np.zeros((len(tables), width), dtype=np.int32)
@@ -62,14 +68,16 @@ class ModelRunner:
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.device = torch.device(device)
+        self.hidden: torch.Tensor | None = None  # final hidden states of the last forward's sampled rows
 
     def _tensor(self, a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(a).to(self.device, non_blocking=True)
 
     def prepare(self, chunks: list[SeqChunk]) -> Prepared:
         """Packed ids, positions, the attention record, and the packed rows whose logits are wanted."""
-        order = sorted(range(len(chunks)), key=lambda i: len(chunks[i].token_ids) != 1)  # decodes first
+        order = sorted(range(len(chunks)), key=lambda i: not _as_decodes(chunks[i]))  # decodes first
         ordered = [chunks[i] for i in order]
+        ndc = sum(map(_as_decodes, ordered))
         lens = np.array([len(c.token_ids) for c in ordered], dtype=np.int64)
         starts = np.array([c.start_pos for c in ordered], dtype=np.int64)
         ends = np.cumsum(lens)
@@ -79,19 +87,19 @@ class ModelRunner:
         tables = _padded_tables([c.block_table for c in ordered])
         bs = self.block_size
         slots = tables[row_seq, positions // bs].astype(np.int64) * bs + positions % bs
-        nd = int((lens == 1).sum())
+        nd = int(lens[:ndc].sum())
         batch = AttentionBatch(slot_mapping=self._tensor(slots), num_blocks=self.kv_caches[0][0].shape[0],
                                block_size=bs, num_kv_heads=self.kv_caches[0][0].shape[2], num_decode_tokens=nd)
         if nd:
-            batch.decode_block_tables = self._tensor(tables[:nd])
-            batch.decode_context_lens = self._tensor((starts[:nd] + 1).astype(np.int32))
-        if nd < len(ordered):
-            cu = np.concatenate([[0], np.cumsum(lens[nd:])]).astype(np.int32)
+            batch.decode_block_tables = self._tensor(tables[row_seq[:nd]])
+            batch.decode_context_lens = self._tensor((positions[:nd] + 1).astype(np.int32))
+        if ndc < len(ordered):
+            cu = np.concatenate([[0], np.cumsum(lens[ndc:])]).astype(np.int32)
             batch.cu_seqlens_q = self._tensor(cu)
-            batch.prefill_prefix_lens = self._tensor(starts[nd:].astype(np.int32))
-            batch.prefill_block_tables = self._tensor(tables[nd:])
-            batch.max_prefix_len = int(starts[nd:].max())
-            batch.max_seqlen_q = int(lens[nd:].max())
+            batch.prefill_prefix_lens = self._tensor(starts[ndc:].astype(np.int32))
+            batch.prefill_block_tables = self._tensor(tables[ndc:])
+            batch.max_prefix_len = int(starts[ndc:].max())
+            batch.max_seqlen_q = int(lens[ndc:].max())
         # rows whose logits are wanted, in the callers' chunk order
         where = np.empty(len(chunks), dtype=np.int64)
         where[order] = np.arange(len(chunks))
@@ -107,7 +115,8 @@ class ModelRunner:
         hidden = self.model(ids, positions, batch, self.kv_caches)
         if len(rows) == 0:
             return hidden.new_empty((0, self.model.cfg.vocab_size), dtype=torch.float32)
-        return self.model.logits(hidden[self._tensor(rows)])
+        self.hidden = hidden[self._tensor(rows)]  # kept for proposers that read the target's states
+        return self.model.logits(self.hidden)
 
     def close(self) -> None:
         pass

@@ -117,7 +117,7 @@ class EngineCollector(Collector):
         for name, rows in tier_rows(s, self.block_size).items():
             if rows:  # read and written bytes: none until a tier below the device exists
                 yield self.family(name, rows)
-        per_pos = list(s.spec_accepted_per_pos) + [0] * max(0, self.draft_positions - len(s.spec_accepted_per_pos))
+        per_pos = list(s.spec_accepted_by_pos) + [0] * max(0, self.draft_positions - len(s.spec_accepted_by_pos))
         yield self.family(VLLM + "spec_decode_num_accepted_tokens_per_pos",
                           [((str(i),), n) for i, n in enumerate(per_pos)])
         yield self.family(VLLM + "request_success", [((r,), s.finished.get(r, 0)) for r in _reasons(s)])

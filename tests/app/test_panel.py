@@ -80,7 +80,7 @@ def test_latency_chart_picks_its_unit_and_a_range_above_every_value():
 
 
 def test_stats_row_names_the_proposer_and_its_acceptance_as_the_engine_counts_it():
-    from app.panel import acceptance_text
+    from app.panel import acceptance_text, by_position_text
 
     for config, proposer in (({"speculative": "ngram", "num_speculative_tokens": 3}, "ngram, 3 tokens a step"),
                              ({}, "off")):
@@ -89,13 +89,15 @@ def test_stats_row_names_the_proposer_and_its_acceptance_as_the_engine_counts_it
         metrics = ServerMetrics(async_engine)
         try:
             panel = LivePanel(async_engine, metrics)
-            assert f"| {proposer} | - |" in panel.stats_markdown()  # nothing drafted yet
+            assert f"| {proposer} | - | - |" in panel.stats_markdown()  # nothing drafted yet
             engine.add_request("r", [5, 6, 7, 5, 6, 7, 5, 6, 7] * 4, SamplingParams(max_tokens=30, temperature=0))
             while engine.has_unfinished_requests():
                 engine.step()
             async_engine._publish(idle=True)
             s = async_engine.snapshot()
             assert (s.spec_proposed > 0) == bool(config)
-            assert f"| {proposer} | {acceptance_text(s)} |" in panel.stats_markdown()
+            assert f"| {proposer} | {acceptance_text(s)} | {by_position_text(s)} |" in panel.stats_markdown()
+            if config:  # the first draft position is verified every time a draft is
+                assert s.spec_proposed_by_pos[0] == s.spec_verify_steps and by_position_text(s).endswith(" a step)")
         finally:
             metrics.close()

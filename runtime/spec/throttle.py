@@ -1,0 +1,79 @@
+"""Speculation per request only while it pays: a wrapper over any proposer that sets each sequence's draft
+length from how its drafts have fared, down to none.
+
+Per sequence, a = hits / (hits + misses) estimates the chance that a draft token is accepted once those
+before it were (hits: drafts accepted, misses: verifications that rejected one; both decayed, so the
+estimate follows the text, and started from one of each). Draft j is then accepted with probability
+about a^j, and verifying it costs one more query row, taken as `row_cost` of a step (batch-1 decode
+reads every weight once whatever the rows, so a row adds a fraction of a step): the draft length is
+the largest j <= k with a^j >= row_cost. Where even one draft does not pay, the sequence drafts
+nothing for `backoff` steps (doubling each time, up to max_backoff), then probes with one; the proposer
+does no work for it meanwhile.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from runtime.sequence import Draft, Proposer, SeqStatus, Sequence
+
+
+@dataclass
+class _Record:
+    hits: float = 1.0
+    misses: float = 1.0
+    pending: tuple[int, int, int] | None = None  # (tokens, draft length, request's verified drafts) when drafted
+    skip: int = 0  # steps left without drafting
+    backoff: int = 0  # the last such pause
+    probe: bool = True  # a draft of one is due once the estimate is below the line
+
+
+class Throttle:
+    def __init__(self, inner: Proposer, row_cost: float = 0.15, decay: float = 0.8, max_backoff: int = 64) -> None:
+        self.inner, self.row_cost, self.decay, self.max_backoff = inner, row_cost, decay, max_backoff
+        self.num_kv_blocks = inner.num_kv_blocks
+        self.records: dict[Sequence, _Record] = {}
+
+    def propose(self, seqs: list[Sequence], k: int) -> dict[Sequence, Draft]:
+        for seq in [s for s in self.records if s.status is SeqStatus.FINISHED]:
+            del self.records[seq]
+        lengths = {}
+        for seq in seqs:
+            r = self.records.setdefault(seq, _Record())
+            self._learn(seq, r)
+            if r.skip:
+                r.skip -= 1
+            elif n := self.length(r, k):
+                lengths[seq] = n
+            elif r.probe:  # below the line: one draft, then steps without any, twice as many each time
+                lengths[seq], r.probe = 1, False
+            else:
+                r.backoff = min(max(1, 2 * r.backoff), self.max_backoff)
+                r.skip, r.probe = r.backoff, True
+        drafts = self.inner.propose(list(lengths), k) if lengths else {}
+        for seq, d in drafts.items():
+            d.tokens, d.probs = d.tokens[:lengths[seq]], None if d.probs is None else d.probs[:lengths[seq]]
+            self.records[seq].pending = (len(seq.token_ids), len(d.tokens), seq.metrics.spec_proposed)
+        return drafts
+
+    def length(self, r: _Record, k: int) -> int:
+        """Drafts worth their verify rows at the current estimate (0: none)."""
+        a = r.hits / (r.hits + r.misses)
+        if a >= 1.0:
+            return k
+        return min(k, int(math.log(self.row_cost) / math.log(a))) if a > 0 else 0
+
+    def _learn(self, seq: Sequence, r: _Record) -> None:
+        """Fold in the verification of the last draft (if one ran: the request's verified drafts grew)."""
+        if r.pending is None:
+            return
+        start, n, verified = r.pending
+        grown = len(seq.token_ids) - start
+        if grown < 1 or seq.metrics.spec_proposed - verified < n:
+            return  # not run yet, or its drafts were left out of the step
+        r.pending = None
+        accepted = min(grown - 1, n)
+        r.hits = r.hits * self.decay + accepted
+        r.misses = r.misses * self.decay + (accepted < n)
+        if accepted:
+            r.backoff = 0
