@@ -79,6 +79,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="split the model's <think>...</think> into reasoning_content (default: none)")
     p.add_argument("--chat-template", default=None, metavar="FILE",
                    help="a Jinja chat template file (or the template text itself) in place of the model's")
+    p.add_argument("--embedding-pooling", default="mean", choices=["mean", "last"],
+                   help="how /v1/embeddings pools a prompt's final hidden states: the mean of its tokens, or its "
+                        "last token; either scaled to unit length (default: mean)")
     p.add_argument("--strict-api", action="store_true",
                    help="answer unknown request fields with HTTP 400 (default: ignore them, named in a warning)")
     add_grammar_args(p)
@@ -137,7 +140,8 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
                          allowed_origins=tuple(args.allowed_origins), max_request_bytes=args.max_request_bytes,
                          body_timeout=args.body_timeout, default_max_tokens=args.default_max_tokens,
                          tool_call_parser=args.tool_call_parser, reasoning_parser=args.reasoning_parser,
-                         strict_api=args.strict_api, grammar=grammar_limits(args))
+                         strict_api=args.strict_api, grammar=grammar_limits(args),
+                         embedding_pooling=args.embedding_pooling)
 
 
 def model_name(path: str) -> str:

@@ -18,7 +18,7 @@ from runtime.server.guards.body_limit import BodyLimitMiddleware
 from runtime.server.guards.rate_limit import AuthThrottle
 from runtime.server.late_page import LatePage, PrepareUI
 from runtime.server.metrics import ServerMetrics
-from runtime.server.openai import chat, completions
+from runtime.server.openai import chat, completions, embeddings
 from runtime.server.openai.logprobs import LogprobFormatter
 from runtime.server.openapi import extend_openapi
 from runtime.server.options import ServerOptions
@@ -45,7 +45,7 @@ def create_app(async_engine: AsyncEngine, model_name: str = "default", options: 
                                    LogprobFormatter(limits.tokenizer), compiles, options, page, throttle)
     install_error_handlers(app)
     add_guards(app, options, throttle)
-    modules = (completions, chat, info, tokenize_routes, *([login] if options.api_key else []))
+    modules = (completions, chat, embeddings, info, tokenize_routes, *([login] if options.api_key else []))
     routers = [module.router for module in modules]
     for router in routers:
         app.include_router(router)
