@@ -49,7 +49,7 @@ def create_app(async_engine: AsyncEngine, model_name: str = "default", options: 
     routers = [module.router for module in modules]
     for router in routers:
         app.include_router(router)
-    extend_openapi(app, async_engine.limits.vocab_size)
+    extend_openapi(app, async_engine.limits.vocab_size, async_engine.engine.model_config.hidden_size)
     if page is not None:
         own = [r.path for r in app.routes if hasattr(r, "path")]  # docs and schema; routers come included
         page.route = PageMount(page, {_root(p) for p in own + [r.path for router in routers for r in router.routes]})

@@ -5,7 +5,7 @@ scratch KV blocks: generation's cache is untouched."""
 from __future__ import annotations
 
 import base64
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse
@@ -32,7 +32,8 @@ class EmbeddingRequest(BaseModel):
     model: Str | None = None
     input: Prompt = Field(description="a string, a list of token ids, or a batch: a list of either")
     encoding_format: Literal["float", "base64"] = Field("float", description="base64: little-endian float32 bytes")
-    dimensions: Int(1) | None = Field(None, description="only the model's hidden size is supported")
+    dimensions: Annotated[Int(1), Field(json_schema_extra={"x-embedding-size": True})] | None = Field(
+        None, description="only the model's hidden size is supported")
     user: Str | None = None
 
 
