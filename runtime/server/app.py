@@ -22,6 +22,8 @@ from runtime.server.openai import chat, completions, embeddings
 from runtime.server.openai.logprobs import LogprobFormatter
 from runtime.server.openapi import extend_openapi
 from runtime.server.options import ServerOptions
+from runtime.server.responses import route as responses_route
+from runtime.server.responses.store import ResponseStore
 from runtime.server.state import ServerState
 from structured.service import GrammarService, use_service
 
@@ -41,11 +43,12 @@ def create_app(async_engine: AsyncEngine, model_name: str = "default", options: 
     limits = async_engine.limits
     compiles = CompileWaits(use_service(GrammarService(limits.tokenizer, limits.vocab_size, options.grammar)))
     compiles.service.warm()
+    app.state.responses = ResponseStore()  # /v1/responses kept for GET and previous_response_id
     app.state.server = ServerState(async_engine, model_name, ServerMetrics(async_engine, compiles.service),
                                    LogprobFormatter(limits.tokenizer), compiles, options, page, throttle)
     install_error_handlers(app)
     add_guards(app, options, throttle)
-    modules = (completions, chat, embeddings, info, tokenize_routes, *([login] if options.api_key else []))
+    modules = (completions, chat, embeddings, responses_route, info, tokenize_routes, *([login] if options.api_key else []))
     routers = [module.router for module in modules]
     for router in routers:
         app.include_router(router)

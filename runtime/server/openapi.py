@@ -14,9 +14,10 @@ from pydantic.json_schema import models_json_schema
 
 from runtime.server.errors import ERROR_RESPONSES
 from runtime.server.openai.protocol import ChatCompletionChunk, CompletionChunk, ErrorResponse
+from runtime.server.responses.protocol import ResponseStreamEvent
 
 REF = "#/components/schemas/{model}"
-STREAM_MODELS: list[type[BaseModel]] = [CompletionChunk, ChatCompletionChunk, ErrorResponse]
+STREAM_MODELS: list[type[BaseModel]] = [CompletionChunk, ChatCompletionChunk, ResponseStreamEvent, ErrorResponse]
 
 
 def sse_content(chunk: type[BaseModel], example: str) -> dict[str, Any]:
