@@ -18,6 +18,7 @@ class ScannedCall:
     name: str
     arguments: str  # the arguments value's text so far
     complete: bool  # that value is closed
+    end: int = -1  # where it closed in the text: a later scan may start there
 
 
 def value_end(text: str, start: int) -> int | None:
@@ -50,11 +51,11 @@ def value_end(text: str, start: int) -> int | None:
     return None
 
 
-def scan_calls(text: str, opener: str = "") -> list[ScannedCall]:
-    """The calls in text so far, in order: each after opener (hermes' "<tool_call>"), or with no
-    opener each object of a JSON list. Stops at the first call it cannot read name first."""
+def scan_calls(text: str, opener: str = "", start: int = 0) -> list[ScannedCall]:
+    """The calls in text[start:] so far, in order: each after opener (hermes' "<tool_call>"), or with
+    no opener each object of a JSON list. Stops at the first call it cannot read name first."""
     calls: list[ScannedCall] = []
-    pos = 0
+    pos = start
     while True:
         if opener:
             at = text.find(opener, pos)
@@ -69,7 +70,8 @@ def scan_calls(text: str, opener: str = "") -> list[ScannedCall]:
         except ValueError:
             return calls
         end = value_end(text, m.end())
-        calls.append(ScannedCall(name, text[m.end():end if end is not None else len(text)], end is not None))
+        calls.append(ScannedCall(name, text[m.end():end if end is not None else len(text)], end is not None,
+                                 -1 if end is None else end))
         if end is None:
             return calls
         pos = end

@@ -45,6 +45,8 @@ class ToolDeltas:
     def __init__(self, plan: ToolPlan) -> None:
         self.plan, self.text, self.sent, self.named_id = plan, "", 0, ""
         self.streamed: list[int] = []  # per call streamed so far: the argument characters sent
+        self._closed: list[ScannedCall] = []  # calls whose arguments are complete
+        self._resume = 0  # where the text after them starts
 
     def delta(self, piece: str) -> dict[str, Any] | None:
         self.text += piece
@@ -69,9 +71,17 @@ class ToolDeltas:
         return out or None
 
     def _scanned(self) -> list[ScannedCall]:
+        """The calls so far; those closed are kept, so each token rescans only the call still open."""
         if self.plan.mode == "required" or not self.plan.parser.start:
-            return scan_calls(self.text) if self.text.lstrip()[:1] in ("{", "[") else []
-        return scan_calls(self.text, self.plan.parser.start)
+            if self.text.lstrip()[:1] not in ("{", "["):
+                return []
+            fresh = scan_calls(self.text, "", self._resume)
+        else:
+            fresh = scan_calls(self.text, self.plan.parser.start, self._resume)
+        while fresh and fresh[0].complete:
+            self._closed.append(fresh.pop(0))
+            self._resume = self._closed[-1].end
+        return self._closed + fresh
 
     def _call_deltas(self, scanned: list[ScannedCall]) -> list[dict[str, Any]]:
         out = []
