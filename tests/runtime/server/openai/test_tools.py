@@ -3,6 +3,7 @@ OpenAI-shaped answers (message.tool_calls, streamed tool_calls deltas) through t
 import json
 
 import openai
+import pydantic
 import pytest
 
 from runtime.server.openai.protocol import ChatCompletionRequest
@@ -157,3 +158,17 @@ def test_tool_choices_that_cannot_be_met_are_400(client, body, words):
                                        **{k: v for k, v in body.items() if k == "tool_choice"},
                                        extra_body={k: v for k, v in body.items() if k != "tool_choice"})
     assert words in err.value.body["message"]
+
+
+class AddArgs(pydantic.BaseModel):
+    a: int = pydantic.Field(ge=0, le=9)
+
+
+def test_the_sdk_stream_helper_parses_a_required_strict_pydantic_tool(client):
+    with client.chat.completions.stream(model=TINY_MODEL, messages=ASK, tools=[openai.pydantic_function_tool(AddArgs)],
+                                        tool_choice="required", parallel_tool_calls=False, max_tokens=120,
+                                        temperature=0) as stream:
+        kinds = {event.type for event in stream}
+        final = stream.get_final_completion().choices[0]
+    assert final.finish_reason == "tool_calls" and "tool_calls.function.arguments.delta" in kinds
+    assert isinstance(final.message.tool_calls[0].function.parsed_arguments, AddArgs)
