@@ -81,6 +81,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="split the model's <think>...</think> into reasoning_content (default: none)")
     p.add_argument("--chat-template", default=None, metavar="FILE",
                    help="a Jinja chat template file (or the template text itself) in place of the model's")
+    p.add_argument("--embedding-pooling", default="mean", choices=["mean", "last"],
+                   help="how /v1/embeddings pools a prompt's final hidden states: the mean of its tokens, or its "
+                        "last token; either scaled to unit length (default: mean)")
     p.add_argument("--strict-api", action="store_true",
                    help="answer unknown request fields with HTTP 400 (default: ignore them, named in a warning)")
     p.add_argument("--log-format", default="text", choices=["text", "json"],
@@ -160,7 +163,7 @@ def server_options(args: argparse.Namespace) -> ServerOptions:
                          strict_api=args.strict_api, log_format=args.log_format, log_prompts=args.log_prompts,
                          otlp_traces_endpoint=args.otlp_traces_endpoint,
                          detailed_traces=bool(args.collect_detailed_traces),
-                         grammar=grammar_limits(args))
+                         grammar=grammar_limits(args), embedding_pooling=args.embedding_pooling)
 
 
 def model_name(path: str) -> str:

@@ -9,6 +9,7 @@ from typing import Any, Literal
 from structured.compile import GrammarError
 from structured.keywords import unenforced_keywords
 from structured.processor import GrammarProcessor
+from structured.schema_text import canonical_schema_text
 from structured.service import service_for
 
 Kind = Literal["json", "json_schema", "regex", "choice", "grammar"]
@@ -30,8 +31,13 @@ class StructuredOutput:
     @classmethod
     def json_schema(cls, schema: dict[str, Any] | str, param: str = "response_format",
                     best_effort: bool = False) -> "StructuredOutput":
-        text = schema if isinstance(schema, str) else json.dumps(schema, sort_keys=True)
-        return cls("json_schema", text, param, best_effort)
+        """schema as a dict or its JSON text; either way its properties keep the order written."""
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except ValueError as exc:
+                raise GrammarError(f"the schema is not JSON: {exc}") from None
+        return cls("json_schema", canonical_schema_text(schema), param, best_effort)
 
     @classmethod
     def choice(cls, choices: list[str], param: str = "guided_choice") -> "StructuredOutput":

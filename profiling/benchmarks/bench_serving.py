@@ -7,7 +7,8 @@ Requests arrive as a Poisson process at --rate per second, or with a fixed --con
 Poisson process capped at that concurrency). Prompts come from a synthetic workload (random words,
 fixed output lengths via ignore_eos) or a file (JSONL {"prompt", "max_tokens"} or one prompt per
 line). Goodput counts requests per second that meet both --slo-ttft and --slo-tpot. Definitions
-as in shared/DESIGN.md: TTFT from sending to the first streamed text, TPOT = (E2E - TTFT) / (output
+as in shared/DESIGN.md: TTFT from sending to the first streamed text (the first chunk with choices,
+which is how vllm bench serve times it: neither route sends one before the first token), TPOT = (E2E - TTFT) / (output
 tokens - 1), ITL = each gap between streamed text chunks. Writes JSON and a PNG of the distributions.
 Only 127.0.0.1 is ever targeted; --launch starts `python -m runtime.serve` there and stops it after.
 """

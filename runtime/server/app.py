@@ -18,11 +18,13 @@ from runtime.server.guards.body_limit import BodyLimitMiddleware
 from runtime.server.guards.rate_limit import AuthThrottle
 from runtime.server.late_page import LatePage, PrepareUI
 from runtime.server.metrics import ServerMetrics
-from runtime.server.openai import chat, completions
+from runtime.server.openai import chat, completions, embeddings
 from runtime.server.openai.logprobs import LogprobFormatter
 from runtime.server.openapi import extend_openapi
 from runtime.server.options import ServerOptions
 from runtime.server.request_log import RequestTelemetry, TelemetryMiddleware
+from runtime.server.responses import route as responses_route
+from runtime.server.responses.store import ResponseStore
 from runtime.server.state import ServerState
 from runtime.server.tracing import Tracer
 from structured.service import GrammarService, use_service
@@ -43,6 +45,7 @@ def create_app(async_engine: AsyncEngine, model_name: str = "default", options: 
     limits = async_engine.limits
     compiles = CompileWaits(use_service(GrammarService(limits.tokenizer, limits.vocab_size, options.grammar)))
     compiles.service.warm()
+    app.state.responses = ResponseStore()  # /v1/responses kept for GET and previous_response_id
     metrics = ServerMetrics(async_engine, model_name, compiles.service)
     app.state.server = ServerState(async_engine, model_name, metrics, LogprobFormatter(limits.tokenizer), compiles,
                                    options, page, throttle, telemetry=telemetry(async_engine, model_name, options))
@@ -51,11 +54,12 @@ def create_app(async_engine: AsyncEngine, model_name: str = "default", options: 
     metrics.instrument(app)  # the HTTP series: outside the guards, so refused requests count too
     if app.state.server.telemetry is not None:
         app.add_middleware(TelemetryMiddleware, telemetry=app.state.server.telemetry)  # outermost
-    modules = (completions, chat, info, tokenize_routes, *([login] if options.api_key else []))
+    modules = (completions, chat, embeddings, responses_route, info, tokenize_routes,
+               *([login] if options.api_key else []))
     routers = [module.router for module in modules]
     for router in routers:
         app.include_router(router)
-    extend_openapi(app, async_engine.limits.vocab_size)
+    extend_openapi(app, async_engine.limits.vocab_size, async_engine.engine.model_config.hidden_size)
     if page is not None:
         own = [r.path for r in app.routes if hasattr(r, "path")]  # docs and schema; routers come included
         page.route = PageMount(page, {_root(p) for p in own + [r.path for router in routers for r in router.routes]})

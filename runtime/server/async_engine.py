@@ -21,7 +21,7 @@ import threading
 import time
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence, TypeVar
 
 from runtime.engine import LLMEngine
 from runtime.engine_config import EngineConfig
@@ -30,10 +30,12 @@ from runtime.errors import EngineDeadError, RequestError
 from runtime.outputs import RequestOutput
 from runtime.request_limits import Admitted, RequestLimits
 from runtime.sampling_params import SamplingParams
+from runtime.server.engine_call import run_call
 from runtime.server.step_feed import StepFeed
 
 log = logging.getLogger("cute_serve")
 
+T = TypeVar("T")
 BLOCK_STATES_EVERY = 0.5  # seconds between copies of the per-block states (the UI's map) into snapshots
 
 
@@ -240,6 +242,17 @@ class AsyncEngine:
         self._wake.set()
         return stream
 
+    async def between_steps(self, fn: Callable[[LLMEngine], T]) -> T:
+        """fn(engine) on the engine thread between two steps (embeddings); its result, or what it raised."""
+        unavailable = self.unavailable_error()
+        if unavailable is not None:
+            raise unavailable
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        self._commands.append(("call", fn, future))
+        self._wake.set()
+        return await future
+
     def abort(self, request_id: str) -> None:
         """Abort one request but keep its stream: the stream still ends with a finished output whose
         finish_reason is "abort" (what Stop in the chat wants). Safe from any thread; unknown ids are ignored."""
@@ -284,6 +297,8 @@ class AsyncEngine:
                 self._add(command[1], command[2])
             elif command[0] == "abort":
                 self.engine.abort_request(command[1])
+            elif command[0] == "call":
+                run_call(self.engine, command[1], command[2])
             elif command[0] == "abort_all":
                 for request_id in list(self._streams):
                     self.engine.abort_request(request_id)
@@ -373,6 +388,8 @@ class AsyncEngine:
             command = self._commands.popleft()
             if command[0] == "add":
                 self._send(command[2], exc)
+            elif command[0] == "call":
+                run_call(self.engine, command[1], command[2], exc)
         try:
             if self.engine.has_unfinished_requests():
                 self.engine.step()  # emits the aborts and frees their blocks

@@ -1,4 +1,4 @@
-"""GET /v1/models, /health and /metrics."""
+"""GET /v1/models (and one by its id), /health and /metrics."""
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends
@@ -14,8 +14,19 @@ router = APIRouter()
 
 @router.get("/v1/models", response_model=ModelList, responses={401: ERROR_RESPONSES[401]})
 async def list_models(state: ServerState = Depends(server_state)) -> ModelList:
-    card = ModelCard(id=state.model_name, created=state.created, max_model_len=state.engine.limits.max_model_len)
-    return ModelList(data=[card])
+    return ModelList(data=[_card(state)])
+
+
+# :path - a served name may hold slashes ("HuggingFaceTB/SmolLM2-135M-Instruct")
+@router.get("/v1/models/{model_id:path}", response_model=ModelCard, responses={401: ERROR_RESPONSES[401],
+                                                                             404: ERROR_RESPONSES[404]})
+async def retrieve_model(model_id: str, state: ServerState = Depends(server_state)) -> ModelCard:
+    state.check_model(model_id)  # 404 model_not_found for any other id
+    return _card(state)
+
+
+def _card(state: ServerState) -> ModelCard:
+    return ModelCard(id=state.model_name, created=state.created, max_model_len=state.engine.limits.max_model_len)
 
 
 @router.get("/health", response_model=HealthStatus,

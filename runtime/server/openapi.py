@@ -14,9 +14,10 @@ from pydantic.json_schema import models_json_schema
 
 from runtime.server.errors import ERROR_RESPONSES
 from runtime.server.openai.protocol import ChatCompletionChunk, CompletionChunk, ErrorResponse
+from runtime.server.responses.protocol import ResponseStreamEvent
 
 REF = "#/components/schemas/{model}"
-STREAM_MODELS: list[type[BaseModel]] = [CompletionChunk, ChatCompletionChunk, ErrorResponse]
+STREAM_MODELS: list[type[BaseModel]] = [CompletionChunk, ChatCompletionChunk, ResponseStreamEvent, ErrorResponse]
 
 
 def sse_content(chunk: type[BaseModel], example: str) -> dict[str, Any]:
@@ -46,24 +47,27 @@ def token_id_pattern(vocab_size: int) -> str:
     return "^(" + "|".join(dict.fromkeys([*alternatives, top])) + ")$"
 
 
-def bound_token_ids(node: Any, vocab_size: int) -> None:
-    """Every schema marked x-token-id (protocol.TOKEN_ID) gets the vocabulary's bound."""
+def bound_token_ids(node: Any, vocab_size: int, hidden_size: int = 0) -> None:
+    """Every schema marked x-token-id (protocol.TOKEN_ID) gets the vocabulary's bound; one marked
+    x-embedding-size (an embedding's dimensions) the only size the model has."""
     if isinstance(node, dict):
+        if node.get("x-embedding-size") and hidden_size:
+            node["minimum"] = node["maximum"] = hidden_size
         if node.get("x-token-id"):
             if "pattern" in node:
                 node["pattern"] = token_id_pattern(vocab_size)
             else:
                 node["maximum"] = vocab_size - 1
         for value in node.values():
-            bound_token_ids(value, vocab_size)
+            bound_token_ids(value, vocab_size, hidden_size)
     elif isinstance(node, list):
         for value in node:
-            bound_token_ids(value, vocab_size)
+            bound_token_ids(value, vocab_size, hidden_size)
 
 
-def extend_openapi(app: FastAPI, vocab_size: int) -> None:
+def extend_openapi(app: FastAPI, vocab_size: int, hidden_size: int = 0) -> None:
     """Add the chunk models to the app's components so the event schemas' references resolve, and
-    bound the token ids by the model's vocabulary."""
+    bound the token ids by the model's vocabulary (and embedding sizes by its hidden size)."""
     build = app.openapi
 
     def openapi() -> dict[str, Any]:
@@ -73,7 +77,7 @@ def extend_openapi(app: FastAPI, vocab_size: int) -> None:
             components = schema.setdefault("components", {}).setdefault("schemas", {})
             for name, definition in defs.get("$defs", {}).items():
                 components.setdefault(name, definition)
-            bound_token_ids(components, vocab_size)
+            bound_token_ids(components, vocab_size, hidden_size)
         return app.openapi_schema
 
     app.openapi = openapi

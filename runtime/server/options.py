@@ -31,6 +31,7 @@ class ServerOptions:
     default_max_tokens: int = DEFAULT_MAX_TOKENS  # 0: the rest of the context, as vLLM
     tool_call_parser: str = "hermes"  # how `tool_choice: auto` output is parsed (runtime/server/openai/tool_parsers.py)
     reasoning_parser: str | None = None  # splits <think>...</think> into reasoning_content (runtime/server/openai/reasoning.py)
+    embedding_pooling: str = "mean"  # /v1/embeddings: "mean" or "last" token (runtime/model/pooling.py)
     strict_api: bool = False  # unknown request fields are 400s instead of ignored and named
     sampling_defaults: dict[str, Any] = field(default_factory=dict)  # the model's, for fields a request omits
     log_format: str = "text"  # "json": one JSON line per HTTP request on stdout (runtime/server/request_log.py)

@@ -11,7 +11,7 @@ FLAGS = ["--model", "--device", "--dtype", "--backend", "--quantization", "--kv-
          "--kv-cache-memory", "--kv-offload-bytes", "--kv-disk-path", "--kv-disk-bytes",
          "--max-num-batched-tokens", "--max-num-seqs", "--max-model-len", "--scheduler",
          "--enable-prefix-caching", "--no-enable-prefix-caching", "--speculative", "--num-speculative-tokens",
-         "--draft-model", "--ngram-min", "--ngram-max", "--tensor-parallel-size", "--engine-seed", "--enforce-eager",
+         "--draft-model", "--speculative-model", "--ngram-min", "--ngram-max", "--tensor-parallel-size", "--engine-seed", "--enforce-eager",
          "--no-enforce-eager", "--generation-config"]
 
 
@@ -31,7 +31,7 @@ def test_flags_are_exactly_the_cli_contract():
     assert list(actions["dtype"].choices) == ["auto", "float32", "bfloat16", "float16"]
     assert list(actions["backend"].choices) == ["auto", "torch", "cute"]
     assert list(actions["scheduler"].choices) == ["continuous", "static"]
-    assert list(actions["speculative"].choices) == ["ngram", "draft"]
+    assert list(actions["speculative"].choices) == ["ngram", "suffix", "draft", "medusa", "eagle"]
     assert list(actions["generation_config"].choices) == ["auto", "vllm"]
     assert list(actions["quantization"].choices) == ["int8", "q4", "fp8", "none"]
 

@@ -56,3 +56,32 @@ def test_parse_and_required_tool_calls_on_the_default_model():
                 args = json.loads(tc.function.arguments)
                 assert tc.function.name in ("get_weather", "search")
                 assert set(args) == ({"city", "unit"} if tc.function.name == "get_weather" else {"query"})
+
+
+class Reasoned(pydantic.BaseModel):  # the order a client writes is the order it means
+    reasoning: str = pydantic.Field(max_length=80)
+    answer: int
+
+
+def test_schemas_and_required_tools_keep_the_clients_key_order_on_the_default_model():
+    with serve_subprocess("--kv-cache-memory", "256MiB", timeout=600) as (url, _):
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=300)
+        model = client.models.list().data[0].id
+        r = client.beta.chat.completions.parse(
+            model=model, messages=[{"role": "user", "content": "What is 2 + 2? Think, then answer."}],
+            temperature=0, max_tokens=120, response_format=Reasoned)
+        content = r.choices[0].message.content
+        assert isinstance(r.choices[0].message.parsed, Reasoned), content
+        assert list(json.loads(content)) == ["reasoning", "answer"], content
+        # parallel calls allowed: written name first, the model closes the list after one call
+        choice = client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "Search the web for jazz"}], tools=[WEATHER, SEARCH],
+            tool_choice="required", temperature=0, max_tokens=200).choices[0]
+        assert choice.finish_reason == "tool_calls" and choice.message.content is None, choice
+        assert [c.function.name for c in choice.message.tool_calls] == ["search"]
+        # this one the 135M model repeats until max_tokens: the calls written whole are kept
+        cut = client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "What's the weather like in Paris?"}],
+            tools=[WEATHER, SEARCH], tool_choice="required", temperature=0, max_tokens=200).choices[0]
+        assert cut.finish_reason == "length" and cut.message.content is None and cut.message.tool_calls, cut
+        assert all(json.loads(c.function.arguments)["city"] for c in cut.message.tool_calls)

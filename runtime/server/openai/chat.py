@@ -57,15 +57,15 @@ class ChatChunks(ChunkRenderer):
         super().__init__(gen)
         self.tools = {k: ToolDeltas(gen.tools) for k in range(gen.n)} if gen.tools else {}
         self.thinking = {k: ReasoningSplitter(gen.reasoning) for k in range(gen.n)} if gen.reasoning else {}
+        self.role_sent: set[int] = set()
 
     def _chunk(self, index: int, delta: dict[str, Any], logprobs=None, finish: dict[str, Any] | None = None
                ) -> dict[str, Any]:
+        if index not in self.role_sent:  # the role rides with a choice's first token, as vLLM and OpenAI send it:
+            self.role_sent.add(index)    # load testers time the first chunk, so it must not come before the prefill
+            delta = {"role": "assistant", **delta}
         return self.chunk([{"index": index, "delta": delta, "logprobs": logprobs,
                             **(finish or {"finish_reason": None, "stop_reason": None})}])
-
-    def start(self):
-        # the role first, at once: the client sees the response begin before the first token
-        return [self._chunk(k, {"role": "assistant", "content": ""}) for k in range(self.gen.n)]
 
     def delta(self, index: int, c: CompletionOutput):
         lp = _logprobs(self.gen, c.delta_token_ids, c.delta_logprobs)
@@ -74,8 +74,11 @@ class ChatChunks(ChunkRenderer):
         delta = (self.tools[index].delta(text) if self.tools else {"content": text}) or {}
         if reasoning:
             delta["reasoning_content"] = reasoning
-        if not any(delta.get(k) for k in ("content", "tool_calls", "reasoning_content")) and not (lp and lp["content"]):
-            return None
+        if index in self.role_sent and not any(delta.get(k) for k in ("content", "tool_calls", "reasoning_content")) \
+                and not (lp and lp["content"]):
+            return None  # nothing new; but a choice's first output always sends its role, even with no text yet
+        if not delta:
+            delta["content"] = ""
         return self._chunk(index, delta, lp)
 
     def final(self, index: int, c: CompletionOutput):

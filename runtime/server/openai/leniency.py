@@ -50,5 +50,6 @@ def check_fields(body: BaseModel, strict: bool) -> list[str]:
 def header_value(names: list[str], safe: str = "._-[]") -> str:
     """The names, percent-encoded where not plain ASCII (headers are latin-1) or not in safe, the first
     MAX_NAMED only."""
-    shown = [quote(n, safe=safe, errors="replace")[:100] for n in names[:MAX_NAMED]]  # a lone surrogate too
+    # a lone surrogate too; an empty name shown as "" (else a trailing ", " is an illegal header value)
+    shown = [quote(n, safe=safe, errors="replace")[:100] or '""' for n in names[:MAX_NAMED]]
     return ", ".join(shown) + (f", ... ({len(names)} in all)" if len(names) > MAX_NAMED else "")

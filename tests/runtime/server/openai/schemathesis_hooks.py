@@ -8,6 +8,7 @@ static schema can state are let through, each by the code or parameter the 400 n
 - n x prompts against the sequences the server admits (--max-num-seqs + --max-queue);
 - whether a grammar compiles (a JSON schema, regex or EBNF text), and which structure fields may be
   combined (one of response_format / guided_*; tool_choice against tools);
+- whether a previous_response_id names a response this server still stores;
 - whether the chat template writes a final message as given, so continue_final_message can leave it open
   (and add_generation_prompt, true by default, against continue_final_message).
 """
@@ -17,7 +18,7 @@ import schemathesis
 
 UNSTATABLE_CODES = {"context_length_exceeded", "too_many_sequences"}
 UNSTATABLE_PARAMS = {"min_tokens", "response_format", "guided_json", "guided_regex", "guided_choice",
-                     "guided_grammar", "tool_choice", "continue_final_message"}
+                     "guided_grammar", "tool_choice", "continue_final_message", "previous_response_id"}
 
 
 @schemathesis.hook

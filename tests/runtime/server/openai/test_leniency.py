@@ -47,3 +47,11 @@ def test_known_requests_name_nothing(server):
     url, _ = server
     r = httpx.post(url + "/v1/completions", json={"model": TINY_MODEL, "prompt": "a", "max_tokens": 2}, timeout=60)
     assert r.status_code == 200 and "x-ignored-fields" not in r.headers
+
+
+def test_an_empty_field_name_is_named_in_a_legal_header(server):
+    url, strict = server
+    r = httpx.post(url + "/v1/completions", json={"prompt": "a", "max_tokens": 2, "0": None, "": None}, timeout=60)
+    assert r.status_code == (400 if strict else 200)
+    if not strict:
+        assert r.headers["x-ignored-fields"] == '0, ""'

@@ -2,6 +2,7 @@
 import json
 
 import httpx
+import openai
 import pytest
 
 from runtime.llm import LLM
@@ -23,6 +24,16 @@ def test_models_lists_the_served_model(client, server):
     assert [m.id for m in models] == [TINY_MODEL]
     assert models[0].object == "model"
     assert httpx.get(server.url + "/health").json() == {"status": "ok"}
+
+
+def test_one_model_by_its_id_and_404_for_another(client, server):
+    model = client.models.retrieve(TINY_MODEL)
+    assert (model.id, model.object) == (TINY_MODEL, "model")
+    with pytest.raises(openai.NotFoundError) as err:
+        client.models.retrieve("gpt-4o")
+    assert err.value.body["code"] == "model_not_found" and "gpt-4o" in err.value.body["message"]
+    r = httpx.get(server.url + "/v1/models/org/name")  # a name with a slash is one id, unknown here
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
 
 
 def test_chat_matches_offline_engine_with_usage(client, reference):

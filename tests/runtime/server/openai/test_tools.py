@@ -3,6 +3,7 @@ OpenAI-shaped answers (message.tool_calls, streamed tool_calls deltas) through t
 import json
 
 import openai
+import pydantic
 import pytest
 
 from runtime.server.openai.protocol import ChatCompletionRequest
@@ -48,15 +49,43 @@ def test_tools_go_into_the_system_message_when_the_template_ignores_them():
     assert [t["function"]["name"] for t in variables["tools"]] == ["get_weather", "add"]
 
 
-def test_streamed_auto_content_stops_at_a_call_and_the_call_comes_as_deltas():
-    stream = ToolDeltas(ToolPlan("auto", PARSERS["hermes"]))
-    got = [stream.delta(p) for p in ["Hi <tool", "_call>{\"name\": \"add\", ", "\"arguments\": {}}</tool_call>"]]
-    assert got == [{"content": "Hi "}, None, None]
-    deltas, called = stream.final()
-    assert called and deltas[0]["tool_calls"][0]["function"] == {"name": "add", "arguments": ""}
-    assert deltas[1]["tool_calls"][0]["function"] == {"arguments": "{}"}
+def _stream_by_character(plan: ToolPlan, text: str):
+    """(content, {index: [id, name, arguments]}, how many deltas carried arguments before final(), called)."""
+    stream, content, calls, early = ToolDeltas(plan), "", {}, 0
+    deltas = [d for d in (stream.delta(ch) for ch in text) if d]
+    early = sum(1 for d in deltas for tc in d.get("tool_calls", []) if tc["function"]["arguments"])
+    rest, called = stream.final()
+    for d in deltas + rest:
+        content += d.get("content") or ""
+        for tc in d.get("tool_calls", []):
+            call = calls.setdefault(tc["index"], [None, None, ""])
+            if "id" in tc:
+                assert call[0] is None, "id and name come once"
+                call[0], call[1] = tc["id"], tc["function"]["name"]
+            call[2] += tc["function"]["arguments"]
+    return content, calls, early, called
+
+
+def test_auto_calls_stream_their_arguments_as_they_are_written():
+    text = 'Hi <tool_call>\n{"name": "add", "arguments": {"a": 1, "s": "x}\\"y"}}\n</tool_call>\n' \
+           '<tool_call>\n{"arguments": {}, "name": "late"}\n</tool_call>'  # the second written arguments first
+    content, calls, early, called = _stream_by_character(ToolPlan("auto", PARSERS["hermes"]), text)
+    assert called and content == "Hi " and early > 10  # one delta per character of the first call's arguments
+    assert [(c[1], c[2]) for c in calls.values()] == [("add", '{"a": 1, "s": "x}\\"y"}'), ("late", "{}")]
+    assert json.loads(calls[0][2]) == {"a": 1, "s": 'x}"y'}
     message, reason = chat_message(ToolPlan("auto", PARSERS["hermes"]), "Hi <tool", "length")
     assert message["content"] == "Hi <tool" and reason == "length"
+
+
+def test_required_calls_stream_as_written_and_a_call_cut_off_keeps_the_whole_ones():
+    plan = ToolPlan("required", PARSERS["hermes"])
+    cut = '[{"name": "add", "arguments": {"a": 1}}, {"name": "get_weather", "arguments": {"city": "Paris", "da'
+    content, calls, early, called = _stream_by_character(plan, cut)
+    assert called and not content and early > 5
+    assert [(c[1], c[2]) for c in calls.values()] == [("add", '{"a": 1}'), ("get_weather", '{"city": "Paris", "da')]
+    message, reason = chat_message(plan, cut, "length")
+    assert reason == "length" and message["content"] is None
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in message["tool_calls"]] == [("add", '{"a": 1}')]
 
 
 @pytest.fixture(scope="module")
@@ -101,6 +130,9 @@ def test_required_and_named_tool_choice_yield_valid_calls_streamed_and_not(clien
         assert finish == "tool_calls" and not content
         assert [(c[1], c[2]) for c in calls.values()] == [(c.function.name, c.function.arguments)
                                                           for c in r.message.tool_calls]
+    pieces = [tc.function.arguments for chunk in client.chat.completions.create(seed=0, stream=True, **kw)
+              if chunk.choices for tc in chunk.choices[0].delta.tool_calls or [] if tc.function.arguments]
+    assert len(pieces) > 3  # the arguments arrive as they are written, not in one delta at the end
 
 
 def test_a_tool_round_trip_call_result_answer(client):
@@ -126,3 +158,17 @@ def test_tool_choices_that_cannot_be_met_are_400(client, body, words):
                                        **{k: v for k, v in body.items() if k == "tool_choice"},
                                        extra_body={k: v for k, v in body.items() if k != "tool_choice"})
     assert words in err.value.body["message"]
+
+
+class AddArgs(pydantic.BaseModel):
+    a: int = pydantic.Field(ge=0, le=9)
+
+
+def test_the_sdk_stream_helper_parses_a_required_strict_pydantic_tool(client):
+    with client.chat.completions.stream(model=TINY_MODEL, messages=ASK, tools=[openai.pydantic_function_tool(AddArgs)],
+                                        tool_choice="required", parallel_tool_calls=False, max_tokens=120,
+                                        temperature=0) as stream:
+        kinds = {event.type for event in stream}
+        final = stream.get_final_completion().choices[0]
+    assert final.finish_reason == "tool_calls" and "tool_calls.function.arguments.delta" in kinds
+    assert isinstance(final.message.tool_calls[0].function.parsed_arguments, AddArgs)

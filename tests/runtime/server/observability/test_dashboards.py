@@ -10,7 +10,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.paths import REPO
-from tests.runtime.server import dashboards as d
+from tests.runtime.server.observability import dashboards as d
 from tests.server_utils import live_server
 from tests.tiny_engine import tiny_engine
 

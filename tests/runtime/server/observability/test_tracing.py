@@ -1,4 +1,4 @@
-"""OpenTelemetry traces against a real OTLP/HTTP receiver the test starts (tests/runtime/server/otlp_receiver.py):
+"""OpenTelemetry traces against a real OTLP/HTTP receiver the test starts (tests/runtime/server/observability/otlp_receiver.py):
 a streamed chat's `llm_request` span with vLLM's gen_ai.* attributes, in the caller's trace (W3C
 traceparent), and with detailed traces a span per engine step and phase inside it."""
 import importlib.util
@@ -40,7 +40,7 @@ def stream_chat(url, headers=None, max_tokens=4):
 
 @needs_otel
 def test_a_streamed_chat_is_one_span_in_the_callers_trace_with_step_and_phase_children(fast_export):
-    from tests.runtime.server.otlp_receiver import otlp_receiver
+    from tests.runtime.server.observability.otlp_receiver import otlp_receiver
 
     with otlp_receiver() as (endpoint, receiver), \
             live_server(tiny_engine(), otlp_traces_endpoint=endpoint, detailed_traces=True) as srv:
@@ -79,7 +79,7 @@ def test_a_streamed_chat_is_one_span_in_the_callers_trace_with_step_and_phase_ch
 
 @needs_otel
 def test_without_traceparent_a_request_starts_its_own_trace(fast_export):
-    from tests.runtime.server.otlp_receiver import otlp_receiver
+    from tests.runtime.server.observability.otlp_receiver import otlp_receiver
 
     with otlp_receiver() as (endpoint, receiver), live_server(tiny_engine(), otlp_traces_endpoint=endpoint) as srv:
         stream_chat(srv.url)
@@ -122,7 +122,7 @@ def test_tracing_flag_checks():
 def test_serve_flags_trace_and_log_json_end_to_end(tmp_path, fast_export):
     """`python -m runtime.serve --otlp-traces-endpoint URL --collect-detailed-traces all --log-format json`:
     the span reaches the receiver and the access line on stdout names its trace."""
-    from tests.runtime.server.otlp_receiver import otlp_receiver
+    from tests.runtime.server.observability.otlp_receiver import otlp_receiver
 
     model = write_tiny_model(str(tmp_path / "tiny"))
     with otlp_receiver() as (endpoint, receiver), \
