@@ -21,6 +21,16 @@ def proposer_text(engine: AsyncEngine) -> str:
     return name if name == "off" else f"{name}, {engine.engine.config.num_speculative_tokens} tokens a step"
 
 
+def tier_group(s: EngineStats) -> list[list[tuple[str, str]]]:
+    """With tiers below the pool: the share of the blocks looked up below that each tier supplied, and
+    how full it is (none without tiers)."""
+    asked, t = s.tiers.get("lookup_blocks", 0), s.tiers
+    names = [n for n in ("host", "disk") if f"{n}_capacity_bytes" in t]
+    return [[cell for n in names for cell in (
+        (f"{n} hits", f"{t.get(f'{n}_hits', 0) / asked:.1%}" if asked else "-"),
+        (f"{n} used", f"{t[f'{n}_used_bytes'] / 2**20:.1f} / {t[f'{n}_capacity_bytes'] / 2**20:.0f} MiB"))]] if names else []
+
+
 def acceptance_text(s: EngineStats) -> str:
     """Accepted / proposed drafts since start, with the count behind the rate."""
     return f"{s.spec_acceptance_rate:.0%} of {s.spec_proposed}" if s.spec_proposed else "-"
@@ -82,7 +92,7 @@ class LivePanel:
                 ("prefix hits", f"{s.prefix_cache_hit_rate:.1%}")]
         speculation = [("proposer", self.proposer), ("drafts accepted", acceptance_text(s)),
                        ("by draft position", by_position_text(s))]
-        return [load, speculation]
+        return [load, speculation, *tier_group(s)]
 
     def stats_markdown(self) -> str:
         tables = [f"| {' | '.join(h for h, _ in cells)} |\n|{'---|' * len(cells)}\n| {' | '.join(v for _, v in cells)} |"

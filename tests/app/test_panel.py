@@ -2,10 +2,11 @@
 import numpy as np
 
 from app.block_map import STATE_COLORS
-from app.panel import LivePanel
+from app.panel import LivePanel, tier_group
 from runtime.sampling_params import SamplingParams
 from runtime.server.async_engine import AsyncEngine
 from runtime.server.metrics import ServerMetrics
+from tests.runtime.tiers.tier_workload import engine, run_rounds
 from tests.tiny_engine import tiny_engine
 
 
@@ -101,3 +102,15 @@ def test_stats_row_names_the_proposer_and_its_acceptance_as_the_engine_counts_it
                 assert s.spec_proposed_by_pos[0] == s.spec_verify_steps and by_position_text(s).endswith(" a step)")
         finally:
             metrics.close()
+
+
+def test_the_stats_row_shows_the_tiers_hit_rates_when_there_are_tiers():
+    with engine(kv_offload_bytes=1 << 30) as e:
+        run_rounds(e)
+        s = e.snapshot()
+        groups = tier_group(s)
+        assert [h for h, _ in groups[0]] == ["host hits", "host used"]
+        assert groups[0][0][1] == f"{s.tiers['host_hits'] / s.tiers['lookup_blocks']:.1%}" != "0.0%"
+    with engine() as e:
+        run_rounds(e, rounds=1)
+        assert tier_group(e.snapshot()) == []
