@@ -72,6 +72,7 @@ FROM_SNAPSHOT: dict[str, Callable[[EngineStats], Rows]] = {
     VLLM + "prefix_cache_queries": lambda s: _one(s.prefix_cache_queries),
     VLLM + "prefix_cache_hits": lambda s: _one(s.prefix_cache_hits),
     VLLM + "external_prefix_cache_queries": lambda s: _one(s.external_prefix_cache_queries),
+    VLLM + "external_prefix_cache_hits": lambda s: _one(s.external_prefix_cache_hits),
     VLLM + "kv_offload_cpu_cache_usage_perc":
         lambda s: _one(s.tiers.get("host_used_bytes", 0) / (s.tiers.get("host_capacity_bytes") or 1)),
     VLLM + "kv_offload_load_bytes": lambda s: _one(sum(s.tiers.get(f"{t}_read_bytes", 0) for t in LOWER_KV_TIERS)),
@@ -80,7 +81,6 @@ FROM_SNAPSHOT: dict[str, Callable[[EngineStats], Rows]] = {
     VLLM + "kv_offload_load_time": lambda s: _one(s.tiers.get("load_seconds", 0)),
     VLLM + "kv_offload_store_time": lambda s: _one(s.tiers.get("store_seconds", 0)),
     VLLM + "kv_offload_stores_skipped": lambda s: _one(s.tiers.get("writes_dropped", 0)),
-    VLLM + "external_prefix_cache_hits": lambda s: _one(s.external_prefix_cache_hits),
     VLLM + "spec_decode_num_drafts": lambda s: _one(s.spec_verify_steps),
     VLLM + "spec_decode_num_draft_tokens": lambda s: _one(s.spec_proposed),
     VLLM + "spec_decode_num_accepted_tokens": lambda s: _one(s.spec_accepted),
