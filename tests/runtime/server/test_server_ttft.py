@@ -5,7 +5,7 @@ import time
 
 import httpx
 
-from tests.runtime.server.test_server_metrics import scrape, value
+from tests.runtime.server.test_server_metrics import V, scrape, value
 from tests.server_utils import TINY_MODEL, live_server, sse_payloads
 from tests.tiny_engine import tiny_engine
 
@@ -31,7 +31,7 @@ def test_the_first_chat_chunk_comes_with_the_first_token_at_the_engines_ttft():
                 "logprobs": True}
         httpx.post(srv.url + "/v1/chat/completions", json={**body, "stream": False}, timeout=60)  # warm-up
         srv.wait_idle()
-        warm_ttft = value(scrape(srv.url), "time_to_first_token_seconds_sum")
+        warm_ttft = value(scrape(srv.url), V + "time_to_first_token_seconds_sum")
         start = time.perf_counter()
         with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body, timeout=60) as r:
             payloads = sse_payloads(r.iter_lines())
@@ -42,7 +42,7 @@ def test_the_first_chat_chunk_comes_with_the_first_token_at_the_engines_ttft():
                     break
             list(payloads)  # read to the end: an aborted request is not in the histogram
         srv.wait_idle()
-        engine_ttft = value(scrape(srv.url), "time_to_first_token_seconds_sum") - warm_ttft
+        engine_ttft = value(scrape(srv.url), V + "time_to_first_token_seconds_sum") - warm_ttft
     client_ttft, choice = first_chunk
     # the role with the first token (its text may still be empty: a byte of a longer character)
     assert choice["delta"]["role"] == "assistant" and len(choice["logprobs"]["content"]) == 1, choice
