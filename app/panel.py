@@ -12,6 +12,7 @@ from app.latency_chart import CHARTS, Chart, latency_chart, seconds_text
 from app.latency_window import LatencyWindow
 from runtime.engine_stats import EngineStats
 from runtime.server.async_engine import AsyncEngine
+from runtime.server.metric_defs import LOWER_KV_TIERS
 from runtime.server.metrics import ServerMetrics
 
 
@@ -25,7 +26,7 @@ def tier_group(s: EngineStats) -> list[list[tuple[str, str]]]:
     """With tiers below the pool: the share of the blocks looked up below that each tier supplied, and
     how full it is (none without tiers)."""
     asked, t = s.tiers.get("lookup_blocks", 0), s.tiers
-    names = [n for n in ("host", "disk") if f"{n}_capacity_bytes" in t]
+    names = [n for n in LOWER_KV_TIERS if f"{n}_capacity_bytes" in t]
     return [[cell for n in names for cell in (
         (f"{n} hits", f"{t.get(f'{n}_hits', 0) / asked:.1%}" if asked else "-"),
         (f"{n} used", f"{t[f'{n}_used_bytes'] / 2**20:.1f} / {t[f'{n}_capacity_bytes'] / 2**20:.0f} MiB"))]] if names else []

@@ -24,7 +24,7 @@ class Snapshot:
     def bytes(self) -> bytearray:
         if self.done is not None:
             self.done.synchronize()  # the writer thread waits, not the step
-        return bytearray(self.data.numpy().tobytes())
+        return bytearray(self.data.numpy())  # one copy (tobytes() made a second)
 
 
 class BlockIO:

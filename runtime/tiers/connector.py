@@ -134,7 +134,7 @@ class TieredConnector:
     def offer(self, block: int, block_hash: int, tokens: tuple[int, ...], wait: bool = False) -> None:
         """Copy an evicted block out now (the pool reuses it next) and queue it for the tiers; a full
         queue drops it (counted) rather than stall the step, unless wait."""
-        if any(t.contains(block_hash) for t in self.tiers):
+        if self.holds(block_hash):
             return
         snapshot = self.io.snapshot(block)  # before the pool hands the block out again
         try:
