@@ -41,7 +41,7 @@ class Tier(Protocol):
     def __len__(self) -> int: ...  # blocks held
     def contains(self, block_hash: int) -> bool: ...
     def read(self, block_hash: int) -> bytes | bytearray | None: ...
-    def write(self, block_hash: int, data: bytes) -> bool | list[tuple[int, bytes]]: ...
+    def write(self, block_hash: int, data: bytes) -> list[tuple[int, bytes]]: ...  # what falls to the tier below
     def drop(self, block_hash: int) -> None: ...
     def drain(self) -> list[tuple[int, bytes]]: ...  # what must go to the tiers below at shutdown
     def close(self) -> None: ...
@@ -201,18 +201,18 @@ class TieredConnector:
 
     def _store(self, block_hash: int, data: bytes, below: int = 0) -> None:
         pending = [(block_hash, data)]
-        for tier in self.tiers[below:]:  # a tier takes what comes; what it evicts falls to the next
-            spilled = []
+        for tier in self.tiers[below:]:  # a tier takes what comes; what it lets go falls to the next
+            fallen = []
             for h, d in pending:
                 if tier.contains(h):  # held already (offered twice before the first write landed)
                     continue
-                kept = tier.write(h, d)
-                if isinstance(kept, list):  # the host tier: what it had to let go
-                    spilled += kept
-                    self._count(f"{tier.name}_written_bytes", len(d) * (h not in {s for s, _ in kept}))
-                else:
-                    self._count(f"{tier.name}_written_bytes" if kept else "write_failures", len(d) if kept else 1)
-            pending = spilled
+                out = tier.write(h, d)
+                if h not in {f for f, _ in out}:
+                    self._count(f"{tier.name}_written_bytes", len(d))
+                elif tier is self.tiers[-1]:  # refused by the last tier (a full or failing disk): lost
+                    self._count("write_failures")
+                fallen += out
+            pending = fallen
             if not pending:
                 return
 

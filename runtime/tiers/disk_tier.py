@@ -72,10 +72,11 @@ class DiskTier:
                 self.index.move_to_end(block_hash)
         return data
 
-    def write(self, block_hash: int, data: bytes) -> bool:
-        """Store a block's file (the writer thread); False where the disk would not take it."""
+    def write(self, block_hash: int, data: bytes) -> list[tuple[int, bytes]]:
+        """Store a block's file (the writer thread); the block back where the disk would not take it (what
+        the budget evicts is deleted: nothing lies below the disk)."""
         if block_hash in self.index or len(data) > self.budget:
-            return block_hash in self.index
+            return [] if block_hash in self.index else [(block_hash, data)]
         path = self._path(block_hash)
         tmp = path.with_suffix(".tmp")
         try:
@@ -87,12 +88,12 @@ class DiskTier:
                 self.failed.add(exc.errno)
                 log.warning("KV disk tier: writing %s failed (%s); blocks that do not fit are recomputed",
                             self.dir, errno.errorcode.get(exc.errno, exc))
-            return False
+            return [(block_hash, data)]
         with self.guard:
             self.index[block_hash] = len(data)
             self.used += len(data)
             self._shrink_to(self.budget)
-        return True
+        return []
 
     def drop(self, block_hash: int) -> None:
         """Forget a block (its file is corrupt or gone)."""
