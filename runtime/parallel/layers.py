@@ -12,9 +12,9 @@ import time
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
-from runtime.model.linear import Linear, tensor_bytes
+from runtime.model.embedding import Embedding
+from runtime.model.linear import Linear
 from runtime.model.llama import LlamaModel
 from runtime.parallel.group import TPGroup
 from runtime.parallel.plan import RankShard
@@ -83,19 +83,20 @@ class GatheredHead:
 
 
 class VocabParallelEmbedding:
-    """Rows [start, start + rows) of the table live here; other ids read zeros, which the sum fills."""
+    """Rows [start, start + rows) of the table live here (in the rank's Embedding, float or blocks); other
+    ids read zeros, which the sum fills."""
 
-    def __init__(self, table: torch.Tensor, start: int, group: TPGroup) -> None:
-        self.table, self.start, self.group = table, start, group
+    def __init__(self, inner: Embedding, start: int, rows: int, group: TPGroup) -> None:
+        self.inner, self.start, self.rows, self.group = inner, start, rows, group
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
         local = ids - self.start
-        outside = (local < 0) | (local >= self.table.shape[0])
-        x = F.embedding(local.masked_fill(outside, 0), self.table)
+        outside = (local < 0) | (local >= self.rows)
+        x = self.inner(local.masked_fill(outside, 0))
         return all_reduce(x.masked_fill_(outside.unsqueeze(-1), 0.0), self.group)
 
     def weight_bytes(self) -> int:
-        return tensor_bytes(self.table)
+        return self.inner.weight_bytes()
 
 
 def parallelize(model: LlamaModel, full: ModelConfig, shard: RankShard, group: TPGroup) -> LlamaModel:
@@ -104,6 +105,6 @@ def parallelize(model: LlamaModel, full: ModelConfig, shard: RankShard, group: T
         layer.o_proj = RowParallelLinear(layer.o_proj, group)
         layer.down = RowParallelLinear(layer.down, group)
     model.head = GatheredHead(model.head, full.vocab_size, group)
-    model.embedding = VocabParallelEmbedding(model.embedding.table, shard.vocab[0], group)
+    model.embedding = VocabParallelEmbedding(model.embedding, shard.vocab[0], shard.vocab_per_rank, group)
     model.cfg = dataclasses.replace(model.cfg, vocab_size=full.vocab_size)  # logits come out full width
     return model

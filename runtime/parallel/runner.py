@@ -30,7 +30,6 @@ from runtime.parallel.shard import shard_checkpoint
 from runtime.parallel.worker import STOP, RankSpec, build_rank_runner, connect, worker_main
 from runtime.sequence import SeqChunk
 from weights.config import ModelConfig
-from weights.quantized import as_float
 
 log = logging.getLogger("cute_serve")
 
@@ -181,8 +180,6 @@ def make_tp_runner(cfg: ModelConfig, tensors: dict[str, torch.Tensor], kv_budget
                    ) -> tuple[TensorParallelRunner, KVLedger]:
     """Rank 0's runner over world_size ranks; consumes `tensors`. The ledger is one rank's. make_runner
     builds a rank's ModelRunner (runtime.build.make_runner; pickled by reference to the workers)."""
-    for name, t in tensors.items():  # ranks cut float weights: a GGUF's blocks are dequantized first
-        tensors[name] = as_float(t)
     spec = GroupSpec.create(world_size, device)
     threads_before = torch.get_num_threads()
     threads = threads_per_rank(world_size)

@@ -1,7 +1,9 @@
-"""Cut a checkpoint (HF-named float tensors) into one rank's part, before any Linear is built.
+"""Cut a checkpoint (HF-named tensors) into one rank's part, before any Linear is built.
 
-Sharding the float weights first lets build_model and make_linear run unchanged on each rank, so every
-Linear kind (dense, oneDNN-packed, quantized, CuTe) runs its shard through the same kernels. q, k and v
+Sharding the weights first lets build_model and make_linear run unchanged on each rank, so every
+Linear kind (dense, oneDNN-packed, quantized, CuTe) runs its shard through the same kernels. A GGUF's
+blocks are cut as blocks (rows whole; input columns on block boundaries, else a UserError), never
+dequantized: each rank holds its share of the file's bytes. q, k and v
 (and gate, up) are separate checkpoint tensors here: each is cut on its own, and build_model fuses the
 cuts. Column-parallel (cut rows): q/k/v, gate/up, the vocabulary of the embedding and LM head.
 Row-parallel (cut input columns): o_proj, down. Norms are replicated.
@@ -10,8 +12,12 @@ from __future__ import annotations
 
 import torch
 
+from runtime.errors import UserError
 from runtime.parallel.plan import RankShard
 from weights.config import ModelConfig
+from weights.quantized import QuantizedParts, QuantizedTensor, block_shape
+
+Tensor = torch.Tensor | QuantizedTensor
 
 _Q_ROWS = ("self_attn.q_proj.weight", "self_attn.q_proj.bias")
 _KV_ROWS = ("self_attn.k_proj.weight", "self_attn.k_proj.bias", "self_attn.v_proj.weight", "self_attn.v_proj.bias")
@@ -19,14 +25,31 @@ _MLP_ROWS = ("mlp.gate_proj.weight", "mlp.up_proj.weight")
 _VOCAB_ROWS = ("model.embed_tokens.weight", "lm_head.weight")
 
 
-def _rows(t: torch.Tensor, start: int, end: int, pad_to: int | None = None) -> torch.Tensor:
+def _rows(t: Tensor, start: int, end: int, pad_to: int | None = None) -> Tensor:
+    if isinstance(t, QuantizedTensor):  # a row is whole blocks: cut (and pad: zero blocks are zeros) the bytes
+        return t.with_blocks(_rows(t.blocks, start, end, pad_to))
     part = t[start:end]
     if pad_to is not None and part.shape[0] < pad_to:  # the last rank's vocabulary slice: zero rows
         part = torch.cat([part, part.new_zeros((pad_to - part.shape[0], *part.shape[1:]))])
     return part.contiguous().clone()  # clone: never keep (or share with a worker) the whole tensor
 
 
-def _cut(name: str, t: torch.Tensor, cfg: ModelConfig, shard: RankShard) -> torch.Tensor:
+def _cols(name: str, t: Tensor, start: int, end: int) -> Tensor:
+    """Input columns [start, end) of a row-parallel weight."""
+    if not isinstance(t, QuantizedTensor):
+        return _rows(t.T, start, end).T.contiguous()
+    values, nbytes = block_shape(t.type_name)
+    if start % values or end % values:
+        raise UserError(f"--tensor-parallel-size does not fit {name}: its {t.type_name} blocks hold {values} "
+                        f"values and a rank's input columns [{start}, {end}) would cut one (choose a size that "
+                        f"splits it on {values}-column boundaries, or --quantization none)")
+    return QuantizedTensor(t.type_name, t.blocks[:, start // values * nbytes:end // values * nbytes].contiguous()
+                           .clone(), end - start)
+
+
+def _cut(name: str, t: Tensor, cfg: ModelConfig, shard: RankShard) -> Tensor:
+    if isinstance(t, QuantizedParts):  # only build_model fuses parts; a checkpoint's tensors are single
+        raise TypeError(f"{name}: a checkpoint tensor of several block types")
     d = cfg.head_dim
     if name.endswith(_Q_ROWS):
         return _rows(t, shard.q_heads[0] * d, shard.q_heads[1] * d)
@@ -37,12 +60,12 @@ def _cut(name: str, t: torch.Tensor, cfg: ModelConfig, shard: RankShard) -> torc
     if name in _VOCAB_ROWS:
         return _rows(t, *shard.vocab, pad_to=shard.vocab_per_rank)
     if name.endswith("self_attn.o_proj.weight"):
-        return _rows(t.T, shard.q_heads[0] * d, shard.q_heads[1] * d).T.contiguous()
+        return _cols(name, t, shard.q_heads[0] * d, shard.q_heads[1] * d)
     if name.endswith("mlp.down_proj.weight"):
-        return _rows(t.T, *shard.mlp).T.contiguous()
-    return t.clone()  # norms and anything the model does not split
+        return _cols(name, t, *shard.mlp)
+    return t.clone() if isinstance(t, torch.Tensor) else t.with_blocks(t.blocks.clone())  # norms, unsplit
 
 
-def shard_checkpoint(cfg: ModelConfig, tensors: dict[str, torch.Tensor], shard: RankShard) -> dict[str, torch.Tensor]:
+def shard_checkpoint(cfg: ModelConfig, tensors: dict[str, Tensor], shard: RankShard) -> dict[str, Tensor]:
     """This rank's tensors, under the checkpoint's names; `tensors` is left as it was."""
     return {name: _cut(name, t, cfg, shard) for name, t in tensors.items()}

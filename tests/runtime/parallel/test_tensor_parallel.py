@@ -213,21 +213,25 @@ def test_vocabulary_pads_to_a_multiple_of_the_ranks():
 
 
 @pytest.mark.slow  # ~1 min on 2 shared cores: the real model loaded twice, three ranks started
-def test_tp3_on_the_default_model_matches_one_process():
-    """SmolLM2-135M: 9 query heads and 3 KV heads, one KV head per rank."""
+@pytest.mark.parametrize("quantization", [None, "none"])
+def test_tp3_on_the_default_model_matches_one_process(quantization):
+    """SmolLM2-135M: 9 query heads and 3 KV heads, one KV head per rank; the GGUF's Q4_1/Q8_0 blocks are
+    cut per rank (a third of the file's bytes each), or its float32 values with --quantization none."""
     from runtime.build import build_engine
     from runtime.load import load_model
-    from weights.quantized import as_float
 
     cfg, tensors, tok, _ = load_model(None)
-    tensors = {k: as_float(v) for k, v in tensors.items()}  # ranks cut float weights: compare the float path
-    copy = {k: v.clone() for k, v in tensors.items()}
-    config = dict(device="cpu", kv_cache_memory=32 << 20, log_ledger=False, quantization="none")
+    copy = {k: v.with_blocks(v.blocks.clone()) if hasattr(v, "blocks") else v.clone() for k, v in tensors.items()}
+    config = dict(device="cpu", kv_cache_memory=32 << 20, log_ledger=False, quantization=quantization)
     prompts = [tok.encode("The three primary colors are"), tok.encode("def fibonacci(n):")]
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     with build_engine(EngineConfig(**config), cfg, tensors, tok) as one, \
             build_engine(EngineConfig(tensor_parallel_size=3, **config), cfg, copy, tok) as three:
         assert three.model_runner.model.layers[0].cfg.num_kv_heads == 1
+        assert three.ledger.quantization == one.ledger.quantization
+        if quantization is None:  # norms replicated, every block cut: a third of the file's bytes and a little
+            assert one.ledger.quantization.startswith("Q4_1 x")
+            assert three.ledger.weight_bytes < 0.36 * one.ledger.weight_bytes
         assert tokens(three, prompts, params) == tokens(one, prompts, params)
 
 
