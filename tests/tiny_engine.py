@@ -55,7 +55,7 @@ def tiny_engine(arch: str = "llama", seed: int = 0, num_blocks: int = 256, logit
     config["seed"] = engine_seed
     config.setdefault("block_size", 16)
     rank_kv_heads = max(1, cfg.num_kv_heads // config.get("tensor_parallel_size", 1))
-    stage0_layers = -(-cfg.num_layers // config.get("pipeline_parallel_size", 1))  # rank 0's stage holds these
+    stage0_layers = -(-cfg.num_layers // max(1, config.get("pipeline_parallel_size", 1)))  # rank 0's stage holds these
     per_block = config["block_size"] * 2 * rank_kv_heads * cfg.head_dim * 4 * stage0_layers
     econf = EngineConfig(device="cpu", backend="torch", kv_cache_memory=num_blocks * per_block,
                          log_ledger=False, **config)

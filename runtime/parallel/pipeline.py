@@ -50,9 +50,9 @@ def split_micro_batches(chunks: list[SeqChunk], parts: int) -> list[list[SeqChun
     """Up to `parts` runs of consecutive chunks with about the same number of tokens each, none empty."""
     if parts <= 1 or len(chunks) <= 1:
         return [chunks]
-    sizes = np.cumsum([len(c.token_ids) for c in chunks])
-    cuts = np.searchsorted(sizes, sizes[-1] * np.arange(1, parts) / parts, side="left") + 1
-    bounds = sorted({0, *(min(int(c), len(chunks)) for c in cuts), len(chunks)})
+    ends = np.cumsum([len(c.token_ids) for c in chunks])  # cut after the chunks that end by each target
+    cuts = np.searchsorted(ends, ends[-1] * np.arange(1, parts) / parts, side="right")
+    bounds = sorted({0, *np.clip(cuts, 1, len(chunks) - 1).tolist(), len(chunks)})
     return [chunks[a:b] for a, b in zip(bounds, bounds[1:])]
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import logging
+import re
 import signal
 import time
 import weakref
@@ -87,7 +88,7 @@ class ParallelRunner:
         except RuntimeError as exc:  # a collective or message lost a rank (or timed out)
             time.sleep(0.2)  # let a dying worker's exit code settle, for the message
             dead = self._dead_workers()
-            self._fail(dead[0] if dead else f"rank 0's step failed ({str(exc).splitlines()[0][:200]})")
+            self._fail(dead[0] if dead else f"rank 0's step failed ({_short(exc)})")
 
     def run(self, chunks: list[SeqChunk]) -> torch.Tensor:
         return self.forward(self.prepare(chunks))
@@ -155,6 +156,13 @@ class ParallelRunner:
         self.group = self.step.group = None  # drops rank 0's ends of the groups (a launched rank then sees them close)
         self.spec.remove()
         torch.set_num_threads(self._threads_before)
+
+
+def _short(exc: BaseException) -> str:
+    """gloo's first line without its source location and advice, e.g. "Read error [127.0.0.1]:52416:
+    Connection reset by peer" (a peer rank went away)."""
+    text = re.sub(r"^\[[^\]]*\.(cc|cpp|h):\d+\]\s*", "", str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    return text.split(". This is typically")[0][:200]
 
 
 def _spawn(specs: Iterable[RankSpec], started: list[tuple[mp.Process, object]]) -> None:
