@@ -139,3 +139,5 @@ def worker_main(spec: RankSpec, link: Connection) -> None:
     except Exception:  # rank 0 gone or a collective failed: rank 0 sees it from its side
         traceback.print_exc(file=sys.stderr)
         sys.exit(1)
+    sys.stderr.flush()
+    os._exit(0)  # stopped: leave without tearing the groups down under gloo's threads (a C++ terminate)
