@@ -90,10 +90,15 @@ def model_dir(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def two_nodes(model_dir):
     """PP 2 over two "nodes": rank 0 (node 0) serves on url, rank 1 (node 1) runs headless."""
-    port = free_port()
-    args = ["--model", model_dir, "--port", str(port), "--pipeline-parallel-size", "2", *SERVE]
-    nodes = [Node(n, free_port(), args) for n in (0,)]
-    nodes.append(Node(1, int(nodes[0].proc.args[nodes[0].proc.args.index("--master-port") + 1]), args))
+    with deployment(["--model", model_dir, "--pipeline-parallel-size", "2", *SERVE]) as running:
+        yield running
+
+
+@contextlib.contextmanager
+def deployment(args: list[str]):
+    """(url, nodes) once rank 0 answers /health; on exit every node stopped and none of their processes left."""
+    port, master = free_port(), free_port()
+    nodes = [Node(n, master, ["--port", str(port), *args]) for n in (0, 1)]
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + START_S
@@ -127,6 +132,23 @@ def _complete(url: str) -> list[str]:
     r = httpx.post(url + "/v1/completions", json=body, timeout=60)
     assert r.status_code == 200, r.text
     return [c["text"] for c in sorted(r.json()["choices"], key=lambda c: c["index"])]
+
+
+@pytest.mark.slow  # the default model loaded three times (two ranks, one reference): ~1 min on 2 shared cores
+def test_two_torchrun_nodes_serve_the_default_model_as_one_process():
+    config = dict(device="cpu", kv_cache_memory=32 << 20, log_ledger=False, quantization="none")
+    cfg, tensors, tok, _ = load_model(None)
+    prompts = [tok.encode("The three primary colors are"), tok.encode("def fibonacci(n):")]
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    with build_engine(EngineConfig(**config), cfg, tensors, tok) as one:
+        want = [o.outputs[0].text for o in LLM.from_engine(one).generate(prompts, params, use_tqdm=False)]
+    args = ["--pipeline-parallel-size", "2", "--quantization", "none", "--served-model-name", TINY_MODEL,
+            "--kv-cache-memory", "32MiB", "--log-level", "warning"]
+    with deployment(args) as (url, _):
+        body = {"model": TINY_MODEL, "prompt": prompts, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+        r = httpx.post(url + "/v1/completions", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        assert [c["text"] for c in sorted(r.json()["choices"], key=lambda c: c["index"])] == want
 
 
 def test_two_torchrun_nodes_serve_the_tokens_of_one_process(two_nodes, model_dir):
