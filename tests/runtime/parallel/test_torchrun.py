@@ -134,23 +134,6 @@ def _complete(url: str) -> list[str]:
     return [c["text"] for c in sorted(r.json()["choices"], key=lambda c: c["index"])]
 
 
-@pytest.mark.slow  # the default model loaded three times (two ranks, one reference): ~1 min on 2 shared cores
-def test_two_torchrun_nodes_serve_the_default_model_as_one_process():
-    config = dict(device="cpu", kv_cache_memory=32 << 20, log_ledger=False, quantization="none")
-    cfg, tensors, tok, _ = load_model(None)
-    prompts = [tok.encode("The three primary colors are"), tok.encode("def fibonacci(n):")]
-    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
-    with build_engine(EngineConfig(**config), cfg, tensors, tok) as one:
-        want = [o.outputs[0].text for o in LLM.from_engine(one).generate(prompts, params, use_tqdm=False)]
-    args = ["--pipeline-parallel-size", "2", "--quantization", "none", "--served-model-name", TINY_MODEL,
-            "--kv-cache-memory", "32MiB", "--log-level", "warning"]
-    with deployment(args) as (url, _):
-        body = {"model": TINY_MODEL, "prompt": prompts, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
-        r = httpx.post(url + "/v1/completions", json=body, timeout=120)
-        assert r.status_code == 200, r.text
-        assert [c["text"] for c in sorted(r.json()["choices"], key=lambda c: c["index"])] == want
-
-
 def test_two_torchrun_nodes_serve_the_tokens_of_one_process(two_nodes, model_dir):
     url, _ = two_nodes
     cfg, tensors, tok, _ = load_model(model_dir)
