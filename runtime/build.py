@@ -54,6 +54,7 @@ def build_engine(config: EngineConfig, model_config: ModelConfig, tensors: dict[
     ranks = layout.world_size
     if launch is not None:
         device = local_device(launch, device)
+        set_threads(launch)
     if ranks > 1 and kv_dtype != dtype:
         raise UserError(f"--kv-cache-dtype {config.kv_cache_dtype} differs from the compute dtype ({dtype}): only "
                         "one process reads a cache of another type (use --kv-cache-dtype auto)")

@@ -98,7 +98,7 @@ class ParallelRunner:
         per_rank = self.ledger.weight_bytes + self.ledger.total_bytes
         text = f"{layout.tp} ranks, {per_rank / 2**20:.1f} MiB each (weights + KV cache)"
         if layout.pp > 1:
-            text = f"{layout.tp} x {layout.pp} pipeline stages ({self.world_size} ranks; the ledger has each stage's bytes)"
+            text = f"TP {layout.tp} x PP {layout.pp} ({self.world_size} ranks; the ledger has each stage's bytes)"
         return {**self.inner.describe(), "tensor parallel": text}
 
     def _dead_workers(self) -> list[str]:

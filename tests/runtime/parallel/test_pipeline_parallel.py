@@ -68,7 +68,7 @@ def test_each_stage_holds_its_layers_and_the_ledger_names_their_bytes(one, pp2):
     assert len(pp2.model_runner.model.layers) == 1 and pp2.model_runner.model.head.weight_bytes() == 0
     ledger = pp2.describe()["memory ledger"]
     assert ledger.startswith("pipeline 2 stages, per rank of each: stage 0: weights ") and "stage 1: weights" in ledger
-    assert pp2.describe()["tensor parallel"].startswith("1 x 2 pipeline stages")
+    assert pp2.describe()["tensor parallel"].startswith("TP 1 x PP 2 (2 ranks")
 
 
 def test_tp2_by_pp2_greedy_tokens_equal_one_process():
