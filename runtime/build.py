@@ -24,8 +24,11 @@ from runtime.kv.cache import KVLedger, allocate_kv_cache, plan_kv_cache
 from runtime.load import load_model
 from runtime.model.build import build_model
 from runtime.model.runner import EngineParts, ModelRunner, Runner
-from runtime.parallel.plan import check_tp_size
-from runtime.parallel.runner import make_tp_runner
+from runtime.parallel.group import GroupSpec, ParallelGroup
+from runtime.parallel.launch import Launch, check_world, from_env, group_spec, local_device, set_threads
+from runtime.parallel.plan import Layout
+from runtime.parallel.runner import agreed_blocks, make_parallel_runner
+from runtime.parallel.worker import RankSpec, build_rank_runner, connect, rank_tensors, serve_steps, share_bytes
 from runtime.sequence import Proposer
 from runtime.spec.draft_model import DraftModelProposer
 from runtime.spec.head_proposer import HeadProposer
@@ -38,6 +41,7 @@ from runtime.spec.throttle import Throttle
 from runtime.tiers.attach import attach_tiers, open_tiers, wants_tiers
 from runtime.tokenizer.tokenizer import Tokenizer
 from weights.config import ModelConfig
+from weights.quantized import as_float
 
 
 def build_engine(config: EngineConfig, model_config: ModelConfig, tensors: dict[str, torch.Tensor],
@@ -46,27 +50,35 @@ def build_engine(config: EngineConfig, model_config: ModelConfig, tensors: dict[
     device = resolve_device(config.device)
     dtype = resolve_dtype(config.dtype, device)
     kv_dtype = resolve_kv_dtype(config.kv_cache_dtype, dtype, device)
-    ranks = config.tensor_parallel_size
+    layout, launch = parallel_layout(config, model_config)  # before anything is built
+    ranks = layout.world_size
+    if launch is not None:
+        device = local_device(launch, device)
+        set_threads(launch)
     if ranks > 1 and kv_dtype != dtype:
         raise UserError(f"--kv-cache-dtype {config.kv_cache_dtype} differs from the compute dtype ({dtype}): only "
                         "one process reads a cache of another type (use --kv-cache-dtype auto)")
     if (reason := quantization_unavailable(config.quantization, device)) is not None:
         raise UserError(reason)
+    if layout.pp > 1 and config.speculative in HEAD_KINDS:
+        raise UserError(f"--speculative {config.speculative} reads the final hidden states, which live on the last "
+                        "pipeline stage: not with --pipeline-parallel-size > 1")
     max_model_len = min(model_config.max_position_embeddings, config.max_model_len or 1 << 62)
-    check_tp_size(model_config, ranks)  # before anything is built
     tiered = wants_tiers(config)
     if device.type == "cpu":
         tune_host_allocator()
     # The draft comes first and the target's KV budget is read last, so free memory excludes both models.
     proposer = make_proposer(config, model_config, device, dtype)
-    budget = lambda: kv_budget(config, device, ranks)  # noqa: E731
+    budget = lambda: kv_budget(config, device, launch.local_world_size if launch else ranks)  # noqa: E731
     if ranks == 1:
         local, ledger = make_runner(model_config, tensors, budget, config.block_size, device, dtype, config.backend,
                                     config.quantization, kv_dtype)
         runner: Runner = local
     else:
-        runner, ledger = make_tp_runner(model_config, tensors, budget, config.block_size, device, dtype,
-                                        config.backend, ranks, make_runner, config.quantization)
+        spec = (group_spec(launch, layout, device, config.distributed_timeout) if launch else
+                GroupSpec.create(layout, device, config.distributed_timeout))
+        runner, ledger = make_parallel_runner(model_config, tensors, budget, config.block_size, device, dtype,
+                                              config.backend, spec, make_runner, config.quantization, launch is not None)
         local = runner.local
     ledger.require_blocks()
     heads = config.speculative in HEAD_KINDS  # they read the target's hidden states, which a replayed graph keeps to itself
@@ -87,7 +99,8 @@ def _with_graphs(config: EngineConfig, runner: Runner, local: ModelRunner, ledge
                  max_model_len: int) -> tuple[Runner, int]:
     """Decode graphs on CUDA unless --enforce-eager (tensor-parallel steps run eagerly: their collectives
     span processes); their scratch KV block is the last, kept out of the pool. (runner, pool blocks)."""
-    if not uses_graphs(local.device, config.enforce_eager) or config.tensor_parallel_size > 1:
+    parallel = config.tensor_parallel_size * config.pipeline_parallel_size > 1
+    if not uses_graphs(local.device, config.enforce_eager) or parallel:
         return runner, ledger.num_blocks
     if ledger.num_blocks < 2:
         raise UserError("the KV cache budget holds one block only, and CUDA graphs need one more as scratch: "
@@ -95,6 +108,43 @@ def _with_graphs(config: EngineConfig, runner: Runner, local: ModelRunner, ledge
     graphs = GraphedRunner(local, config.max_num_seqs, max_model_len, ledger.num_blocks - 1, inner=runner)
     graphs.capture()
     return graphs, ledger.num_blocks - 1
+
+
+def parallel_layout(config: EngineConfig, model_config: ModelConfig | None = None) -> tuple[Layout, Launch | None]:
+    """The TP x PP layout the flags ask for and the launcher's world, if one started this process; UserError
+    when the model does not split so, or the launcher's world size is another."""
+    layout = Layout(config.tensor_parallel_size, config.pipeline_parallel_size)
+    if model_config is not None:
+        layout.check(model_config)
+    launch = from_env(config.distributed_executor_backend)
+    if launch is None and layout.world_size > 1 and config.distributed_executor_backend == "external_launcher":
+        raise UserError("--distributed-executor-backend external_launcher: no launcher's RANK/WORLD_SIZE set")
+    if launch is not None:
+        check_world(launch, layout)
+    return layout, launch
+
+
+def serve_launched_rank(config: EngineConfig, model_config: ModelConfig, tensors: dict[str, torch.Tensor],
+                        launch: Launch) -> None:
+    """A launched rank other than 0, headless: its part of the model, then rank 0's steps until it stops.
+    Consumes `tensors`."""
+    layout, _ = parallel_layout(config, model_config)
+    device = local_device(launch, resolve_device(config.device))
+    dtype = resolve_dtype(config.dtype, device)
+    set_threads(launch)
+    spec = group_spec(launch, layout, device, config.distributed_timeout)
+    for name, t in tensors.items():
+        tensors[name] = as_float(t)
+    rank = RankSpec(launch.rank, model_config, rank_tensors(model_config, tensors, spec, launch.rank),
+                    config.block_size, str(device), dtype, config.backend, torch.get_num_threads(), spec,
+                    make_runner, config.quantization)
+    tensors.clear()
+    group = ParallelGroup(spec, launch.rank, device)
+    runner, ledger = build_rank_runner(rank, lambda: agreed_blocks(
+        group, kv_budget(config, device, launch.local_world_size) // rank.block_bytes()))
+    connect(rank, runner, group)
+    share_bytes(group, ledger)
+    serve_steps(group, runner)
 
 
 def make_runner(cfg: ModelConfig, tensors: dict[str, torch.Tensor], kv_budget_bytes: int | Callable[[], int],

@@ -88,6 +88,15 @@ class EngineConfig:
     tensor_parallel_size: int = flag(1, "split the model over N processes (torch.distributed: gloo on the CPU, NCCL over "
                                      "N GPUs), each holding 1/N of the weights and of the KV heads; --kv-cache-memory "
                                      "is then per rank (default: %(default)s)")
+    pipeline_parallel_size: int = flag(1, "split the model's layers over P stages, each holding its layers' weights "
+                                       "and KV; composes with --tensor-parallel-size (TP x PP ranks); a step's "
+                                       "batch runs as up to P micro-batches (default: %(default)s)")
+    distributed_executor_backend: str = flag("auto", "how the ranks start: mp spawns them on this machine; "
+                                             "external_launcher: torchrun (or any launcher setting RANK, WORLD_SIZE, "
+                                             "MASTER_ADDR, MASTER_PORT) started every rank, on any node, and rank 0 "
+                                             "serves; auto: external_launcher when RANK and WORLD_SIZE are set",
+                                             choices=("auto", "mp", "external_launcher"))
+    distributed_timeout: float = flag(600.0, "seconds the ranks wait for each other at start (default: %(default)s)")
     seed: int = flag(0, "seed for requests that do not set one", flag="--engine-seed")
     enforce_eager: bool = flag(False, "run every step eagerly (default: decode steps on CUDA replay CUDA graphs "
                                "captured at start for batch sizes 1, 2, 4, ... up to --max-num-seqs)")
@@ -99,10 +108,13 @@ class EngineConfig:
     def __post_init__(self) -> None:
         positive = {"block_size": self.block_size, "max_num_batched_tokens": self.max_num_batched_tokens,
                     "max_num_seqs": self.max_num_seqs, "tensor_parallel_size": self.tensor_parallel_size,
+                    "pipeline_parallel_size": self.pipeline_parallel_size,
                     "max_model_len": 1 if self.max_model_len is None else self.max_model_len}
         bad = next((k for k, v in positive.items() if not isinstance(v, int) or v < 1), None)
         if bad:
             raise UserError(f"{bad} must be a positive integer, got {positive[bad]!r}")
+        if not self.distributed_timeout > 0:
+            raise UserError(f"distributed_timeout must be > 0 seconds, got {self.distributed_timeout}")
         if self.kv_cache_memory is not None and self.kv_cache_memory < 0:
             raise UserError(f"kv_cache_memory must be >= 0 bytes, got {self.kv_cache_memory}")
         if not 0.0 < self.kv_cache_fraction <= 1.0:

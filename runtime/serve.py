@@ -178,7 +178,7 @@ def start_engine(args: argparse.Namespace, chat_template: str | None = None) -> 
 
     (Heavy imports live here and in main, so --help and a taken port answer at once.)
     """
-    from runtime.build import build_engine
+    from runtime.build import build_engine, parallel_layout
     from runtime.llm import LLM
     from runtime.load import load_model, model_sampling_defaults
     from runtime.sampling_params import SamplingParams
@@ -186,11 +186,13 @@ def start_engine(args: argparse.Namespace, chat_template: str | None = None) -> 
 
     config = config_from_args(args)
     config.log_ledger = False  # printed below, after the bar
+    parallel_layout(config)  # a launcher's world that the flags disagree with: before the weights load
     # Loading is small torch copies and one warm-up step: one thread does them as fast on an idle
     # machine, while on a busy one each parallel region waits for a second core to be free (the
     # engine build took 0.3-2.3 s on 2 threads at load average ~5, 0.09 s on one). Tensor
     # parallelism sets its ranks' threads itself.
-    with intra_op_threads(1 if config.tensor_parallel_size == 1 else None), \
+    single = config.tensor_parallel_size * config.pipeline_parallel_size == 1
+    with intra_op_threads(1 if single else None), \
             tqdm(total=3, desc="loading", unit="stage", file=sys.stderr) as bar:
         bar.set_postfix_str("weights and tokenizer")
         model_config, tensors, tokenizer, path = load_model(args.model)
@@ -268,9 +270,32 @@ def prepare_chat_page(app: "FastAPI", async_engine: "AsyncEngine") -> "MountPage
     return mount
 
 
+def headless_rank(args: argparse.Namespace) -> int | None:
+    """A launched rank other than 0 (torchrun): no HTTP, its part of the model and rank 0's steps, until
+    rank 0 stops or goes away (exit code 1). None: this process is the engine."""
+    if os.environ.get("RANK", "0") == "0" or args.distributed_executor_backend == "mp":
+        return None
+    from runtime.build import parallel_layout, serve_launched_rank
+    from runtime.load import load_model
+
+    config = config_from_args(args)
+    _, launch = parallel_layout(config)
+    if launch is None:
+        return None
+    model_config, tensors, _, _ = load_model(args.model)
+    try:
+        serve_launched_rank(config, model_config, tensors, launch)
+    except RuntimeError as exc:  # rank 0 (or a peer) went away mid-run
+        print(f"rank {launch.rank}: stopped: {str(exc).splitlines()[0][:200]}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     setup_logging(getattr(logging, args.log_level.upper()))
+    if (code := headless_rank(args)) is not None:
+        return code
     # Start-up makes ~350k objects the cyclic collector tracks, nearly all living as long as the
     # server (modules, classes, the vocabulary): it would scan them again and again, ~8% of a warm
     # start's CPU time. Off until the app is built, then they are frozen out of its reach.

@@ -46,7 +46,7 @@ def tiny_engine(arch: str = "llama", seed: int = 0, num_blocks: int = 256, logit
                 engine_seed: int = 0, kv_heads: int | None = None, chat_template: str | None = None,
                 tokenizer: Tokenizer | None = None, **config) -> LLMEngine:
     """A random 2-layer model over the byte tokenizer (or tokenizer); num_blocks sizes the KV pool exactly
-    (per rank under tensor parallelism). seed picks the weights, engine_seed the sampling of requests
+    (per rank under tensor or pipeline parallelism). seed picks the weights, engine_seed the sampling of requests
     without a seed of their own; kv_heads overrides the model's 2 KV heads; chat_template replaces the
     tokenizer's. The model's vocabulary is the tokenizer's (a real one: 49k rows, still tiny)."""
     tokenizer = tokenizer or byte_tokenizer()
@@ -55,7 +55,8 @@ def tiny_engine(arch: str = "llama", seed: int = 0, num_blocks: int = 256, logit
     config["seed"] = engine_seed
     config.setdefault("block_size", 16)
     rank_kv_heads = max(1, cfg.num_kv_heads // config.get("tensor_parallel_size", 1))
-    per_block = config["block_size"] * 2 * rank_kv_heads * cfg.head_dim * 4 * cfg.num_layers
+    stage0_layers = -(-cfg.num_layers // max(1, config.get("pipeline_parallel_size", 1)))  # rank 0's stage holds these
+    per_block = config["block_size"] * 2 * rank_kv_heads * cfg.head_dim * 4 * stage0_layers
     econf = EngineConfig(device="cpu", backend="torch", kv_cache_memory=num_blocks * per_block,
                          log_ledger=False, **config)
     return build_engine(econf, cfg, tensors, tokenizer.with_chat_template(chat_template) if chat_template else tokenizer)

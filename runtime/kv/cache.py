@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 import mmap
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -25,6 +25,7 @@ class KVLedger:
     quantization: str = ""  # how the linear weights are held, e.g. "Q4_1 x 120, Q8_0 x 1"
     kv_dtype: str = "float32"  # the cache's element type
     tiers: str = ""  # the budgets of the tiers below it (runtime/tiers/), e.g. "disk 8.0 GiB at /var/kv"
+    stage_bytes: list[tuple[int, int]] = field(default_factory=list)  # pipeline stages' (weights, KV) bytes
 
     @property
     def max_tokens(self) -> int:
@@ -43,7 +44,10 @@ class KVLedger:
     def describe(self) -> str:
         tp = self.tensor_parallel_size
         held = f" ({self.quantization})" if self.quantization else ""
-        return (f"tensor parallel {tp}, per rank: " if tp > 1 else "") + (
+        stages = "; ".join(f"stage {s}: weights {w / 2**20:.1f} MiB + KV {kv / 2**20:.1f} MiB"
+                           for s, (w, kv) in enumerate(self.stage_bytes))
+        return (f"pipeline {len(self.stage_bytes)} stages, per rank of each: {stages}; rank 0: "
+                if stages else "") + (f"tensor parallel {tp}, per rank: " if tp > 1 else "") + (
                 f"weights {self.weight_bytes / 2**20:.1f} MiB{held}; "
                 f"KV cache ({self.kv_dtype}): {self.bytes_per_token_per_layer} B/token/layer, "
                 f"{self.bytes_per_token / 1024:.1f} KiB/token "

@@ -16,7 +16,7 @@ import torch
 from runtime.model.embedding import Embedding
 from runtime.model.linear import Linear
 from runtime.model.llama import LlamaModel
-from runtime.parallel.group import TPGroup
+from runtime.parallel.group import ParallelGroup
 from runtime.parallel.plan import RankShard
 from weights.config import ModelConfig
 
@@ -29,10 +29,12 @@ class CommTimer:
     seconds: float = 0.0
     calls: int = 0
     broadcast_seconds: float = 0.0  # rank 0 sending each step's chunks
+    p2p_seconds: float = 0.0  # a stage's activations sent on and received (pipeline parallelism)
+    bubble_seconds: float = 0.0  # rank 0 idle, waiting for the last stage's logits
     sync: bool = False
 
     def reset(self) -> None:
-        self.seconds, self.calls, self.broadcast_seconds = 0.0, 0, 0.0
+        self.seconds, self.calls, self.broadcast_seconds, self.p2p_seconds, self.bubble_seconds = 0.0, 0, 0.0, 0.0, 0.0
 
 
 COMM = CommTimer()  # one per process: a process is one rank
@@ -50,7 +52,7 @@ def _timed(x: torch.Tensor, collective, *args):
     return out
 
 
-def all_reduce(x: torch.Tensor, group: TPGroup) -> torch.Tensor:
+def all_reduce(x: torch.Tensor, group: ParallelGroup) -> torch.Tensor:
     _timed(x, group.all_reduce, x)
     return x
 
@@ -58,7 +60,7 @@ def all_reduce(x: torch.Tensor, group: TPGroup) -> torch.Tensor:
 class RowParallelLinear:
     """A linear over this rank's input columns; the ranks' partial outputs sum to the full product."""
 
-    def __init__(self, inner: Linear, group: TPGroup) -> None:
+    def __init__(self, inner: Linear, group: ParallelGroup) -> None:
         self.inner, self.group = inner, group
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -71,7 +73,7 @@ class RowParallelLinear:
 class GatheredHead:
     """The LM head over this rank's vocabulary rows; the ranks' logits concatenate, padding cut."""
 
-    def __init__(self, inner: Linear, vocab_size: int, group: TPGroup) -> None:
+    def __init__(self, inner: Linear, vocab_size: int, group: ParallelGroup) -> None:
         self.inner, self.vocab_size, self.group = inner, vocab_size, group
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -86,7 +88,7 @@ class VocabParallelEmbedding:
     """Rows [start, start + rows) of the table live here (in the rank's Embedding, float or blocks); other
     ids read zeros, which the sum fills."""
 
-    def __init__(self, inner: Embedding, start: int, rows: int, group: TPGroup) -> None:
+    def __init__(self, inner: Embedding, start: int, rows: int, group: ParallelGroup) -> None:
         self.inner, self.start, self.rows, self.group = inner, start, rows, group
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
@@ -99,12 +101,16 @@ class VocabParallelEmbedding:
         return self.inner.weight_bytes()
 
 
-def parallelize(model: LlamaModel, full: ModelConfig, shard: RankShard, group: TPGroup) -> LlamaModel:
-    """Wrap a rank's model (built from its shard) with the collectives that make it compute the full one."""
+def parallelize(model: LlamaModel, full: ModelConfig, shard: RankShard, group: ParallelGroup,
+                first: bool = True, last: bool = True) -> LlamaModel:
+    """Wrap a rank's model (built from its shard) with the collectives that make it compute the full one;
+    first/last: whether its pipeline stage embeds the ids / computes the logits (the others have neither)."""
     for layer in model.layers:
         layer.o_proj = RowParallelLinear(layer.o_proj, group)
         layer.down = RowParallelLinear(layer.down, group)
-    model.head = GatheredHead(model.head, full.vocab_size, group)
-    model.embedding = VocabParallelEmbedding(model.embedding, shard.vocab[0], shard.vocab_per_rank, group)
+    if last:
+        model.head = GatheredHead(model.head, full.vocab_size, group)
+    if first:
+        model.embedding = VocabParallelEmbedding(model.embedding, shard.vocab[0], shard.vocab_per_rank, group)
     model.cfg = dataclasses.replace(model.cfg, vocab_size=full.vocab_size)  # logits come out full width
     return model

@@ -6,7 +6,7 @@ blocks are cut as blocks (rows whole; input columns on block boundaries, else a 
 dequantized: each rank holds its share of the file's bytes. q, k and v
 (and gate, up) are separate checkpoint tensors here: each is cut on its own, and build_model fuses the
 cuts. Column-parallel (cut rows): q/k/v, gate/up, the vocabulary of the embedding and LM head.
-Row-parallel (cut input columns): o_proj, down. Norms are replicated.
+Row-parallel (cut input columns): o_proj, down. Norms are replicated. A pipeline stage keeps its own layers.
 """
 from __future__ import annotations
 
@@ -69,3 +69,18 @@ def _cut(name: str, t: Tensor, cfg: ModelConfig, shard: RankShard) -> Tensor:
 def shard_checkpoint(cfg: ModelConfig, tensors: dict[str, Tensor], shard: RankShard) -> dict[str, Tensor]:
     """This rank's tensors, under the checkpoint's names; `tensors` is left as it was."""
     return {name: _cut(name, t, cfg, shard) for name, t in tensors.items()}
+
+
+def stage_checkpoint(tensors: dict[str, torch.Tensor], layers: tuple[int, int]) -> dict[str, torch.Tensor]:
+    """A pipeline stage's tensors: its layers renumbered from 0 (the others left out) and everything outside
+    the layers (the embedding, final norm and head, which the stage's model drops where it runs none)."""
+    start, end = layers
+    out = {}
+    for name, t in tensors.items():
+        if not name.startswith("model.layers."):
+            out[name] = t
+            continue
+        _, _, n, rest = name.split(".", 3)
+        if start <= int(n) < end:
+            out[f"model.layers.{int(n) - start}.{rest}"] = t
+    return out

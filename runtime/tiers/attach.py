@@ -25,8 +25,9 @@ def wants_tiers(config: EngineConfig) -> bool:
     flags = "--kv-offload-bytes / --kv-disk-path"
     if not config.enable_prefix_caching or config.scheduler != "continuous":
         raise UserError(f"{flags} keep prefix blocks: they need prefix caching and continuous batching")
-    if config.tensor_parallel_size > 1:
-        raise UserError(f"{flags} hold one process's KV: not yet with --tensor-parallel-size > 1")
+    if config.tensor_parallel_size * config.pipeline_parallel_size > 1:
+        raise UserError(f"{flags} hold one process's KV: not yet with --tensor-parallel-size or "
+                        "--pipeline-parallel-size > 1")
     return True
 
 

@@ -135,15 +135,17 @@ def test_fp8_quality_sweep_smoke_swaps_only_the_layers_a_configuration_names():
     assert float(rows["kernel rowwise: w per channel x a per token"].rstrip("%")) < 100.0
 
 
-def test_bench_tp_smoke_splits_steps_into_compute_and_communication(tmp_path):
+def test_bench_tp_smoke_splits_steps_into_compute_communication_and_bubble(tmp_path):
     out = tmp_path / "tp.json"
     proc = run_script("profiling/benchmarks/bench_tp.py", "--smoke", "--json", str(out))
     assert proc.returncode == 0, proc.stderr
     report = json.loads(out.read_text())
-    one, two = report["rows"]
-    assert (one["tp"], two["tp"]) == (1, 2) and report["multi_gpu"] is False
-    assert one["decode"]["comm_ms"] == 0 and two["decode"]["comm_ms"] > 0 and two["prefill"]["steps"] > 0
-    assert "multi-GPU run: no" in proc.stdout and "identical greedy tokens: yes" in proc.stdout
+    one, tp2, pp2 = report["rows"]
+    assert [(r["tp"], r["pp"]) for r in (one, tp2, pp2)] == [(1, 1), (2, 1), (1, 2)] and report["multi_gpu"] is False
+    assert one["decode"]["comm_ms"] == 0 and tp2["decode"]["comm_ms"] > 0 and tp2["prefill"]["steps"] > 0
+    assert one["decode"]["bubble_ms"] == tp2["decode"]["bubble_ms"] == 0 < pp2["decode"]["bubble_ms"]
+    assert pp2["decode"]["comm_ms"] > 0 and pp2["decode"]["compute_ms"] > 0
+    assert "multi-GPU run: no" in proc.stdout and proc.stdout.count("identical greedy tokens: yes") == 2
 
 
 def test_bench_multiturn_smoke_compares_tiers_with_the_same_engine_without(tmp_path):

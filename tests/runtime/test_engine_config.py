@@ -11,7 +11,8 @@ FLAGS = ["--model", "--device", "--dtype", "--backend", "--quantization", "--kv-
          "--kv-cache-memory", "--kv-offload-bytes", "--kv-disk-path", "--kv-disk-bytes",
          "--max-num-batched-tokens", "--max-num-seqs", "--max-model-len", "--scheduler",
          "--enable-prefix-caching", "--no-enable-prefix-caching", "--speculative", "--num-speculative-tokens",
-         "--draft-model", "--speculative-model", "--ngram-min", "--ngram-max", "--tensor-parallel-size", "--engine-seed", "--enforce-eager",
+         "--draft-model", "--speculative-model", "--ngram-min", "--ngram-max", "--tensor-parallel-size",
+         "--pipeline-parallel-size", "--distributed-executor-backend", "--distributed-timeout", "--engine-seed", "--enforce-eager",
          "--no-enforce-eager", "--generation-config"]
 
 
@@ -34,6 +35,7 @@ def test_flags_are_exactly_the_cli_contract():
     assert list(actions["speculative"].choices) == ["ngram", "suffix", "draft", "medusa", "eagle"]
     assert list(actions["generation_config"].choices) == ["auto", "vllm"]
     assert list(actions["quantization"].choices) == ["int8", "q4", "fp8", "none"]
+    assert list(actions["distributed_executor_backend"].choices) == ["auto", "mp", "external_launcher"]  # vLLM's names
 
 
 def test_every_field_but_the_python_only_ones_has_a_flag_with_its_default():
