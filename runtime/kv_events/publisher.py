@@ -84,13 +84,17 @@ class ZmqEventPublisher:
             events = [first]
             while len(events) < 4096 and not self.queue.empty():
                 events.append(self.queue.get_nowait())
-            stop = events[-1] is _STOP
+            stop = any(e is _STOP for e in events)
             events = [e for e in events if e is not _STOP]
             if events:
-                payload = encode(KVEventBatch(time.time(), self.coalesce(events), 0))
-                self.pub.send_multipart((topic, seq.to_bytes(8, "big"), payload))
-                self.kept.append((seq, payload))
-                seq += 1
+                try:
+                    payload = encode(KVEventBatch(time.time(), self.coalesce(events), 0))
+                    self.pub.send_multipart((topic, seq.to_bytes(8, "big"), payload))
+                except (zmq.ZMQError, msgspec.EncodeError, OverflowError):  # this batch is lost, not the thread
+                    log.exception("KV events: a batch of %d could not be sent", len(events))
+                else:
+                    self.kept.append((seq, payload))
+                    seq += 1
             if stop:
                 return
 
