@@ -7,9 +7,9 @@ sends a request where its prefix's KV already is. Used by the router tests and p
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -80,14 +80,17 @@ def wait_for(url: str, timeout: float, proc: subprocess.Popen | None = None) -> 
 
 
 def router_command(replicas: list[Replica], policy: str, port: int, model_name: str) -> list[str]:
-    exe = shutil.which("vllm-router")
-    if exe is None:
-        raise BenchError("vllm-router is not installed (pip install vllm-router, in the test extra)")
-    cmd = [exe, "--host", "127.0.0.1", "--port", str(port), "--prometheus-port", str(free_port()),
+    """vllm-router with a policy of its ("kv_aware", "round_robin", ...), or SGLang's router with
+    "sglang:POLICY" ("sglang:cache_aware": its approximate tree of the request texts it routed)."""
+    kind, _, policy = policy.rpartition(":")
+    package = "sglang_router" if kind == "sglang" else "vllm_router"
+    if importlib.util.find_spec(package) is None:
+        raise BenchError(f"{package} is not installed (pip install {package.replace('_', '-')}; the test extra has it)")
+    cmd = [sys.executable, "-m", f"{package}.launch_router", "--host", "127.0.0.1", "--port", str(port), "--prometheus-port", str(free_port()),
            "--policy", policy, "--worker-urls", *[r.url for r in replicas], "--worker-startup-check-interval", "1",
            # a dead replica is dropped after one failed check a second, and back after one good one
            "--health-check-interval-secs", "1", "--health-failure-threshold", "1", "--health-success-threshold", "1",
-           "--log-level", "warning"]
+           "--log-level", "warn" if kind == "sglang" else "warning"]
     if policy == "kv_aware":
         for r in replicas:
             cmd += ["--kv-event-source", f"{r.url}=tcp://127.0.0.1:{r.events_port}"]
@@ -98,7 +101,7 @@ def router_command(replicas: list[Replica], policy: str, port: int, model_name: 
 @dataclass
 class Fleet:
     replicas: list[Replica]
-    routers: dict[str, str] = field(default_factory=dict)  # policy -> the router's base URL
+    routers: dict[str, str] = field(default_factory=dict)  # policy (router_command's) -> the router's base URL
 
 
 @contextlib.contextmanager

@@ -1,6 +1,7 @@
-"""Two CPU replicas (one thread each) behind vLLM's router on 127.0.0.1: its kv_aware policy learns
-where each prefix's KV is from our KV events alone; round_robin routes around a replica that is
-killed mid-load and sends to it again once it is back."""
+"""Two CPU replicas (one thread each) behind the routers people run, on 127.0.0.1: vllm-router's kv_aware
+policy learns where each prefix's KV is from our KV events alone; SGLang's cache_aware keeps a prefix
+where it first sent it; vllm-router's round_robin routes around a replica that is killed mid-load and
+sends to it again once it is back."""
 from __future__ import annotations
 
 import time
@@ -20,7 +21,7 @@ REQUESTS, DONE = "vllm:request_success_total", "vllm:prefix_cache_hits_total"
 @pytest.fixture(scope="module")
 def replicas(tmp_path_factory):
     model = write_tiny_model(str(tmp_path_factory.mktemp("tiny")))
-    with fleet(model, ("kv_aware", "round_robin"), extra=("--shutdown-grace", "0", "--kv-cache-memory", "64MiB"),
+    with fleet(model, ("kv_aware", "round_robin", "sglang:cache_aware"), extra=("--shutdown-grace", "0", "--kv-cache-memory", "64MiB"),
                timeout=90) as f:
         yield f
 
@@ -51,6 +52,25 @@ def test_kv_aware_sends_a_prefix_where_the_replica_events_say_it_is(replicas):
     assert (m0 - n0, m1 - n1) == (4, 4), "each prefix's requests land on the replica holding it"
     shared = (len(PREFIX_A) // 16 - 1) * 16  # full blocks of the shared prefix, BOS included, at least
     assert g1 - h1 >= 3 * shared and g0 - h0 >= 3 * shared, (g0 - h0, g1 - h1)
+
+
+def landed_on(replicas, send) -> int:
+    """Which replica's finished-request count rose while send() ran (exactly one must)."""
+    before = [counts(r)[0] for r in replicas]
+    assert send() == 200
+    rose = [i for i, (r, n) in enumerate(zip(replicas, before)) if counts(r)[0] > n]
+    assert len(rose) == 1, rose
+    return rose[0]
+
+
+def test_sglang_cache_aware_keeps_each_prefix_on_one_replica(replicas):
+    """SGLang's router follows the request texts it routed (no events): a prefix sticks where it first went."""
+    router, reps = replicas.routers["sglang:cache_aware"], replicas.replicas
+    prefixes = [PREFIX_A.replace("rivers", "lakes"), PREFIX_B.replace("poems", "songs")]
+    homes = [landed_on(reps, lambda p=p: complete(router, p + "user 0")) for p in prefixes]
+    for i in range(1, 3):
+        for p, home in zip(prefixes, homes):
+            assert landed_on(reps, lambda p=p: complete(router, p + f"user {i}")) == home
 
 
 @pytest.mark.slow
