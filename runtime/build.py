@@ -3,7 +3,7 @@
 The core (engine, scheduler, KV blocks, sampling, the model over its seams) imports no wing; this module
 (and the wings themselves) is where they come in: the runner (this process's model, or tensor-parallel
 ranks of it, wrapped in CUDA-graph replay where that applies), the linears that hold the weights
-(quantized, FP8, packed), the kernel backend and the speculative proposer.
+(quantized, FP8, packed), the kernel backend, the speculative proposer, the KV tiers and KV events.
 """
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ from runtime.engine import LLMEngine
 from runtime.engine_config import EngineConfig
 from runtime.errors import UserError
 from runtime.kv.cache import KVLedger, allocate_kv_cache, plan_kv_cache
+from runtime.kv_events.attach import attach_kv_events
+from runtime.kv_events.config import parse_kv_events_config
 from runtime.load import load_model
 from runtime.model.build import build_model
 from runtime.model.runner import EngineParts, ModelRunner, Runner
@@ -65,6 +67,7 @@ def build_engine(config: EngineConfig, model_config: ModelConfig, tensors: dict[
                         "pipeline stage: not with --pipeline-parallel-size > 1")
     max_model_len = min(model_config.max_position_embeddings, config.max_model_len or 1 << 62)
     tiered = wants_tiers(config)
+    events = parse_kv_events_config(config.kv_events_config)  # a bad field fails before the model loads
     if device.type == "cpu":
         tune_host_allocator()
     # The draft comes first and the target's KV budget is read last, so free memory excludes both models.
@@ -92,6 +95,8 @@ def build_engine(config: EngineConfig, model_config: ModelConfig, tensors: dict[
                        EngineParts(runner, local, ledger, pool_blocks, device, dtype, max_model_len, proposer))
     if tiers is not None:
         attach_tiers(engine, tiers)
+    if events is not None:
+        attach_kv_events(engine, events)
     return engine
 
 

@@ -71,6 +71,8 @@ class EngineConfig:
     kv_disk_path: str | None = flag(None, "disk tier below the KV pool: evicted prefix blocks are written here and "
                                     "read back on a hit, across restarts (default: none)")
     kv_disk_bytes: int = flag(8 << 30, "the disk tier's budget (default 8GiB)", type=parse_bytes)
+    kv_events_config: str | None = flag(None, "publish the prefix cache's blocks as vLLM's KV events for routers: "
+                                        "vLLM's JSON, e.g. '{\"enable_kv_cache_events\": true}' (docs/serving.md)")
     max_num_batched_tokens: int = flag(1024, "token budget of one step")
     max_num_seqs: int = flag(64, "most sequences in one step")
     max_model_len: int | None = flag(None, "context limit (default: the model's)")

@@ -81,6 +81,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="split the model's <think>...</think> into reasoning_content (default: none)")
     p.add_argument("--chat-template", default=None, metavar="FILE",
                    help="a Jinja chat template file (or the template text itself) in place of the model's")
+    p.add_argument("--no-chat-page", action="store_true",
+                   help="serve the API only, no browser chat at / (a replica behind a router: no gradio import)")
     p.add_argument("--embedding-pooling", default="mean", choices=["mean", "last"],
                    help="how /v1/embeddings pools a prompt's final hidden states: the mean of its tokens, or its "
                         "last token; either scaled to unit length (default: mean)")
@@ -313,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
 
     name = args.served_model_name or model_name(path)
     options = dataclasses.replace(server_options(args), sampling_defaults=defaults)
-    app = create_app(async_engine, name, options, prepare_chat_page)
+    app = create_app(async_engine, name, options, None if args.no_chat_page else prepare_chat_page)
     about = async_engine.describe()
     host = "127.0.0.1" if args.host in ("0.0.0.0", "") else f"[{args.host}]" if ":" in args.host else args.host
     base = f"http://{host}:{sock.getsockname()[1]}"
@@ -323,8 +325,8 @@ def main(argv: list[str] | None = None) -> int:
     if defaults:
         print(f"sampling defaults from generation_config.json, for requests that set none: {describe(defaults)} "
               f"(--generation-config vllm: none)", file=sys.stderr)
-    print(f"chat page: {base}/ (in a few seconds)   API: {base}/v1   docs: {base}/docs   metrics: {base}/metrics", file=sys.stderr,
-          flush=True)
+    page = "" if args.no_chat_page else f"chat page: {base}/ (in a few seconds)   "
+    print(f"{page}API: {base}/v1   docs: {base}/docs   metrics: {base}/metrics", file=sys.stderr, flush=True)
     if host_header_name(args.host) is None and not args.allowed_hosts:  # listening everywhere, answering locally
         print(f"note: only the Host names {', '.join(LOCAL_HOSTS)} are answered; name this machine's with "
               f"--allowed-hosts", file=sys.stderr, flush=True)

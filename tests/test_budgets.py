@@ -4,7 +4,7 @@ at one composition point, no file or folder grows into a hall.
 The sets, by path (a new module counts as core unless it is put in a wing, the server or the front):
 - WINGS: runtime/accel/ (CPU and CuTe backends, backend selection, CUDA graphs, quantized/FP8/packed
   linears), runtime/parallel/ (tensor parallelism), runtime/spec/ (proposers), runtime/tiers/ (KV
-  tiers below the pool);
+  tiers below the pool), runtime/kv_events/ (vLLM's KV events over ZMQ);
 - SERVER: runtime/server/ (above the engine);
 - FRONT: the entry points and the composition point (runtime/build.py, serve.py, llm.py, generate.py,
   cli.py, load.py) and the package's face (runtime/__init__.py: `from runtime import LLM`);
@@ -23,7 +23,7 @@ from tests.test_import_graph import module_edges, modules
 from tests.tiny_engine import tiny_engine
 
 REPO = Path(__file__).resolve().parents[1]
-WINGS = ("runtime.accel", "runtime.parallel", "runtime.spec", "runtime.tiers")
+WINGS = ("runtime.accel", "runtime.parallel", "runtime.spec", "runtime.tiers", "runtime.kv_events")
 SERVER = "runtime.server"
 FRONT = ("runtime.build", "runtime.serve", "runtime.llm", "runtime.generate", "runtime.cli", "runtime.load")
 CORE_LINES, ENGINE_LINES, FILE_LINES, FOLDER_FILES = 3500, 200, 400, 20

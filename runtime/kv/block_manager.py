@@ -79,7 +79,8 @@ class BlockManager:
         bs = self.block_size
         hashes = self.block_hashes(kv, tokens, num_full)
         for i in range(kv.num_registered, num_full):
-            self.pool.register(kv.block_table[i], hashes[i], tuple(tokens[i * bs : (i + 1) * bs]))
+            self.pool.register(kv.block_table[i], hashes[i], tuple(tokens[i * bs : (i + 1) * bs]),
+                               hashes[i - 1] if i else None)
         kv.num_registered = num_full
 
     def truncate(self, kv: KVBlocks, num_tokens: int) -> None:

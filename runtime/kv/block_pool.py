@@ -8,10 +8,17 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import Protocol
 
 import numpy as np
 
 ALSO_BELOW = 4  # a states() flag: the block's KV is also held by a connector (host memory, disk)
+
+
+class PoolListener(Protocol):  # told as the prefix-cache index changes (runtime/kv_events/ tells routers)
+    def stored(self, block_hash: int, parent_hash: int | None, tokens: tuple[int, ...]) -> None: ...
+    def removed(self, block_hash: int) -> None: ...
+    def cleared(self) -> None: ...
 
 
 class BlockPool:
@@ -28,6 +35,7 @@ class BlockPool:
         self.evictions = 0  # cached blocks whose contents were dropped for a fresh allocation
         # called with (block, hash, tokens) before an eviction reuses a cached block (a KV connector's offer)
         self.on_evict: Callable[[int, int, tuple[int, ...]], None] | None = None
+        self.listeners: list[PoolListener] = []
 
     @property
     def num_free(self) -> int:
@@ -56,6 +64,8 @@ class BlockPool:
                 self.evictions += 1
                 if self.on_evict is not None:
                     self.on_evict(block, h, self.block_tokens[block])
+                for listener in self.listeners:
+                    listener.removed(h)
             self.block_hash[block] = None
             self.block_tokens[block] = None
 
@@ -72,8 +82,8 @@ class BlockPool:
             del self.free_queue[block]
         self.ref_counts[block] += 1
 
-    def register(self, block: int, block_hash: int, tokens: tuple[int, ...]) -> None:
-        """Mark a full, computed block as findable by its chained hash."""
+    def register(self, block: int, block_hash: int, tokens: tuple[int, ...], parent: int | None = None) -> None:
+        """Mark a full, computed block as findable by its chained hash (parent: the previous block's)."""
         if not self.enable_prefix_caching or self.block_hash[block] is not None:
             return
         if block_hash in self.cached:  # an identical block exists already; keep the first
@@ -81,6 +91,8 @@ class BlockPool:
         self.block_hash[block] = block_hash
         self.block_tokens[block] = tokens
         self.cached[block_hash] = block
+        for listener in self.listeners:
+            listener.stored(block_hash, parent, tokens)
 
     def free(self, blocks: list[int]) -> None:
         """Drop one reference to each; a block reaching zero joins the free queue's tail."""
@@ -95,6 +107,9 @@ class BlockPool:
     def reset_prefix_cache(self) -> None:
         for block in list(self.free_queue):
             self._uncache(block)
+        if not self.cached:  # the index is empty: say so in one event
+            for listener in self.listeners:
+                listener.cleared()
 
     def states(self, held_below: Callable[[int], bool] | None = None) -> np.ndarray:
         """Per block: 0 free, 1 cached-free, 2 in use by one sequence, 3 shared (for the UI's map), plus

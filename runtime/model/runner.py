@@ -7,6 +7,7 @@ replays CUDA graphs where a step fits one, the tensor-parallel runner over sever
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
@@ -45,6 +46,22 @@ class Runner(Protocol):
 
     def describe(self) -> dict[str, str]:
         """What runs, for logs and the About panel: "backend", "tensor parallel", "cuda graphs"."""
+
+
+class RunnerWithClose:
+    """inner, every call passed through, but close() first does one more thing (a wing's flush or shutdown)."""
+
+    def __init__(self, inner: Runner, before_close: Callable[[], None]) -> None:
+        self.inner, self.before_close, self.closed = inner, before_close, False
+
+    def __getattr__(self, name: str) -> Any:  # prepare, forward, failure, describe
+        return getattr(self.inner, name)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.before_close()
+        self.inner.close()
 
 
 def _as_decodes(c: SeqChunk) -> bool:

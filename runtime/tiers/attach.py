@@ -3,13 +3,12 @@ plugged into the scheduler and the pool, and a runner whose close() writes the c
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from runtime.engine import LLMEngine
 from runtime.engine_config import EngineConfig
 from runtime.errors import UserError
 from runtime.kv.cache import KVLedger
-from runtime.model.runner import ModelRunner, Runner
+from runtime.model.runner import ModelRunner, RunnerWithClose
 from runtime.tiers.block_io import BlockIO
 from runtime.tiers.connector import Tier, TieredConnector
 from runtime.tiers.disk_tier import DiskTier
@@ -54,30 +53,6 @@ def attach_tiers(engine: LLMEngine, opened: OpenTiers) -> None:
                                 engine.stats)
     engine.scheduler.connector = connector
     engine.pool.on_evict = connector.offer
-    engine.runner = FlushingRunner(engine.runner, connector, engine.pool)
-
-
-class FlushingRunner:
-    """The engine's runner, unchanged, but closing it writes the pool's cached blocks to the tiers first."""
-
-    def __init__(self, inner: Runner, connector: TieredConnector, pool) -> None:
-        self.inner, self.connector, self.pool, self.closed = inner, connector, pool, False
-
-    def prepare(self, chunks: list) -> Any:
-        return self.inner.prepare(chunks)
-
-    def forward(self, prepared: Any) -> Any:
-        return self.inner.forward(prepared)
-
-    def failure(self) -> str | None:
-        return self.inner.failure()
-
-    def describe(self) -> dict[str, str]:
-        return self.inner.describe()
-
-    def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            pool = self.pool
-            self.connector.close([(b, h, pool.block_tokens[b]) for h, b in pool.cached.items()])
-        self.inner.close()
+    pool = engine.pool
+    engine.runner = RunnerWithClose(engine.runner, lambda: connector.close(  # the cached blocks written out
+        [(b, h, pool.block_tokens[b]) for h, b in pool.cached.items()]))
