@@ -152,15 +152,17 @@ class TransferConnector:
         received, at = 0, 0
         while at < len(job.blocks):
             group, payloads = job.blocks[at:at + LOAD_GROUP], []
-            for _, block_hash, tokens in group:
-                data = recv_frame(sock)
-                if data is None:
-                    break
-                received += len(data) + 8
-                payloads.append(decode(data, self.fingerprint, block_hash, tokens).payload)
-            if payloads:
-                self.io.write([b for b, _, _ in group[:len(payloads)]], payloads)
-                job.intact += len(payloads)
+            try:
+                for _, block_hash, tokens in group:
+                    data = recv_frame(sock)
+                    if data is None:
+                        break
+                    received += len(data) + 8
+                    payloads.append(decode(data, self.fingerprint, block_hash, tokens).payload)
+            finally:  # the blocks checked before a bad one are good: they stay
+                if payloads:
+                    self.io.write([b for b, _, _ in group[:len(payloads)]], payloads)
+                    job.intact += len(payloads)
             if len(payloads) < len(group):
                 return received
             at += len(group)
@@ -187,4 +189,5 @@ def _source(transfer: dict | None) -> tuple[str, int, str] | None:
     """Where a decode request's blocks are, from its kv_transfer_params (the server checked their types)."""
     if not transfer or not transfer.get("do_remote_prefill"):
         return None
-    return transfer["remote_host"], int(transfer["remote_port"]), str(transfer["remote_request_id"])
+    host, port, remote_id = (transfer.get(k) for k in ("remote_host", "remote_port", "remote_request_id"))
+    return (host, int(port), str(remote_id)) if host and port and remote_id else None  # else: nothing to fetch
