@@ -26,13 +26,14 @@ def body() -> dict:
     """A completion request whose prompt no server has seen (its blocks are in no prefix cache yet)."""
     return {"prompt": f"{next(_prompts):03d}{PROMPT[3:]}", "max_tokens": 24, "temperature": 0, "ignore_eos": True}
 BLOCK_FRAME = FIRST_PAYLOAD + 2 * 2 * 16 * 2 * 16 * 4  # a tiny block's KV: 2 layers, K and V, 16 tokens, 2x16 fp32
+STALL_S = 2.0  # the decode side's --kv-transfer-timeout
 FAILED, LOADED, RECOMPUTED = ("vllm:nixl_num_failed_transfers_total", "cute_serve:kv_transfer_loaded_blocks_total",
                               "cute_serve:kv_transfer_recomputed_blocks_total")
 
 
 @pytest.fixture(scope="module")
 def pair():
-    with pd_pair(decode={"kv_transfer_timeout": 1.0}) as p:
+    with pd_pair(decode={"kv_transfer_timeout": STALL_S}) as p:
         yield p
 
 
@@ -104,17 +105,16 @@ def test_a_stalled_transfer_times_out_while_other_requests_keep_streaming(pair):
     thread.start()
     try:
         time.sleep(0.2)  # the stalled fetch has begun: a plain request streams beside it meanwhile
-        start = time.perf_counter()
         with httpx.stream("POST", pair.decode.url + "/v1/completions", timeout=30,
                           json={"prompt": "hi", "max_tokens": 12, "ignore_eos": True, "stream": True}) as r:
             events = [line for line in r.iter_lines() if line.startswith("data: ")]
-        beside = time.perf_counter() - start
+        still_stalled = thread.is_alive()
         thread.join(30)
     finally:
         proxy.close()
     assert events[-1] == "data: [DONE]" and len(events) >= 3
-    assert beside < 0.9  # it streamed and ended while the stalled fetch still waited (its timeout: 1 s)
-    assert result["seconds"] >= 1.0 and text(result["answer"]) == text(colocated(pair, req))
+    assert still_stalled  # it streamed and ended while the stalled fetch still waited
+    assert result["seconds"] >= STALL_S and text(result["answer"]) == text(colocated(pair, req))
     after = counters(pair)
     assert after[FAILED] - before[FAILED] == 1 and after[LOADED] - before[LOADED] == 2
 
