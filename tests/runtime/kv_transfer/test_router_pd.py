@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from profiling.benchmarks.bench_serving import start_server, stop_server
+from profiling.benchmarks.pd_router import vllm_pd_router
 from tests.runtime.kv_transfer.pd_pair import metric
-from tests.runtime.kv_transfer.router_launch import vllm_pd_router
 from tests.server_utils import LiveServer, write_tiny_model
 
 PROMPT = "Disaggregated serving splits the prompt from the answer. " * 3  # 171 bytes: 10 full blocks

@@ -13,13 +13,14 @@ from typing import Iterator
 
 import httpx
 
-from profiling.benchmarks.bench_serving import free_port
+from profiling.benchmarks.bench_serving import BenchError, free_port
 
 
 def router_binary() -> str:
     path = os.path.join(sysconfig.get_path("scripts"), "vllm-router")
     found = path if os.path.exists(path) else shutil.which("vllm-router")
-    assert found, "vllm-router is not installed (pip install vllm-router: the test extra has it)"
+    if not found:
+        raise BenchError("vllm-router is not installed (pip install vllm-router: the test extra has it)")
     return found
 
 
@@ -34,11 +35,13 @@ def vllm_pd_router(prefill_url: str, decode_url: str, timeout: float = 60.0) -> 
     try:
         deadline = time.monotonic() + timeout
         while True:
-            assert proc.poll() is None, f"vllm-router exited with {proc.returncode}"
+            if proc.poll() is not None:
+                raise BenchError(f"vllm-router exited with {proc.returncode}")
             with contextlib.suppress(httpx.HTTPError):
                 if httpx.get(url + "/health", timeout=1).status_code == 200:
                     break
-            assert time.monotonic() < deadline, f"vllm-router did not come up within {timeout:.0f} s"
+            if time.monotonic() > deadline:
+                raise BenchError(f"vllm-router did not come up within {timeout:.0f} s")
             time.sleep(0.2)
         yield url
     finally:
