@@ -199,12 +199,6 @@ class AsyncEngine:
         """The engine's metrics as of its last step (a copy: read it anywhere)."""
         return self._snapshot
 
-    def connector_now(self) -> dict[str, float]:
-        """The KV connector's counters and levels now, not as of the last step: its threads count between
-        steps (a prefill instance's sends and expiries happen while its engine idles). Safe from any thread."""
-        connector = self.engine.scheduler.connector
-        return dict(self.engine.stats.tiers) | (connector.gauges() if connector is not None else {})
-
     def reset_stats(self) -> None:
         """Counters from zero, applied between steps."""
         self._commands.append(("reset_stats",))

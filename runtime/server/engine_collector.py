@@ -98,6 +98,14 @@ FROM_SNAPSHOT: dict[str, Callable[[EngineStats], Rows]] = {
 }
 
 
+def connector_now(async_engine: AsyncEngine) -> dict[str, float]:
+    """The KV connector's counters and levels now, not as of the last step: its threads count between steps
+    (a prefill instance's sends and expiries happen while its engine idles). A dict copy and a locked read."""
+    engine = async_engine.engine
+    connector = engine.scheduler.connector
+    return dict(engine.stats.tiers) | (connector.gauges() if connector is not None else {})
+
+
 class EngineCollector(Collector):
     def __init__(self, async_engine: AsyncEngine, model_name: str) -> None:
         self.async_engine = async_engine
@@ -120,7 +128,7 @@ class EngineCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         s = self.async_engine.snapshot()
-        s = s.copy(tiers=s.tiers | self.async_engine.connector_now())
+        s = s.copy(tiers=s.tiers | connector_now(self.async_engine))
         for name, read in FROM_SNAPSHOT.items():
             yield self.family(name, read(s))
         for name, rows in tier_rows(s, self.block_size).items():

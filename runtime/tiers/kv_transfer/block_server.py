@@ -7,7 +7,6 @@ import logging
 import socket
 import socketserver
 import threading
-import time
 
 from runtime.errors import UserError
 from runtime.tiers.block_file import BlockRecord, encode
@@ -60,14 +59,12 @@ class BlockServer:
             return
         held = self.held.take(request_id)
         if not hashes:  # a release: the decode side needs none of them
-            self.count("transfer_released", held is not None)
             return
         if held is None:
             log.warning("KV transfer: a fetch for request %s, which holds no blocks (expired or fetched)", request_id)
-            self.count("transfer_unknown")
             sock.sendall(END)
             return
-        start, sent = time.perf_counter(), 0
+        sent = 0
         try:
             for h in hashes:
                 if h not in held.blocks:
@@ -77,12 +74,9 @@ class BlockServer:
                 sock.sendall(data)
                 sent += len(data)
             sock.sendall(END)
-            self.count("transfer_sent_requests")
         except OSError as exc:
             log.warning("KV transfer: sending request %s's blocks failed: %s", request_id, exc)
-            self.count("transfer_send_failures")
         self.count("transfer_sent_bytes", sent)
-        self.count("transfer_send_seconds", time.perf_counter() - start)
 
     def close(self) -> None:
         self.stopped.set()

@@ -104,7 +104,6 @@ class TransferConnector:
         request_id = uuid.uuid4().hex
         snapshots = {h: (tokens, self.io.snapshot(b)) for b, h, tokens in blocks}  # copied before the pool reuses them
         self.held.hold(request_id, snapshots, len(snapshots) * self.io.block_bytes)
-        self._count("transfer_held_requests_total")
         return {"do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": self.engine_id,
                 "remote_block_ids": [b for b, _, _ in blocks], "remote_host": self.server.host,
                 "remote_port": self.server.port, "remote_request_id": request_id, "tp_size": 1}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from runtime.tiers.block_io import Snapshot
 
@@ -18,7 +18,6 @@ class HeldRequest:
     blocks: dict[int, tuple[tuple[int, ...], Snapshot]]  # chained hash -> (token ids, the block's bytes)
     nbytes: int
     deadline: float
-    started: float = field(default_factory=time.perf_counter)
 
 
 class HeldBlocks:

@@ -10,8 +10,11 @@ import time
 import httpx
 import pytest
 
+from runtime.engine_config import EngineConfig
+from runtime.errors import UserError
 from runtime.server import metric_defs
 from runtime.tiers.kv_transfer import connector
+from runtime.tiers.kv_transfer.attach import wants_transfer
 from tests.runtime.kv_transfer.fault_proxy import Fault, FaultProxy
 from tests.runtime.kv_transfer.pd_pair import ENGINE, FIRST_PAYLOAD, Pair, metric, pd_pair
 from tests.server_utils import live_server
@@ -170,3 +173,22 @@ def test_kv_transfer_params_of_the_wrong_type_are_a_400_naming_the_field(pair):
 def test_the_histograms_buckets_are_metric_defs():
     assert connector.XFER_TIME_BUCKETS == metric_defs.XFER_TIME_BUCKETS
     assert connector.XFER_BYTES_BUCKETS == metric_defs.XFER_BYTES_BUCKETS
+
+
+def test_the_role_is_named_where_the_chat_page_reads_it(pair):
+    assert pair.prefill.async_engine.describe()["kv role"] == "prefill"
+    assert pair.colocated.async_engine.describe()["kv role"] == "both"
+
+
+@pytest.mark.parametrize("settings,why", [
+    ({"enable_prefix_caching": False}, "prefix caching"),
+    ({"scheduler": "static"}, "continuous batching"),
+    ({"tensor_parallel_size": 2}, "tensor-parallel"),
+    ({"kv_transfer_timeout": 0}, "must be > 0"),
+])
+def test_settings_a_role_cannot_run_with_are_a_clear_error(settings, why):
+    with pytest.raises(UserError, match=why):
+        wants_transfer(EngineConfig(kv_role="decode", **settings), tiered=False)
+    with pytest.raises(UserError, match="KV tiers"):
+        wants_transfer(EngineConfig(kv_role="prefill"), tiered=True)
+    assert not wants_transfer(EngineConfig(), tiered=True)  # both: no connector of its own
