@@ -22,7 +22,8 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 def about_markdown(engine: AsyncEngine) -> str:
     d = engine.describe()
     settings = " · ".join(f"**{k}** {d[k]}" for k in ("dtype", "device", "backend", "block size", "scheduler",
-                                                     "prefix caching", "speculative", "tensor parallel", "weights"))
+                                                     "prefix caching", "speculative", "tensor parallel", "kv role",
+                                                     "weights"))
     return f"**Model** {d['model']}  \n{settings}  \n**Memory ledger** {d['memory ledger']}"
 
 

@@ -41,6 +41,8 @@ from runtime.spec.ngram import NgramProposer
 from runtime.spec.suffix import SuffixProposer
 from runtime.spec.throttle import Throttle
 from runtime.tiers.attach import attach_tiers, open_tiers, wants_tiers
+from runtime.tiers.fingerprint import fingerprint
+from runtime.tiers.kv_transfer.attach import attach_transfer, wants_transfer
 from runtime.tokenizer.tokenizer import Tokenizer
 from weights.config import ModelConfig
 from weights.quantized import as_float
@@ -68,6 +70,7 @@ def build_engine(config: EngineConfig, model_config: ModelConfig, tensors: dict[
     max_model_len = min(model_config.max_position_embeddings, config.max_model_len or 1 << 62)
     tiered = wants_tiers(config)
     events = parse_kv_events_config(config.kv_events_config)  # a bad field fails before the model loads
+    transfers = wants_transfer(config, tiered)
     if device.type == "cpu":
         tune_host_allocator()
     # The draft comes first and the target's KV budget is read last, so free memory excludes both models.
@@ -91,12 +94,15 @@ def build_engine(config: EngineConfig, model_config: ModelConfig, tensors: dict[
         runner = HiddenTap(runner, local)
         proposer = Throttle(heads_proposer(config, model_config, local, runner))
     tiers = open_tiers(config, local, ledger, model_config) if tiered else None
+    transfer_fp = fingerprint(local, ledger, model_config) if transfers else None  # before any request
     engine = LLMEngine(config, model_config, tokenizer,
                        EngineParts(runner, local, ledger, pool_blocks, device, dtype, max_model_len, proposer))
     if tiers is not None:
         attach_tiers(engine, tiers)
     if events is not None:
         attach_kv_events(engine, events)
+    if transfer_fp is not None:
+        attach_transfer(engine, transfer_fp)
     return engine
 
 

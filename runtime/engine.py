@@ -193,5 +193,6 @@ class LLMEngine:
                 "prefix caching": "on" if self.config.enable_prefix_caching else "off",
                 "speculative": (self.config.speculative or "on") if self.proposer else "off",
                 "tensor parallel": runs["tensor parallel"], "cuda graphs": runs["cuda graphs"],
+                "kv role": self.config.kv_role,
                 "weights": f"{self.ledger.quantization}, {self.ledger.weight_bytes / 2**20:.1f} MiB resident",
                 "memory ledger": self.ledger.describe()}

@@ -42,6 +42,7 @@ FLOAT_MODE = "none"  # every weight in float (a GGUF dequantized at load)
 QUANTIZATION_CHOICES = (*QUANTIZATION_MODES, FLOAT_MODE)
 SCHEDULERS = ("continuous", "static")
 KV_CACHE_DTYPES = ("auto", "float32", "bf16")
+KV_ROLES = ("prefill", "decode", "both")
 GENERATION_CONFIGS = ("auto", "vllm")
 
 
@@ -73,6 +74,13 @@ class EngineConfig:
     kv_disk_bytes: int = flag(8 << 30, "the disk tier's budget (default 8GiB)", type=parse_bytes)
     kv_events_config: str | None = flag(None, "publish the prefix cache's blocks as vLLM's KV events for routers: "
                                         "vLLM's JSON, e.g. '{\"enable_kv_cache_events\": true}' (docs/serving.md)")
+    kv_role: str = flag("both", "prefill/decode disaggregation (docs/disaggregation.md): prefill serves its finished "
+                        "prompts' KV blocks to decode instances over TCP; decode fetches them (kv_transfer_params)",
+                        choices=KV_ROLES)
+    kv_transfer_host: str = flag("127.0.0.1", "prefill: the address decode instances fetch KV blocks from (bound)")
+    kv_transfer_port: int = flag(0, "prefill: its KV block port (default 0: a free one, announced per request)")
+    kv_transfer_timeout: float = flag(10.0, "decode: seconds a KV transfer may stall before it recomputes the prompt")
+    kv_hold_timeout: float = flag(480.0, "prefill: seconds a finished prompt's KV waits to be fetched (vLLM's default)")
     max_num_batched_tokens: int = flag(1024, "token budget of one step")
     max_num_seqs: int = flag(64, "most sequences in one step")
     max_model_len: int | None = flag(None, "context limit (default: the model's)")

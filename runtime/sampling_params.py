@@ -36,6 +36,7 @@ class SamplingParams:
     speculative: bool = True  # per-request switch, when the engine has a proposer
     structured: "StructuredOutput | None" = None  # a grammar the output must match
     guided_decoding: "GuidedDecodingParams | None" = None  # vLLM's offline shape of it: becomes `structured`
+    kv_transfer_params: dict | None = None  # vLLM's: for the KV connector (runtime/kv/connector.py), opaque here
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

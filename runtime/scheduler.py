@@ -20,7 +20,7 @@ from runtime.engine_config import EngineConfig
 from runtime.engine_stats import EngineStats
 from runtime.kv.block_manager import BlockManager, KVBlocks
 from runtime.kv.block_pool import BlockPool
-from runtime.kv.connector import KVConnector
+from runtime.kv.connector import BlockLoad, KVConnector
 from runtime.sequence import Draft, SeqChunk, SeqStatus, Sequence, SeqUpdate
 
 
@@ -105,13 +105,14 @@ class Scheduler:
             return False
         hashes = self.blocks.block_hashes(kv, seq.token_ids, (len(seq.token_ids) - 1) // bs)
         start = len(kv.block_table)
-        n = self.connector.lookup(hashes[start:])
+        transfer = seq.params.kv_transfer_params
+        n = self.connector.lookup(hashes[start:], transfer)
         self.stats.external_prefix_cache_queries += (len(hashes) - start) * bs
         if n == 0 or not self.blocks.allocate(kv, n * bs):
             return False
         tokens = seq.token_ids
         self.connector.load(seq, [(kv.block_table[i], hashes[i], tuple(tokens[i * bs:(i + 1) * bs]))
-                                  for i in range(start, start + n)])
+                                  for i in range(start, start + n)], transfer)
         self.loading[seq] = kv.num_computed
         self.waiting.remove(seq)
         self._take_loads(wait=0.0)  # a load the connector did at once rejoins the queue now
@@ -203,7 +204,17 @@ class Scheduler:
         if seq.draft_kv is not None:
             self.draft_blocks.free(seq.draft_kv)
         if seq not in self.loading:  # a loading sequence's blocks are still filling: freed once they land
+            if self.connector is not None and seq.params.kv_transfer_params is not None:
+                seq.metrics.kv_transfer_params = self.connector.request_finished(seq.params.kv_transfer_params,
+                                                                                 self._computed_prompt_blocks(seq))
             self.blocks.free(seq.kv)
+
+    def _computed_prompt_blocks(self, seq: Sequence) -> list[BlockLoad]:
+        """The sequence's full prompt blocks whose KV is computed: (block, chained hash, token ids)."""
+        kv, bs = seq.kv, self.blocks.block_size
+        n = min(kv.num_computed, seq.num_prompt_tokens) // bs
+        return [(b, h, tuple(seq.token_ids[i * bs:(i + 1) * bs]))
+                for i, (b, h) in enumerate(zip(kv.block_table[:n], kv.block_hashes[:n]))]
 
     def release_held_blocks(self) -> bool:
         """Free the blocks waiting sequences hold since their loads landed (they stay cached: admission

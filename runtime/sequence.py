@@ -53,6 +53,7 @@ class RequestMetrics:
     num_preemptions: int = 0
     spec_proposed: int = 0
     spec_accepted: int = 0
+    kv_transfer_params: dict | None = None  # what the KV connector answers as the request finishes (vLLM's)
 
     @property
     def queue_time(self) -> float | None:
@@ -74,7 +75,7 @@ class RequestMetrics:
 
     def as_dict(self) -> dict[str, Any]:
         keys = ("queue_time", "ttft", "tpot", "e2e", "num_output_tokens", "num_cached_prompt_tokens",
-                "num_preemptions", "spec_proposed", "spec_accepted")
+                "num_preemptions", "spec_proposed", "spec_accepted", "kv_transfer_params")
         return {k: getattr(self, k) for k in keys}
 
 

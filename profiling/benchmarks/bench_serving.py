@@ -241,12 +241,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(serve_args: list[str], log: IO[str], timeout: float) -> tuple[subprocess.Popen, str]:
+def start_server(serve_args: list[str], log: IO[str], timeout: float, prefix: list[str] | None = None,
+                 env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
     """`python -m runtime.serve --port <free> SERVE_ARGS`, output to `log`; (process, base URL) once
-    /health answers. Raises BenchError (and stops the process) if it exits or does not come up."""
+    /health answers. Raises BenchError (and stops the process) if it exits or does not come up.
+    prefix: a command it runs under (["taskset", "-c", "0"]); env: variables added to ours."""
     port = free_port()  # the child binds it; a race with another process is possible but unlikely
-    proc = subprocess.Popen([sys.executable, "-m", "runtime.serve", "--port", str(port), *serve_args], cwd=REPO,
-                            stdout=log, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen([*(prefix or []), sys.executable, "-m", "runtime.serve", "--port", str(port), *serve_args],
+                            cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})})
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterator
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from cute_kernels.cpu.build import loaded_routes
@@ -21,6 +21,7 @@ from runtime.server.metric_defs import (
     LABELS,
     LOWER_KV_TIERS,
     OURS,
+    TRANSFER_HISTOGRAMS,
     VLLM,
     WAITING_REASONS,
     MetricDef,
@@ -87,7 +88,22 @@ FROM_SNAPSHOT: dict[str, Callable[[EngineStats], Rows]] = {
     OURS + "prefix_cache_blocks": lambda s: _one(s.prefix_cached_blocks),
     OURS + "prefix_cache_evictions": lambda s: _one(s.prefix_cache_evictions),
     OURS + "engine_phase_time_seconds": lambda s: [((p,), getattr(s.times, p)) for p in PHASES],
+    VLLM + "nixl_num_failed_transfers": lambda s: _one(s.tiers.get("transfer_failures", 0)),
+    VLLM + "nixl_num_kv_expired_reqs": lambda s: _one(s.tiers.get("transfer_expired", 0)),
+    OURS + "kv_transfer_held_requests": lambda s: _one(s.tiers.get("transfer_held_requests", 0)),
+    OURS + "kv_transfer_held_bytes": lambda s: _one(s.tiers.get("transfer_held_bytes", 0)),
+    OURS + "kv_transfer_sent_bytes": lambda s: _one(s.tiers.get("transfer_sent_bytes", 0)),
+    OURS + "kv_transfer_loaded_blocks": lambda s: _one(s.tiers.get("transfer_loaded_blocks", 0)),
+    OURS + "kv_transfer_recomputed_blocks": lambda s: _one(s.tiers.get("transfer_recomputed_blocks", 0)),
 }
+
+
+def connector_now(async_engine: AsyncEngine) -> dict[str, float]:
+    """The KV connector's counters and levels now, not as of the last step: its threads count between steps
+    (a prefill instance's sends and expiries happen while its engine idles). A dict copy and a locked read."""
+    engine = async_engine.engine
+    connector = engine.scheduler.connector
+    return dict(engine.stats.tiers) | (connector.gauges() if connector is not None else {})
 
 
 class EngineCollector(Collector):
@@ -112,6 +128,7 @@ class EngineCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         s = self.async_engine.snapshot()
+        s = s.copy(tiers=s.tiers | connector_now(self.async_engine))
         for name, read in FROM_SNAPSHOT.items():
             yield self.family(name, read(s))
         for name, rows in tier_rows(s, self.block_size).items():
@@ -126,6 +143,17 @@ class EngineCollector(Collector):
         info_labels = BY_NAME[VLLM + "cache_config_info"].labels
         yield self.family(VLLM + "cache_config_info", [(tuple(info[k] for k in info_labels), 1)])
         yield self.family(OURS + "cpu_kernel_route_info", [((lib, route), 1) for lib, route in loaded_routes().items()])
+        for name, key in TRANSFER_HISTOGRAMS.items():
+            yield self.histogram(name, key, s)
+
+    def histogram(self, name: str, key: str, s: EngineStats) -> Metric:
+        """A histogram a KV connector keeps as counters in EngineStats.tiers (cumulative {key}_le_{i})."""
+        d: MetricDef = BY_NAME[name]
+        family = HistogramMetricFamily(name, d.help, labels=list(LABELS))
+        count = s.tiers.get(f"{key}_count", 0)
+        buckets = [(repr(float(b)), s.tiers.get(f"{key}_le_{i}", 0)) for i, b in enumerate(d.buckets)]
+        family.add_metric(list(self.base), buckets + [("+Inf", count)], s.tiers.get(f"{key}_sum", 0))
+        return family
 
 
 def _reasons(s: EngineStats) -> list[str]:

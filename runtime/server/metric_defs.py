@@ -138,6 +138,33 @@ KV_TIER_COUNTERS = _defs(KV_TIER, "counter", [
     ("written_bytes", "Bytes of KV blocks written to a tier (tiers below the device).", ("tier",)),
 ])
 
+# Prefill/decode disaggregation (runtime/tiers/kv_transfer/): vLLM's NixlConnector series, one transfer being
+# one request's blocks fetched over TCP by the decode instance; counted in EngineStats.tiers (a histogram as
+# {key}_sum, {key}_count and cumulative {key}_le_{i}), read when scraped
+XFER_TIME_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+XFER_BYTES_BUCKETS = tuple(float(1 << k) for k in range(14, 34, 2))  # 16 KiB .. 4 GiB
+TRANSFER_HISTOGRAMS = {  # family -> its key in EngineStats.tiers
+    VLLM + "nixl_xfer_time_seconds": "xfer_seconds", VLLM + "nixl_bytes_transferred": "xfer_bytes"}
+VLLM_TRANSFER = _defs(VLLM, "histogram", [
+    ("nixl_xfer_time_seconds", "Histogram of transfer duration for KV cache transfers (decode side: one "
+                               "request's blocks, connect to last block, failed ones included).", (), XFER_TIME_BUCKETS),
+    ("nixl_bytes_transferred", "Histogram of bytes transferred per KV cache transfer (decode side).", (),
+     XFER_BYTES_BUCKETS),
+]) + _defs(VLLM, "counter", [
+    ("nixl_num_failed_transfers", "Number of failed KV cache transfers (the decode instance recomputed the rest)."),
+    ("nixl_num_kv_expired_reqs", "Number of requests that had their KV expire before a decode instance fetched "
+                                 "it (prefill side, --kv-hold-timeout)."),
+])
+TRANSFER_GAUGES = _defs(OURS, "gauge", [
+    ("kv_transfer_held_requests", "Finished prefills whose KV is held for a decode instance (prefill side)."),
+    ("kv_transfer_held_bytes", "Bytes of KV held for decode instances (prefill side)."),
+])
+TRANSFER_COUNTERS = _defs(OURS, "counter", [
+    ("kv_transfer_sent_bytes", "Bytes of KV blocks sent to decode instances (prefill side)."),
+    ("kv_transfer_loaded_blocks", "KV blocks fetched, verified and loaded from prefill instances (decode side)."),
+    ("kv_transfer_recomputed_blocks", "KV blocks a failed transfer left to recompute (decode side)."),
+])
+
 OUR_GAUGES = _defs(OURS, "gauge", [
     ("prefix_cache_blocks", "KV blocks findable in the prefix cache (in use or free)."),
     ("cpu_kernel_route_info", "The SIMD route each loaded C kernel library was built for (value 1).",
@@ -158,5 +185,6 @@ OUR_HISTOGRAMS = _defs(OURS, "histogram", [
 ])
 
 ALL = (VLLM_GAUGES + VLLM_COUNTERS + VLLM_PREFILL_COUNTERS + VLLM_REQUEST_HISTOGRAMS + VLLM_STREAM_HISTOGRAMS
-       + KV_TIER_GAUGES + KV_TIER_COUNTERS + OUR_GAUGES + OUR_COUNTERS + OUR_HISTOGRAMS)
+       + KV_TIER_GAUGES + KV_TIER_COUNTERS + VLLM_TRANSFER + TRANSFER_GAUGES + TRANSFER_COUNTERS + OUR_GAUGES
+       + OUR_COUNTERS + OUR_HISTOGRAMS)
 BY_NAME = {d.name: d for d in ALL}

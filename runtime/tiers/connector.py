@@ -77,7 +77,7 @@ class TieredConnector:
 
     # -- the seam ---------------------------------------------------------------------------------
 
-    def lookup(self, hashes: list[int]) -> int:
+    def lookup(self, hashes: list[int], transfer: dict | None = None) -> int:
         if time.perf_counter() < self._paused_until:  # a tier hung lately: recompute rather than queue behind it
             self._count("lookups_paused")
             return 0
@@ -95,7 +95,7 @@ class TieredConnector:
     def holds(self, block_hash: int) -> bool:
         return any(t.contains(block_hash) for t in self.tiers)
 
-    def load(self, key: Hashable, blocks: list[BlockLoad]) -> None:
+    def load(self, key: Hashable, blocks: list[BlockLoad], transfer: dict | None = None) -> None:
         job = self._loads[key] = _Load(key, blocks)
         if self.io.on_host and len(blocks) <= INLINE_LOAD_BLOCKS and all(
                 any(t.inline and t.contains(h) for t in self.tiers) for _, h, _ in blocks):
@@ -103,6 +103,9 @@ class TieredConnector:
             self._run_load(job)  # memory to memory: done before the step would have ended
         else:
             self._loader.submit(self._run_load, job)
+
+    def request_finished(self, transfer: dict, blocks: list[BlockLoad]) -> dict | None:
+        return None  # the tiers keep blocks by their prefix, not by request
 
     def finished(self, wait: float = 0.0) -> list[tuple[Hashable, int]]:
         done = []

@@ -81,6 +81,7 @@ def test_chat_streams_shows_metrics_and_stop_frees_blocks():
         page.get_by_text("About this engine").click()
         expect(page.locator("#about")).to_contain_text("torch reference")
         expect(page.locator("#about")).to_contain_text("KiB/token")
+        expect(page.locator("#about")).to_contain_text("kv role both")
         # a ladder of this model if this checkout has measured one, else why none shows and how to make one
         expect(page.locator("#about-ladder")).to_contain_text(re.compile(r"Optimization ladder( of |: )"))
 

@@ -7,7 +7,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
 from runtime.outputs import CompletionOutput, RequestOutput
-from runtime.server.openai.generation import Generation, finish_fields
+from runtime.server.openai.generation import Generation, finish_fields, transfer_fields
 from runtime.server.openai.leniency import check_fields
 from runtime.server.openai.prepare import start_generation
 from runtime.server.openai.protocol import (
@@ -47,7 +47,8 @@ def chat_body(gen: Generation, finals: dict[str, RequestOutput]) -> dict[str, An
         choices.append({"index": c.index, "message": message, "logprobs": _logprobs(gen, c.token_ids, c.logprobs),
                         **finish_fields(c, finish_reason)})
     return {"id": gen.response_id, "object": "chat.completion", "created": gen.created, "model": gen.model,
-            "choices": choices, "usage": gen.usage(sum(len(c.token_ids) for c in out.outputs), out.num_cached_tokens)}
+            "choices": choices, "usage": gen.usage(sum(len(c.token_ids) for c in out.outputs), out.num_cached_tokens),
+            **transfer_fields([out])}
 
 
 class ChatChunks(ChunkRenderer):

@@ -7,7 +7,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
 from runtime.outputs import CompletionOutput, RequestOutput
-from runtime.server.openai.generation import Generation, PreparedPrompt, finish_fields
+from runtime.server.openai.generation import Generation, PreparedPrompt, finish_fields, transfer_fields
 from runtime.server.openai.leniency import check_fields
 from runtime.server.openai.logprobs import TextOffsets
 from runtime.server.openai.prepare import start_generation
@@ -39,7 +39,8 @@ def completion_body(gen: Generation, finals: dict[str, RequestOutput]) -> dict[s
                             **finish_fields(c)})
     choices.sort(key=lambda ch: ch["index"])
     return {"id": gen.response_id, "object": "text_completion", "created": gen.created, "model": gen.model,
-            "choices": choices, "usage": gen.usage(generated, sum(out.num_cached_tokens for out in finals.values()))}
+            "choices": choices, "usage": gen.usage(generated, sum(out.num_cached_tokens for out in finals.values())),
+            **transfer_fields(finals.values())}
 
 
 class CompletionChunks(ChunkRenderer):

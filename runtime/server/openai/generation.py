@@ -87,6 +87,12 @@ async def collect(request: Request, stream: RequestStream) -> dict[str, RequestO
         stream.close()
 
 
+def transfer_fields(outputs: Iterable[RequestOutput]) -> dict[str, Any]:
+    """A prefill's kv_transfer_params (where the prompt's KV waits for a decode instance), when it has them."""
+    params = next((p for out in outputs if (p := out.metrics.get("kv_transfer_params")) is not None), None)
+    return {} if params is None else {"kv_transfer_params": params}
+
+
 def finish_fields(c: CompletionOutput, finish_reason: str | None = None) -> dict[str, Any]:
     """A choice's finish_reason (OpenAI's values only) and stop_reason; a grammar's own reason for
     ending it (complete under ignore_eos, or allowing no token) goes in finish_details."""

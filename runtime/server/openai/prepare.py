@@ -160,6 +160,9 @@ def sampling_params(req: SamplingFields, default_max_tokens: int, logprobs: int 
     unset = {k: v for k, v in (model_defaults or {}).items() if k not in req.model_fields_set}
     if max_tokens is None:
         max_tokens = min(default_max_tokens, unset.get("max_tokens", default_max_tokens))
+    transfer = req.kv_transfer_params.model_dump(exclude_none=True) if req.kv_transfer_params else None
+    if transfer and transfer["do_remote_decode"]:
+        max_tokens = 1  # a prefill for another instance: the prompt's KV and one token, as vLLM's protocol runs it
     knob = {name: unset.get(name, getattr(req, name))
             for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")}
     return SamplingParams(
@@ -168,7 +171,8 @@ def sampling_params(req: SamplingFields, default_max_tokens: int, logprobs: int 
         stop=req.stop if req.stop is not None else [],
         stop_token_ids=list(req.stop_token_ids or []), ignore_eos=req.ignore_eos, logprobs=logprobs,
         logit_bias=_logit_bias(req.logit_bias), skip_special_tokens=req.skip_special_tokens,
-        include_stop_str_in_output=req.include_stop_str_in_output, structured=structure)
+        include_stop_str_in_output=req.include_stop_str_in_output, structured=structure,
+        kv_transfer_params=transfer)
 
 
 def request_structure(req: SamplingFields, plan: ToolPlan | None) -> StructuredOutput | None:

@@ -47,6 +47,23 @@ class StreamOptions(BaseModel):
     include_usage: Bool = False
 
 
+class KVTransferParams(BaseModel):
+    """vLLM's kv_transfer_params (its disaggregation proxies and vllm-router send them): a prefill request asks
+    {"do_remote_decode": true}; its answer says where the prompt's KV is; the decode request carries that
+    back. Other keys pass through (docs/disaggregation.md)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    do_remote_decode: Bool = Field(False, description="prefill only: hold the prompt's KV for a decode instance")
+    do_remote_prefill: Bool = Field(False, description="decode: fetch the prompt's KV from remote_host:remote_port")
+    remote_engine_id: Str | None = None
+    remote_block_ids: Annotated[list[Int(0)], Field(max_length=1 << 20)] | None = None
+    remote_host: Str | None = None
+    remote_port: Int(0, 65535) | None = None
+    remote_request_id: Str | None = None
+    tp_size: Int(1) | None = None
+
+
 class SamplingFields(BaseModel):
     """Knobs shared by both routes: OpenAI's names, then vLLM-style extras."""
 
@@ -85,6 +102,8 @@ class SamplingFields(BaseModel):
     guided_choice: Annotated[list[Annotated[Str, Field(min_length=1)]], Field(min_length=1, max_length=MAX_BATCH)] \
         | None = None
     guided_grammar: Str | None = Field(None, description="an EBNF grammar (xgrammar's dialect)")
+    kv_transfer_params: KVTransferParams | None = Field(None, description="prefill/decode disaggregation, as "
+                                                        "vLLM's NixlConnector takes it")
 
 
 PromptText = Annotated[Str, Field(min_length=1)]
@@ -215,6 +234,8 @@ class CompletionResponse(BaseModel):
     model: str
     choices: list[CompletionChoice]
     usage: Usage
+    kv_transfer_params: dict[str, Any] | None = Field(None, description="a prefill's answer to do_remote_decode: "
+                                                      "where the prompt's KV is, for the decode request")
 
 
 class TopLogprob(BaseModel):
@@ -253,6 +274,8 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage
+    kv_transfer_params: dict[str, Any] | None = Field(None, description="a prefill's answer to do_remote_decode: "
+                                                      "where the prompt's KV is, for the decode request")
 
 
 class ModelCard(BaseModel):
