@@ -65,6 +65,8 @@ class GrammarService:
                 job.work = self._schedule(kind, text)
                 job.work.add_done_callback(lambda work, job=job: self._finish(job, work))
             job.waiters.append(waiter)
+            if self._closed:  # close() came while the pool started and could not stop it
+                self._stop_pool()
         return waiter
 
     def warm(self) -> None:
@@ -98,10 +100,19 @@ class GrammarService:
         return [] if pool is None else list(pool._pool_manager.worker_manager.workers)
 
     def close(self) -> None:
-        """Kill the workers; whoever waits gets CancelledError. Idempotent."""
-        with self._lock:
-            self._closed, jobs, self._jobs = True, list(self._jobs.values()), {}
-            pool, self._pool = self._pool, None
+        """Kill the workers; whoever waits gets CancelledError. Idempotent. A pool still starting (the
+        warm-up holds the lock for seconds while the forkserver imports) is not waited for: it stops
+        itself once started (submit), so a server exits at once."""
+        self._closed = True
+        if self._lock.acquire(timeout=0.2):
+            try:
+                self._stop_pool()
+            finally:
+                self._lock.release()
+
+    def _stop_pool(self) -> None:  # under the lock
+        jobs, self._jobs = list(self._jobs.values()), {}
+        pool, self._pool = self._pool, None
         for job in jobs:
             for waiter in job.waiters:
                 waiter.cancel()
