@@ -94,6 +94,9 @@ class EngineConfig:
     generation_config: str = flag("auto", "sampling defaults for what a request leaves unset: 'auto' takes a model "
                                   "folder's generation_config.json (temperature, top_p, top_k, min_p, "
                                   "repetition_penalty, max_new_tokens); 'vllm' ignores it", choices=GENERATION_CONFIGS)
+    deterministic: bool = flag(False, "batch-invariant inference: a request's tokens depend only on the request "
+                               "(its seed), not on what runs beside it, the prefix cache, chunking, speculation or "
+                               "preemption (README, Deterministic inference)")
     log_ledger: bool = True
 
     def __post_init__(self) -> None:

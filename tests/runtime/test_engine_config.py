@@ -12,7 +12,7 @@ FLAGS = ["--model", "--device", "--dtype", "--backend", "--quantization", "--kv-
          "--max-num-batched-tokens", "--max-num-seqs", "--max-model-len", "--scheduler",
          "--enable-prefix-caching", "--no-enable-prefix-caching", "--speculative", "--num-speculative-tokens",
          "--draft-model", "--speculative-model", "--ngram-min", "--ngram-max", "--tensor-parallel-size", "--engine-seed", "--enforce-eager",
-         "--no-enforce-eager", "--generation-config"]
+         "--no-enforce-eager", "--generation-config", "--deterministic", "--no-deterministic"]
 
 
 def engine_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Action]]:
