@@ -108,7 +108,9 @@ def make_runner(cfg: ModelConfig, tensors: dict[str, torch.Tensor], kv_budget_by
     device = torch.device(device)
     dtype = dtype or default_dtype(device)
     linears = QuantizedLinears(quantization, device, dtype, cfg.fp8_weight_block == 128, deterministic)
-    model = build_model(cfg, tensors, select_backend(backend, device, dtype), device, dtype, linears)
+    attention = select_backend(backend, device, dtype)
+    attention.batch_invariant = deterministic
+    model = build_model(cfg, tensors, attention, device, dtype, linears)
     budget = kv_budget_bytes() if callable(kv_budget_bytes) else kv_budget_bytes
     kv_dtype = kv_dtype or dtype
     ledger = plan_kv_cache(cfg, budget, block_size, kv_dtype, model.weight_bytes(), model.quantization())

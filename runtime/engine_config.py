@@ -118,6 +118,8 @@ class EngineConfig:
             raise UserError(f"unknown generation_config {self.generation_config!r} ({' or '.join(GENERATION_CONFIGS)})")
         if self.quantization not in (None, *QUANTIZATION_CHOICES):
             raise UserError(f"unknown quantization {self.quantization!r} (choose from {', '.join(QUANTIZATION_CHOICES)})")
+        if self.deterministic and self.tensor_parallel_size > 1:
+            raise UserError("deterministic: not with tensor_parallel_size > 1 (the ranks do not take it yet)")
         if self.scheduler == "static" and self.speculative:
             raise UserError("speculative decoding needs the continuous scheduler (static batches verify no drafts)")
 

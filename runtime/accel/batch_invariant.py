@@ -6,7 +6,8 @@ scaled block sums in one order (cute_kernels/cpu/csrc/quant_dot.h), so both rout
 bits; only the dequantize + fp32 GEMM route (K-quants and the portable build, from DEQUANT_MIN_ROWS rows)
 sums otherwise, and is not taken. Float weights: oneDNN picks its kernel by row count, and rows of a
 1-row and of a 2-row product differ in their last bits; with the row count fixed (FIXED_ROWS, the last
-slice padded with zeros) a row gets the same bits wherever it sits in the call.
+slice padded with zeros) a row gets the same bits wherever it sits in the call. FP8 weights on Hopper:
+the CuTe GEMM without split-K. (Dense bf16 linears on a GPU, cuBLAS, are left as they are.)
 """
 from __future__ import annotations
 
@@ -51,6 +52,8 @@ def batch_invariant(linear: Linear) -> Linear:
     for part in parts:
         if isinstance(part, BlockQuantLinear):
             part.allow_dequant = False
+    if hasattr(linear, "k_splits"):  # the CuTe FP8 GEMM: no split-K (its tile order is fixed)
+        linear.k_splits = 1
     if isinstance(linear, DenseLinear) and linear.weight.device.type == "cpu":
         return FixedRowsLinear(linear)
     return linear
