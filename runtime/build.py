@@ -78,7 +78,7 @@ def build_engine(config: EngineConfig, model_config: ModelConfig, tensors: dict[
     budget = lambda: kv_budget(config, device, launch.local_world_size if launch else ranks)  # noqa: E731
     if ranks == 1:
         local, ledger = make_runner(model_config, tensors, budget, config.block_size, device, dtype, config.backend,
-                                    config.quantization, kv_dtype)
+                                    config.quantization, kv_dtype, config.deterministic)
         runner: Runner = local
     else:
         spec = (group_spec(launch, layout, device, config.distributed_timeout) if launch else
@@ -161,20 +161,22 @@ def serve_launched_rank(config: EngineConfig, model_config: ModelConfig, tensors
 def make_runner(cfg: ModelConfig, tensors: dict[str, torch.Tensor], kv_budget_bytes: int | Callable[[], int],
                 block_size: int = 16, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
                 backend: str = "auto", quantization: str | None = None,
-                kv_dtype: torch.dtype | None = None) -> tuple[ModelRunner, KVLedger]:
+                kv_dtype: torch.dtype | None = None, deterministic: bool = False) -> tuple[ModelRunner, KVLedger]:
     """This process's model, its kernel backend and paged KV cache. A callable budget is asked only once
     the weights are in place, so free memory it reads excludes them. quantization: see
     runtime/accel/quantization.py (None: a GGUF's quantized weights as shipped). kv_dtype: the KV cache's
-    element type (None: dtype)."""
+    element type (None: dtype). deterministic: batch-invariant linears and attention (every row as a decode row)."""
     device = torch.device(device)
     dtype = dtype or default_dtype(device)
-    linears = QuantizedLinears(quantization, device, dtype, cfg.fp8_weight_block == 128)
-    model = build_model(cfg, tensors, select_backend(backend, device, dtype), device, dtype, linears)
+    linears = QuantizedLinears(quantization, device, dtype, cfg.fp8_weight_block == 128, deterministic)
+    attention = select_backend(backend, device, dtype)
+    attention.batch_invariant = deterministic
+    model = build_model(cfg, tensors, attention, device, dtype, linears)
     budget = kv_budget_bytes() if callable(kv_budget_bytes) else kv_budget_bytes
     kv_dtype = kv_dtype or dtype
     ledger = plan_kv_cache(cfg, budget, block_size, kv_dtype, model.weight_bytes(), model.quantization())
     caches = allocate_kv_cache(cfg, ledger, device, kv_dtype)
-    return ModelRunner(model, caches, block_size, device), ledger
+    return ModelRunner(model, caches, block_size, device, deterministic), ledger
 
 
 def make_proposer(config: EngineConfig, target: ModelConfig, device: torch.device,

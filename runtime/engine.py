@@ -103,7 +103,8 @@ class LLMEngine:
             gen = torch.Generator(device=self.device).manual_seed(seed % 2**63)
         grammar = request.grammar.processor(self.output.eos_ids) if request.grammar is not None else None
         return Sequence(seq_id, request_id, list(request.prompt_ids), len(request.prompt_ids), params, metrics,
-                        generator=gen, grammar=grammar)
+                        generator=gen, grammar=grammar,
+                        draw_seed=seed if gen is not None and self.config.deterministic else None)
 
     def abort_request(self, request_id: str) -> bool:
         """Stop a request now; its blocks return to the pool at once. False if unknown or done."""

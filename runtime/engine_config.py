@@ -113,6 +113,9 @@ class EngineConfig:
     generation_config: str = flag("auto", "sampling defaults for what a request leaves unset: 'auto' takes a model "
                                   "folder's generation_config.json (temperature, top_p, top_k, min_p, "
                                   "repetition_penalty, max_new_tokens); 'vllm' ignores it", choices=GENERATION_CONFIGS)
+    deterministic: bool = flag(False, "batch-invariant inference: a request's tokens depend only on the request "
+                               "(its seed), not on what runs beside it, the prefix cache, chunking, speculation or "
+                               "preemption (README, Deterministic inference)")
     log_ledger: bool = True
 
     def __post_init__(self) -> None:
@@ -137,6 +140,9 @@ class EngineConfig:
             raise UserError(f"unknown generation_config {self.generation_config!r} ({' or '.join(GENERATION_CONFIGS)})")
         if self.quantization not in (None, *QUANTIZATION_CHOICES):
             raise UserError(f"unknown quantization {self.quantization!r} (choose from {', '.join(QUANTIZATION_CHOICES)})")
+        if self.deterministic and self.tensor_parallel_size * self.pipeline_parallel_size > 1:
+            raise UserError("deterministic: not with tensor_parallel_size or pipeline_parallel_size > 1 (the ranks "
+                            "do not take it yet)")
         if self.scheduler == "static" and self.speculative:
             raise UserError("speculative decoding needs the continuous scheduler (static batches verify no drafts)")
 

@@ -92,6 +92,7 @@ class Sequence:
     params: SamplingParams
     metrics: RequestMetrics
     generator: torch.Generator | None = None  # set for sampled requests: draws independent of batch mates
+    draw_seed: int | None = None  # --deterministic, sampled: draws keyed by (this seed, position), not sequential
     grammar: GrammarMask | None = None  # a structured request's grammar state: masks its row, takes its tokens
     status: SeqStatus = SeqStatus.WAITING
     kv: KVBlocks = field(default_factory=KVBlocks)

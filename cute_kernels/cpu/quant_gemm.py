@@ -89,12 +89,15 @@ def supports(type_name: str, rows: int, cols: int) -> bool:
     return known and cols % block_values(type_name) == 0 and rows > 0
 
 
-def choose_path(type_name: str, rows: int) -> str:
-    """gemv, tiles or dequant: the fastest measured path for this many activation rows on this build."""
+def choose_path(type_name: str, rows: int, allow_dequant: bool = True) -> str:
+    """gemv, tiles or dequant: the fastest measured path for this many activation rows on this build.
+    gemv and tiles give a row the same bits; dequant sums in another order (allow_dequant=False: never)."""
     if not quant_tiles.available(type_name):
-        return "dequant" if rows >= DEQUANT_MIN_ROWS else "gemv"
+        return "dequant" if rows >= DEQUANT_MIN_ROWS and allow_dequant else "gemv"
     tiles_from, dequant_from = TILES_ROWS[quant_tiles.isa(), type_name]
-    return "dequant" if rows >= dequant_from else "tiles" if rows >= tiles_from else "gemv"
+    if rows >= dequant_from and allow_dequant:
+        return "dequant"
+    return "tiles" if rows >= tiles_from else "gemv"
 
 
 def quant_linear(x: torch.Tensor, blocks: torch.Tensor, type_name: str, bias: torch.Tensor | None = None,

@@ -122,14 +122,16 @@ def vllm_rows(python: str, path: str, ids: list[int], n: int, repeats: int) -> t
 
 # label -> (--quantization, fused CPU decode step on): "per-layer" is the path before the fused step
 ENGINES = {"ours q (shipped)": (None, True), "ours q per-layer": (None, False), "ours fp32": ("none", True)}
+# --deterministic adds these beside the others, interleaved with them
+DETERMINISTIC = {"ours q determ.": (None, True, True), "ours fp32 determ.": ("none", True, True)}
 
 
-def our_engine(cfg, tensors, tok, quantization: str | None, fused: bool):
+def our_engine(cfg, tensors, tok, quantization: str | None, fused: bool, deterministic: bool = False):
     from runtime.build import build_engine
     from runtime.engine_config import EngineConfig
 
     engine = build_engine(EngineConfig(device="cpu", backend="torch", kv_cache_memory=256 << 20, log_ledger=False,
-                                    quantization=quantization), cfg, dict(tensors), tok)
+                                    quantization=quantization, deterministic=deterministic), cfg, dict(tensors), tok)
     if not fused:
         engine.model_runner.model.decode_step = None
     return engine
@@ -145,6 +147,8 @@ def main() -> None:
     ap.add_argument("--dry-run", action="store_true", help="--device cuda: list the cases, run nothing")
     ap.add_argument("--vllm-python", default=None, help="a Python with vLLM's CPU build (default: this one, when it "
                     "imports vllm); vLLM runs after the others, in its own process, on the fp32 weights")
+    ap.add_argument("--deterministic", action="store_true", help="also our engines with --deterministic")
+    ap.add_argument("--no-peers", action="store_true", help="our engines only (no transformers, llama.cpp)")
     args = ap.parse_args()
     if args.device == "cuda":
         return gpu_main(args)
@@ -154,10 +158,12 @@ def main() -> None:
     from runtime.load import load_model
 
     cfg, tensors, tok, path = load_model(args.model)
-    runners = {label: (ours, our_engine(cfg, tensors, tok, *how)) for label, how in ENGINES.items()}
-    runners["transformers"] = (transformers_run, AutoModelForCausalLM.from_pretrained(
-        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32).eval())
-    if (llm := llama_cpp_model(path)) is not None:
+    engines = {**ENGINES, **(DETERMINISTIC if args.deterministic else {})}
+    runners = {label: (ours, our_engine(cfg, tensors, tok, *how)) for label, how in engines.items()}
+    if not args.no_peers:
+        runners["transformers"] = (transformers_run, AutoModelForCausalLM.from_pretrained(
+            os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32).eval())
+    if not args.no_peers and (llm := llama_cpp_model(path)) is not None:
         runners["llama.cpp"] = (llama_cpp_run, llm)
     ids = tok.encode_chat([{"role": "user", "content": PROMPT}])
     n = args.new_tokens
@@ -172,7 +178,7 @@ def main() -> None:
         rows[label] = runs
     res = {k: {"ttft_ms": 1000 * statistics.median(r[0] for r in v), "decode_tok_s": statistics.median(r[1] for r in v)}
            for k, v in rows.items()}
-    same = rows["ours fp32"][0][2] == rows["transformers"][0][2]
+    same = "transformers" in rows and rows["ours fp32"][0][2] == rows["transformers"][0][2]
     print(f"prompt {len(ids)} tokens, {n} new tokens, greedy, {torch.get_num_threads()} threads, median of "
           f"{args.repeats}" + ("" if "llama.cpp" in runners else "; llama.cpp: llama-cpp-python not importable"))
     print(f"{'engine':<18}{'TTFT ms':>10}{'decode tok/s':>14}{'ours q / this':>15}")
@@ -183,6 +189,8 @@ def main() -> None:
     print(f"identical tokens, ours fp32 and transformers: {same}; ours q fused and per-layer: "
           f"{rows['ours q (shipped)'][0][2] == rows['ours q per-layer'][0][2]}"
           + "".join(f"; ours fp32 and {k}: {v}" for k, v in vllm_same.items())
+          + ("; ours q and ours q determ.: " + str(rows["ours q (shipped)"][0][2] == rows["ours q determ."][0][2])
+             if args.deterministic else "")
           + ("" if vllm_same else "; vLLM: not installed here (--vllm-python PATH)"))
     if args.json:
         with open(args.json, "w") as f:

@@ -45,7 +45,8 @@ def run_ours(model_path, workload, name: str, args) -> dict:
                                     max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                                     log_ledger=False, enable_prefix_caching=args.enable_prefix_caching,
                                     quantization={"fp32": "none"}.get(weights, weights or None),
-                                    kv_cache_dtype=args.kv_cache_dtype), cfg, tensors, tok)
+                                    kv_cache_dtype=args.kv_cache_dtype, deterministic=args.deterministic),
+                          cfg, tensors, tok)
     llm = LLM.from_engine(engine)
     llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)  # warm-up
     engine.stats.times.__init__()
@@ -173,6 +174,8 @@ def main() -> None:
     ap.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=False,
                     help="the prompts share no prefixes; under KV pressure the cache keeps a preempted "
                          "sequence's blocks for its recompute")
+    ap.add_argument("--deterministic", action=argparse.BooleanOptionalAction, default=False,
+                    help="our engines with --deterministic (batch-invariant; README, Deterministic inference)")
     ap.add_argument("--vllm-python", default=None,
                     help="a Python interpreter that has vLLM's CPU build (default: this one, if it has vLLM)")
     ap.add_argument("--json", default=None)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from cute_kernels.cpu.quant_blocks import dequantize
-from cute_kernels.cpu.quant_gemm import quant_linear, supports
+from cute_kernels.cpu.quant_gemm import choose_path, quant_linear, supports
 from runtime.model.linear import tensor_bytes
 
 
@@ -23,10 +23,12 @@ class BlockQuantLinear:
                  label: str | None = None) -> None:
         self.type_name, self.blocks, self.bias = type_name, blocks.contiguous(), bias
         self.quantization = label or type_name  # what the ledger and the About panel show
+        self.allow_dequant = True  # False (--deterministic): never the dequantize + fp32 route, which sums otherwise
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
-        return quant_linear(rows, self.blocks, self.type_name, self.bias).reshape(*x.shape[:-1], -1)
+        path = None if self.allow_dequant else choose_path(self.type_name, rows.shape[0], allow_dequant=False)
+        return quant_linear(rows, self.blocks, self.type_name, self.bias, path).reshape(*x.shape[:-1], -1)
 
     def weight_bytes(self) -> int:
         return tensor_bytes(self.blocks, self.bias)

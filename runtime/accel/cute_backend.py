@@ -63,8 +63,9 @@ class CuteBackend(TorchBackend):
         from cute_kernels.hopper.decode.decode_spec import num_splits
 
         rows, kv_heads = batch.num_decode_tokens, batch.num_kv_heads
+        splits = 1 if self.batch_invariant else num_splits(rows, kv_heads, max_context)
         return self._decode_host.plan_decode(batch.decode_block_tables, batch.decode_context_lens,
-                                             batch.num_blocks, kv_heads, splits=num_splits(rows, kv_heads, max_context))
+                                             batch.num_blocks, kv_heads, splits=splits)
 
     def plan(self, batch: AttentionBatch) -> None:
         """Once per step, the kernels' plans: prefill's int32 tables and decode's split count, their block
@@ -76,8 +77,11 @@ class CuteBackend(TorchBackend):
             batch.prefill_plan = plan_prefill(batch.prefix_lens, batch.prefill_block_tables, batch.num_blocks,
                                               batch.cu_seqlens_q, batch.cu_seqlens_q)  # new keys = new queries
         if batch.num_decode_tokens and batch.decode_plan is None:
+            # --deterministic: one split, so each row's keys reduce in tile order in one CTA whatever the
+            # batch (the split count otherwise follows batch x KV heads against the SMs)
             batch.decode_plan = self._decode_host.plan_decode(batch.decode_block_tables, batch.decode_context_lens,
-                                                              batch.num_blocks, batch.num_kv_heads)
+                                                              batch.num_blocks, batch.num_kv_heads,
+                                                              splits=1 if self.batch_invariant else None)
 
     def prefill(self, args: PrefillArgs) -> torch.Tensor:
         """The sm_90a kernel; args.max_seqlen_q (from the runner) spares it a device sync per layer."""

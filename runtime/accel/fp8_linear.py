@@ -50,6 +50,7 @@ class Fp8Linear:
                              f"(rowwise [{n}, 1] or 128x128 blocks [{blocks[0]}, {blocks[1]}])")
         self.weight, self.scale, self.bias = weight, scale.float().contiguous(), bias
         self.block_scaled = tuple(scale.shape) != (n, 1)
+        self.k_splits: int | None = None  # the CuTe GEMM's K splits (None: by shape; 1 under --deterministic)
 
     @classmethod
     def quantize(cls, weight: torch.Tensor, bias: torch.Tensor | None = None, block: bool = False) -> "Fp8Linear":
@@ -83,7 +84,7 @@ class Fp8Linear:
 
         rows = rows.contiguous()
         q, scale = quantize_activation_blocks(rows) if self.block_scaled else quantize_rows(rows)
-        out = fp8_gemm(q, self.weight, scale, self.scale)
+        out = fp8_gemm(q, self.weight, scale, self.scale, splits=self.k_splits)
         return out if self.bias is None else out + self.bias
 
     def weight_bytes(self) -> int:

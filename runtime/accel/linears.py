@@ -5,6 +5,7 @@ from itertools import accumulate
 
 import torch
 
+from runtime.accel.batch_invariant import batch_invariant
 from runtime.accel.block_linear import BlockQuantEmbedding, BlockQuantLinear, BlockQuantParts, block_linear_supports
 from runtime.accel.cpu_linear import PackedCpuLinear, pack_linear_weight
 from runtime.accel.quantization import head_mode, quantize_linear
@@ -35,9 +36,14 @@ class QuantizedLinears:
     mode), else float (oneDNN-packed where that applies)."""
 
     def __init__(self, quantization: str | None, device: torch.device, dtype: torch.dtype,
-                 fp8_block: bool = False) -> None:
+                 fp8_block: bool = False, deterministic: bool = False) -> None:
         self.quantization, self.device, self.dtype = quantization, device, dtype
         self.fp8_block = fp8_block  # an FP8 checkpoint's 128x128 block scales
+        self.deterministic = deterministic  # batch-invariant linears (batch_invariant.py)
+
+    def linear(self, weight: Weight, bias: torch.Tensor | None, head: bool = False) -> Linear:
+        linear = self._linear(weight, bias, head)
+        return batch_invariant(linear) if self.deterministic else linear
 
     def keeps(self, w: Weight) -> bool:
         if isinstance(w, QuantizedParts):
@@ -48,7 +54,7 @@ class QuantizedLinears:
     def float(self, w: Weight | None) -> torch.Tensor | None:
         return None if w is None else as_float(w).to(device=self.device, dtype=self.dtype).contiguous()
 
-    def linear(self, weight: Weight, bias: torch.Tensor | None, head: bool = False) -> Linear:
+    def _linear(self, weight: Weight, bias: torch.Tensor | None, head: bool) -> Linear:
         bias = self.float(bias)
         if self.keeps(weight) and isinstance(weight, QuantizedParts):
             bounds = [0, *accumulate(p.shape[0] for p in weight.parts)]
@@ -71,5 +77,6 @@ class QuantizedLinears:
 
     def tied_head(self, embedding: Embedding) -> Linear:
         if isinstance(embedding, BlockQuantEmbedding):
-            return embedding.as_linear()
+            head = embedding.as_linear()
+            return batch_invariant(head) if self.deterministic else head
         return self.linear(embedding.table, None, head=True)

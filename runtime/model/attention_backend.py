@@ -28,6 +28,7 @@ class AttentionBackend(ABC):
     # what a captured CUDA graph's decode needs (runtime/accel/cuda_graphs.py); backends without graphs
     # keep these defaults
     graph_reads_full_tables = False  # its captured decode reads every table to its full width
+    batch_invariant = False  # --deterministic: a row's attention may not depend on its batch (cute: one split)
 
     def graph_decode_plan(self, batch: AttentionBatch, max_context: int) -> Any:
         """A decode plan a graph can replay without syncing, made before the capture (None: none needed)."""

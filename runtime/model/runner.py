@@ -80,8 +80,10 @@ def _padded_tables(tables: list[list[int]]) -> np.ndarray:
 
 class ModelRunner:
     def __init__(self, model: LlamaModel, kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
-                 block_size: int, device: torch.device | str = "cpu") -> None:
+                 block_size: int, device: torch.device | str = "cpu", deterministic: bool = False) -> None:
         self.model = model
+        # every chunk as decode rows: a query reduces its keys in one kernel's order wherever they came from
+        self.all_decodes = deterministic
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.device = torch.device(device)
@@ -92,9 +94,10 @@ class ModelRunner:
 
     def prepare(self, chunks: list[SeqChunk]) -> Prepared:
         """Packed ids, positions, the attention record, and the packed rows whose logits are wanted."""
-        order = sorted(range(len(chunks)), key=lambda i: not _as_decodes(chunks[i]))  # decodes first
+        as_decodes = (lambda c: True) if self.all_decodes else _as_decodes
+        order = sorted(range(len(chunks)), key=lambda i: not as_decodes(chunks[i]))  # decodes first
         ordered = [chunks[i] for i in order]
-        ndc = sum(map(_as_decodes, ordered))
+        ndc = sum(map(as_decodes, ordered))
         lens = np.array([len(c.token_ids) for c in ordered], dtype=np.int64)
         starts = np.array([c.start_pos for c in ordered], dtype=np.int64)
         ends = np.cumsum(lens)

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from runtime.sampling.processors import LogitsProcessor, request_processors
-from runtime.sampling.verify import verify_one
+from runtime.sampling.verify import uniform_at, verify_by_sampling, verify_one
 from runtime.sampling_params import SamplingParams
 from runtime.sequence import Draft, GrammarMask, Sequence
 
@@ -26,6 +26,7 @@ class SamplingRow:
     generator: torch.Generator | None = None  # set for sampled requests: draws independent of batch mates
     processors: list[LogitsProcessor] = field(default_factory=list)  # applied in order before temperature
     mask: GrammarMask | None = None  # a structured request's grammar: applied after the processors
+    draw_at: tuple[int, int] | None = None  # (seed, position): the draw keyed by them instead of the generator
 
 
 @dataclass
@@ -142,8 +143,10 @@ def processed_probs(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tens
 
 
 def _uniforms(rows: list[SamplingRow], device: torch.device) -> torch.Tensor:
-    """One u ~ U[0, 1) per row, from the row's own generator when it has one."""
-    return torch.stack([torch.rand((), generator=row.generator, device=device) for row in rows])
+    """One u ~ U[0, 1) per row: keyed by (seed, position) under --deterministic, else from the row's own
+    generator when it has one."""
+    return torch.stack([torch.tensor(uniform_at(*row.draw_at), device=device) if row.draw_at is not None
+                        else torch.rand((), generator=row.generator, device=device) for row in rows])
 
 
 def _inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
@@ -242,7 +245,8 @@ def sampling_row(seq: Sequence, eos_ids: set[int], extra: list[int] = ()) -> Sam
     if seq.num_output_tokens + len(extra) < p.min_tokens:  # no end before min_tokens
         banned = sorted((set() if p.ignore_eos else eos_ids) | set(p.stop_token_ids))
     procs = request_processors(p, prompt, out, banned)
-    return SamplingRow(p, seq.generator, procs, seq.grammar)
+    draw_at = None if seq.draw_seed is None else (seq.draw_seed, len(seq.token_ids) + len(extra))
+    return SamplingRow(p, seq.generator, procs, seq.grammar, draw_at)
 
 
 def sample_step(rows_of: list[tuple[Sequence, list[int]]], logits: torch.Tensor, drafts: dict[Sequence, Draft],
@@ -271,9 +275,12 @@ def _index_rows(logits: torch.Tensor, rows: np.ndarray) -> torch.Tensor:
 
 def _verify(seq: Sequence, spec: list[int], logits: torch.Tensor, draft: Draft, eos_ids: set[int]) -> Sampled:
     rows = [sampling_row(seq, eos_ids, spec[:j]) for j in range(len(spec) + 1)]
-    probs = processed_probs(logits, rows)
-    q = draft.probs[:len(spec)] if draft.probs is not None else None
-    tokens = verify_one(probs, spec, q, seq.params.greedy, seq.generator)
+    if seq.draw_seed is not None:  # --deterministic: plain decoding's draws, position by position
+        tokens = verify_by_sampling(sample(logits, rows).token_ids, spec)
+    else:
+        probs = processed_probs(logits, rows)
+        q = draft.probs[:len(spec)] if draft.probs is not None else None
+        tokens = verify_one(probs, spec, q, seq.params.greedy, seq.generator)
     lp = None
     if seq.params.logprobs is not None:
         lp = logprob_records(logits[:len(tokens)], torch.tensor(tokens, device=logits.device), seq.params.logprobs)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+_MASK64 = (1 << 64) - 1
+
 
 def _uniform(gen: torch.Generator | None, device: torch.device) -> float:
     return float(torch.rand(1, generator=gen, device=device))
@@ -16,6 +18,25 @@ def _uniform(gen: torch.Generator | None, device: torch.device) -> float:
 
 def _draw(probs: torch.Tensor, gen: torch.Generator | None) -> int:
     return int(torch.multinomial(probs, 1, generator=gen))
+
+
+def uniform_at(seed: int, position: int) -> float:
+    """u in [0, 1) from (seed, position) alone (splitmix64 of the pair, 24 bits: exact in float32), so a
+    draw does not depend on how many draws came before it (speculation, preemption)."""
+    z = (seed * 0x9E3779B97F4A7C15 + position * 0xD1B54A32D192ED03 + 0x632BE59BD9B4E019) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return ((z ^ (z >> 31)) >> 40) / float(1 << 24)
+
+
+def verify_by_sampling(sampled: list[int], draft: list[int]) -> list[int]:
+    """Tokens to emit when every position was sampled as plain decoding samples it (sampled: k+1
+    tokens): the drafts up to the first that differs from its position's token, then that token. Exact
+    for any proposal: each emitted token is plain decoding's own draw."""
+    for j, d in enumerate(draft):
+        if sampled[j] != d:
+            return sampled[:j + 1]
+    return sampled
 
 
 def verify_one(p: torch.Tensor, draft: list[int], q: torch.Tensor | None, greedy: bool,

@@ -4,7 +4,10 @@ from __future__ import annotations
 import argparse
 from dataclasses import fields
 
+import pytest
+
 from runtime.engine_config import EngineConfig, add_engine_args, config_from_args, parse_bytes
+from runtime.errors import UserError
 
 NOT_FLAGS = {"kv_cache_fraction", "log_ledger"}  # set from Python only (LLM(...), the server's own ledger print)
 FLAGS = ["--model", "--device", "--dtype", "--backend", "--quantization", "--kv-cache-dtype", "--block-size",
@@ -14,7 +17,7 @@ FLAGS = ["--model", "--device", "--dtype", "--backend", "--quantization", "--kv-
          "--enable-prefix-caching", "--no-enable-prefix-caching", "--speculative", "--num-speculative-tokens",
          "--draft-model", "--speculative-model", "--ngram-min", "--ngram-max", "--tensor-parallel-size",
          "--pipeline-parallel-size", "--distributed-executor-backend", "--distributed-timeout", "--engine-seed", "--enforce-eager",
-         "--no-enforce-eager", "--generation-config"]
+         "--no-enforce-eager", "--generation-config", "--deterministic", "--no-deterministic"]
 
 
 def engine_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.Action]]:
@@ -60,3 +63,9 @@ def test_no_flags_give_the_default_config_and_flags_reach_their_fields():
     assert config_from_args(args) == EngineConfig(kv_cache_memory=2 << 30, seed=7, enable_prefix_caching=False,
                                                   speculative="ngram", max_model_len=256, model="m.gguf",
                                                   tensor_parallel_size=3)
+
+
+@pytest.mark.parametrize("layout", [dict(tensor_parallel_size=2), dict(pipeline_parallel_size=2)])
+def test_deterministic_is_refused_where_the_ranks_do_not_take_it(layout):
+    with pytest.raises(UserError, match="deterministic: not with tensor_parallel_size or pipeline_parallel_size"):
+        EngineConfig(deterministic=True, **layout)

@@ -15,8 +15,13 @@
 typedef void (*dot_tile_fn)(const uint8_t *wrow, int type, int64_t nblocks, const int8_t *q, const float *d,
                             const float *s, int64_t k, int nr, float *out);
 
-/* y[M, N] = x @ W^T (+ bias), x quantized by quantize_rows_q8 (d, s: one per 32 values). */
-static inline void column_tiled_gemm(dot_tile_fn dot_tile, const uint8_t *w, int type, int64_t nblocks,
+/* out[r * 8 + l] = weight row l (w + l * row_bytes) . activation row r for 8 weight rows, r < nr. */
+typedef void (*dot_tile8_fn)(const uint8_t *w, int64_t row_bytes, int type, int64_t nblocks, const int8_t *q,
+                             const float *d, const float *s, int64_t k, int nr, float *out);
+
+/* y[M, N] = x @ W^T (+ bias), x quantized by quantize_rows_q8 (d, s: one per 32 values); dot_tile8 (or
+ * NULL) takes 8 columns at a time, the rest of a tile goes to dot_tile. */
+static inline void column_tiled_gemm(dot_tile_fn dot_tile, dot_tile8_fn dot_tile8, const uint8_t *w, int type, int64_t nblocks,
                                      int64_t row_bytes, const int8_t *q, const float *d, const float *s,
                                      const float *bias, float *y, int64_t m, int64_t n, int64_t k, int nthreads) {
     const int64_t per_row = k / 32; /* activation blocks per row */
@@ -28,7 +33,15 @@ static inline void column_tiled_gemm(dot_tile_fn dot_tile, const uint8_t *w, int
             const int64_t c_end = ct * COL_TILE + COL_TILE < n ? ct * COL_TILE + COL_TILE : n;
             for (int64_t r0 = rb * ROW_BLOCK; r0 < r_end; r0 += ROW_TILE) {
                 const int nr = (int)(r_end - r0 < ROW_TILE ? r_end - r0 : ROW_TILE);
-                for (int64_t c = ct * COL_TILE; c < c_end; c++) {
+                int64_t c = ct * COL_TILE;
+                for (; dot_tile8 != NULL && c + 8 <= c_end; c += 8) {
+                    float out[ROW_TILE * 8];
+                    dot_tile8(w + c * row_bytes, row_bytes, type, nblocks, q + r0 * k, d + r0 * per_row,
+                              s + r0 * per_row, k, nr, out);
+                    for (int r = 0; r < nr; r++)
+                        for (int l = 0; l < 8; l++) y[(r0 + r) * n + c + l] = out[r * 8 + l] + (bias != NULL ? bias[c + l] : 0.f);
+                }
+                for (; c < c_end; c++) {
                     float out[ROW_TILE];
                     dot_tile(w + c * row_bytes, type, nblocks, q + r0 * k, d + r0 * per_row, s + r0 * per_row, k, nr,
                              out);

@@ -49,18 +49,30 @@ typedef struct { /* the step's activations, one allocation */
 
 int decode_step_max_rows(void) { return MAX_ROWS; }
 
-/* y[m, n] = x @ W^T (+ bias) from quantized activations; output rows split over the team. */
+/* y[m, n] = x @ W^T (+ bias) from quantized activations; groups of 8 output rows split over the team,
+ * in cpu_quant_gemm.c's order (dot_tile8, dot_tile for the last n % 8), so a row gets its bits. */
 static void gemv(const uint8_t *w, int type, const Work *wk, const float *bias, float *y, int64_t m, int64_t n,
                  int64_t k) {
     const int64_t nb = k / QK, row_bytes = nb * BLOCK_BYTES[type];
 #pragma omp for schedule(static)
-    for (int64_t c = 0; c < n; c++) {
-        const float bc = bias != NULL ? bias[c] : 0.f;
+    for (int64_t g = 0; g < (n + 7) / 8; g++) {
+        const int64_t c0 = g * 8, cols = n - c0 < 8 ? n - c0 : 8;
         for (int64_t r0 = 0; r0 < m; r0 += ROW_TILE) {
             const int nr = (int)(m - r0 < ROW_TILE ? m - r0 : ROW_TILE);
-            float out[ROW_TILE];
-            dot_tile(w + c * row_bytes, type, nb, wk->q8 + r0 * k, wk->d + r0 * nb, wk->s + r0 * nb, k, nr, out);
-            for (int r = 0; r < nr; r++) y[(r0 + r) * n + c] = out[r] + bc;
+            float out[ROW_TILE * 8];
+            if (cols == 8)
+                dot_tile8(w + c0 * row_bytes, row_bytes, type, nb, wk->q8 + r0 * k, wk->d + r0 * nb, wk->s + r0 * nb,
+                          k, nr, out);
+            else
+                for (int64_t l = 0; l < cols; l++) {
+                    float col[ROW_TILE];
+                    dot_tile(w + (c0 + l) * row_bytes, type, nb, wk->q8 + r0 * k, wk->d + r0 * nb, wk->s + r0 * nb, k,
+                             nr, col);
+                    for (int r = 0; r < nr; r++) out[r * 8 + l] = col[r];
+                }
+            for (int r = 0; r < nr; r++)
+                for (int64_t l = 0; l < cols; l++)
+                    y[(r0 + r) * n + c0 + l] = out[r * 8 + l] + (bias != NULL ? bias[c0 + l] : 0.f);
         }
     }
 }

@@ -197,7 +197,7 @@ static void dot_tile(const uint8_t *wrow, int type, int64_t nsb, const int8_t *q
 void kquant_gemm(const uint8_t *w, int type, const int8_t *q, const float *d, const float *s, const float *bias,
                  float *y, int64_t m, int64_t n, int64_t k, int nthreads) {
     const int64_t nsb = k / QK_K, row_bytes = nsb * BLOCK_BYTES[type];
-    column_tiled_gemm(dot_tile, w, type, nsb, row_bytes, q, d, s, bias, y, m, n, k, nthreads);
+    column_tiled_gemm(dot_tile, NULL, w, type, nsb, row_bytes, q, d, s, bias, y, m, n, k, nthreads);
 }
 
 

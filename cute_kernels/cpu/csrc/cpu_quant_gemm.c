@@ -30,7 +30,7 @@ void quantize_rows_q8(const float *x, int64_t rows, int64_t k, int8_t *q, float 
 void quant_gemm(const uint8_t *w, int type, const int8_t *q, const float *d, const float *s, const float *bias,
                 float *y, int64_t m, int64_t n, int64_t k, int nthreads) {
     const int64_t nb = k / QK, row_bytes = nb * BLOCK_BYTES[type];
-    column_tiled_gemm(dot_tile, w, type, nb, row_bytes, q, d, s, bias, y, m, n, k, nthreads);
+    column_tiled_gemm(dot_tile, dot_tile8, w, type, nb, row_bytes, q, d, s, bias, y, m, n, k, nthreads);
 }
 
 

@@ -16,6 +16,7 @@
  * ISA: AVX2 (maddubs), AVX-512 VNNI's vpdpbusd on 256-bit lanes where compiled for it, plain C with
  * -DQUANT_PORTABLE or without AVX2 (same packed layout, scalar loops).
  */
+#include <math.h>
 #include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -181,7 +182,8 @@ static inline void micro_tile(const uint8_t *group, int type, int nr, const int8
                 for (int j = 0; j < QK; j++) v[j] = vals[((j / 4) * LANES + l) * 4 + j % 4];
                 const int8_t *x = q + r * k + b * QK;
                 const int32_t isum = type == Q8_0 ? dot32_s8((const int8_t *)v, x) : dot32_u8(v, x);
-                acc += scales[l] * d[r * nb + b] * (float)isum + scales[LANES + l] * s[r * nb + b];
+                acc = fmaf((float)isum, scales[l] * d[r * nb + b], acc); /* the GEMV's order (quant_dot.h) */
+                if (type != Q8_0) acc = fmaf(scales[LANES + l], s[r * nb + b], acc);
             }
             out[r * LANES + l] = acc;
         }

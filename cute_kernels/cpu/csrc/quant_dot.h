@@ -75,28 +75,73 @@ static inline __m256i unpack_weights(const uint8_t *blk, int type) { /* Q8_0 as 
     return FIVE_BITS(type) ? _mm256_or_si256(low, fifth_bits(qs - 4)) : low;
 }
 
-/* out[r] = row n of W . activation row r, for r < nr rows (nr <= ROW_TILE). Always inlined with
- * constant type and nr (see dot_tile), so each combination compiles to straight-line code. */
+/* The 8 lanes' integer sums of v[0..7], as one vector (lane l: v[l]'s sum); exact. */
+static inline __m256i hsum8_i32(const __m256i v[8]) {
+    const __m256i a = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    const __m256i b = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+}
+
+/* out[r * 8 + l] = weight row l (at w + l * row_bytes) . activation row r, for 8 rows of W and r < nr.
+ * Accumulation order (batch invariance): per block the exact integer dot, then acc = fma(isum, dw * dx,
+ * acc) and acc = fma(off, s, acc), block after block, one lane per weight row: the order of
+ * cpu_quant_tiles.c's lanes, so a row gets the same bits from this GEMV, the tiles GEMM and the fused
+ * decode step, whatever the batch. Always inlined with constant type and nr (dot_tile8). */
+static inline __attribute__((always_inline)) void dot_cols8(const uint8_t *w, int64_t row_bytes, int type, int64_t nb,
+        const int8_t *q, const float *d, const float *s, int64_t k, int nr, float *out) {
+    __m256 acc[ROW_TILE];
+    for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_ps();
+    const int64_t bb = BLOCK_BYTES[type];
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i wv[8], wu[8];
+        uint16_t dh[8], mh[8];
+        for (int l = 0; l < 8; l++) {
+            const uint8_t *blk = w + l * row_bytes + b * bb;
+            dh[l] = load_u16(blk);
+            mh[l] = HAS_MIN(type) ? load_u16(blk + 2) : 0;
+            wv[l] = unpack_weights(blk, type);
+            wu[l] = type == Q8_0 ? _mm256_sign_epi8(wv[l], wv[l]) : wv[l]; /* |w| as u8; the sign moves to x */
+        }
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dh));
+        const __m256 off = HAS_MIN(type) ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)mh))
+                           : _mm256_mul_ps(_mm256_set1_ps(type == Q4_0 ? -8.f : -16.f), dw);
+        for (int r = 0; r < nr; r++) {
+            const __m256i x = _mm256_loadu_si256((const __m256i *)(q + r * k + b * QK));
+            __m256i dots[8];
+            for (int l = 0; l < 8; l++) dots[l] = dot_u8_s8(wu[l], type == Q8_0 ? _mm256_sign_epi8(x, wv[l]) : x);
+            const __m256 isum = _mm256_cvtepi32_ps(hsum8_i32(dots));
+            acc[r] = _mm256_fmadd_ps(isum, _mm256_mul_ps(dw, _mm256_set1_ps(d[r * nb + b])), acc[r]);
+            if (type != Q8_0) acc[r] = _mm256_fmadd_ps(off, _mm256_set1_ps(s[r * nb + b]), acc[r]);
+        }
+    }
+    for (int r = 0; r < nr; r++) _mm256_storeu_ps(out + r * 8, acc[r]);
+}
+
+static inline int32_t hsum_i32(__m256i v) { /* exact: the lanes' integer sum */
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 1)));
+}
+
+/* out[r] = row n of W . activation row r, for r < nr rows (nr <= ROW_TILE), in dot_cols8's order (for
+ * the columns past a multiple of 8). Always inlined with constant type and nr (see dot_tile). */
 static inline __attribute__((always_inline)) void dot_rows(const uint8_t *wrow, int type, int64_t nb, const int8_t *q, const float *d, const float *s,
                      int64_t k, int nr, float *out) {
-    __m256 acc[ROW_TILE];
-    float off_acc[ROW_TILE] = {0.f, 0.f, 0.f, 0.f};
-    for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_ps();
+    float acc[ROW_TILE] = {0.f, 0.f, 0.f, 0.f};
     const int64_t bb = BLOCK_BYTES[type];
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = wrow + b * bb;
         const float dw = f16_to_f32(load_u16(blk)), off = block_offset(blk, type, dw);
         const __m256i w = unpack_weights(blk, type);
-        const __m256i wu = type == Q8_0 ? _mm256_sign_epi8(w, w) : w; /* |w| as u8; the sign moves to x */
+        const __m256i wu = type == Q8_0 ? _mm256_sign_epi8(w, w) : w;
         for (int r = 0; r < nr; r++) {
             __m256i x = _mm256_loadu_si256((const __m256i *)(q + r * k + b * QK));
             if (type == Q8_0) x = _mm256_sign_epi8(x, w);
-            const __m256 p = _mm256_cvtepi32_ps(dot_u8_s8(wu, x));
-            acc[r] = _mm256_fmadd_ps(p, _mm256_set1_ps(dw * d[r * nb + b]), acc[r]);
-            off_acc[r] += off * s[r * nb + b];
+            acc[r] = fmaf((float)hsum_i32(dot_u8_s8(wu, x)), dw * d[r * nb + b], acc[r]);
+            if (type != Q8_0) acc[r] = fmaf(off, s[r * nb + b], acc[r]);
         }
     }
-    for (int r = 0; r < nr; r++) out[r] = hsum(acc[r]) + off_acc[r];
+    for (int r = 0; r < nr; r++) out[r] = acc[r];
 }
 #else
 static inline __attribute__((always_inline)) void dot_rows(const uint8_t *wrow, int type, int64_t nb, const int8_t *q, const float *d, const float *s,
@@ -114,11 +159,42 @@ static inline __attribute__((always_inline)) void dot_rows(const uint8_t *wrow, 
         for (int r = 0; r < nr; r++) {
             const int8_t *x = q + r * k + b * QK;
             const int32_t isum = type == Q8_0 ? dot32_s8((const int8_t *)qs, x) : dot32_u8(w, x);
-            out[r] += dw * d[r * nb + b] * (float)isum + off * s[r * nb + b];
+            out[r] = fmaf((float)isum, dw * d[r * nb + b], out[r]); /* the AVX2 route's order */
+            if (type != Q8_0) out[r] = fmaf(off, s[r * nb + b], out[r]);
         }
     }
 }
 #endif
+
+#ifndef CPU_AVX2
+/* out[r * 8 + l] as the AVX2 route's dot_cols8: column by column, in dot_rows' (same) order. */
+static inline __attribute__((always_inline)) void dot_cols8(const uint8_t *w, int64_t row_bytes, int type, int64_t nb,
+        const int8_t *q, const float *d, const float *s, int64_t k, int nr, float *out) {
+    for (int l = 0; l < 8; l++) {
+        float col[ROW_TILE];
+        dot_rows(w + l * row_bytes, type, nb, q, d, s, k, nr, col);
+        for (int r = 0; r < nr; r++) out[r * 8 + l] = col[r];
+    }
+}
+#endif
+
+#define DOT8_TYPE(T)                                                             \
+    switch (nr) {                                                                \
+    case 4: dot_cols8(w, row_bytes, T, nb, q, d, s, k, 4, out); break;           \
+    case 3: dot_cols8(w, row_bytes, T, nb, q, d, s, k, 3, out); break;           \
+    case 2: dot_cols8(w, row_bytes, T, nb, q, d, s, k, 2, out); break;           \
+    default: dot_cols8(w, row_bytes, T, nb, q, d, s, k, 1, out); break;          \
+    }
+
+/* 8 weight rows from w, row_bytes apart, against nr activation rows: out[r * 8 + l]. */
+static inline void dot_tile8(const uint8_t *w, int64_t row_bytes, int type, int64_t nb, const int8_t *q,
+                             const float *d, const float *s, int64_t k, int nr, float *out) {
+    if (type == Q4_0) { DOT8_TYPE(Q4_0) }
+    else if (type == Q4_1) { DOT8_TYPE(Q4_1) }
+    else if (type == Q5_0) { DOT8_TYPE(Q5_0) }
+    else if (type == Q5_1) { DOT8_TYPE(Q5_1) }
+    else { DOT8_TYPE(Q8_0) }
+}
 
 #define DOT_TYPE(T)                                                  \
     switch (nr) {                                                    \

@@ -101,3 +101,19 @@ def test_portable_build_keeps_the_dequantized_route_for_many_rows():
     with build.using_route("portable-c"):
         assert qg.choose_path("Q4_1", 4096) == "dequant"
         assert qg.choose_path("Q4_1", 1) == "gemv"
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+def test_gemv_and_tiles_give_a_row_the_same_bits_at_any_row_count(type_name, cpu_route):
+    """Batch invariance (--deterministic): both kernels sum each block exactly in integers, then add
+    its scaled sum and offset term block after block in one order, so a row's output does not depend
+    on the route its row count picks nor on its place in the batch."""
+    g = torch.Generator().manual_seed(7)
+    w = torch.randn(45, 320, generator=g)
+    blocks, bias = gguf_blocks(w, type_name), torch.randn(45, generator=g)
+    x = torch.randn(40, 320, generator=g) * 3
+    alone = qg.quant_linear(x[:1], blocks, type_name, bias, path="gemv")
+    for rows in (1, 3, 5, 8, 9, 17, 40):
+        for path in ("gemv", "tiles"):
+            got = qg.quant_linear(x[:rows].flip(0), blocks, type_name, bias, path=path)
+            assert torch.equal(got[-1:], alone), (rows, path)

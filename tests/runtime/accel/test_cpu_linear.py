@@ -52,3 +52,21 @@ def test_host_allocator_tuning_applies_on_glibc():
     from runtime.accel.host_allocator import tune_host_allocator
 
     assert tune_host_allocator() and tune_host_allocator()  # Debian's glibc accepts it; idempotent
+
+
+def test_batch_invariant_float_linear_gives_a_row_its_bits_at_any_row_count():
+    """oneDNN's packed product takes another kernel for 1 row than for 2+ (a row's bits differ for this
+    down_proj shape) and none other up to 1100 rows; padded to 2 rows, a row gets the same bits alone and
+    anywhere in a batch, on both sides of PACKED_MAX_ROWS."""
+    from runtime.accel.batch_invariant import InvariantFloatLinear, batch_invariant
+
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(576, 1536, generator=g) * 0.05
+    x = torch.randn(300, 1536, generator=g)
+    packed = PackedCpuLinear(w, None, pack_linear_weight(w))
+    invariant = batch_invariant(packed)
+    assert isinstance(invariant, InvariantFloatLinear)
+    alone = invariant(x[:1])
+    assert all(torch.equal(invariant(x[:m].flip(0))[-1:], alone) for m in (1, 2, 5, 8, 9, 37, PACKED_MAX_ROWS, 300))
+    assert any(not torch.equal(packed(x[:m])[:1], packed(x[:1])) for m in (2, 5, 8, 9, 37, 300)), \
+        "the float products became batch-invariant by themselves: InvariantFloatLinear may be dropped"

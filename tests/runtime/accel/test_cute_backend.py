@@ -46,3 +46,18 @@ def test_inputs_no_kernel_takes_run_the_references():
     torch.testing.assert_close(h, reference.add_rms_norm_ref(x, None, w, 1e-5)[0])
     gate_up = torch.randn(2, 32, dtype=torch.bfloat16)
     torch.testing.assert_close(backend.silu_and_mul(gate_up), reference.silu_and_mul_ref(gate_up))
+
+
+def test_deterministic_decode_takes_one_split_whatever_the_batch():
+    """--deterministic: a row's keys reduce in one CTA in tile order; split counts that follow the batch
+    (here 2 rows of a long context would split) would make its bits depend on its batch mates."""
+    backend = CuteBackend()
+    backend.batch_invariant = True
+    batch = decode_batch()
+    batch.decode_context_lens = torch.tensor([4000, 7], dtype=torch.int32)
+    batch.decode_block_tables = torch.zeros(2, 250, dtype=torch.int32)
+    assert num_splits(2, 2, 4000) > 1
+    backend.plan(batch)
+    assert batch.decode_plan.num_splits == 1
+    inputs = StaticDecodeInputs.allocate(rows=4, width=8, scratch_block=9, block_size=16, device=torch.device("cpu"))
+    assert backend.graph_decode_plan(inputs.batch(4, num_blocks=10, num_kv_heads=2), max_context=128).num_splits == 1
