@@ -64,7 +64,8 @@ class ChatChunks(ChunkRenderer):
                ) -> dict[str, Any]:
         if index not in self.role_sent:  # the role rides with a choice's first token, as vLLM and OpenAI send it:
             self.role_sent.add(index)    # load testers time the first chunk, so it must not come before the prefill
-            delta = {"role": "assistant", **delta}
+            # with tools, content is null until some is told apart from calls (OpenAI's first tool-call chunk)
+            delta = {"role": "assistant", **({"content": None} if self.tools else {}), **delta}
         return self.chunk([{"index": index, "delta": delta, "logprobs": logprobs,
                             **(finish or {"finish_reason": None, "stop_reason": None})}])
 
@@ -78,7 +79,7 @@ class ChatChunks(ChunkRenderer):
         if index in self.role_sent and not any(delta.get(k) for k in ("content", "tool_calls", "reasoning_content")) \
                 and not (lp and lp["content"]):
             return None  # nothing new; but a choice's first output always sends its role, even with no text yet
-        if not delta:
+        if not delta and not self.tools:
             delta["content"] = ""
         return self._chunk(index, delta, lp)
 

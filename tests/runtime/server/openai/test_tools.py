@@ -2,6 +2,7 @@
 OpenAI-shaped answers (message.tool_calls, streamed tool_calls deltas) through the openai client."""
 import json
 
+import httpx
 import openai
 import pydantic
 import pytest
@@ -10,7 +11,7 @@ from runtime.server.openai.protocol import ChatCompletionRequest
 from runtime.server.openai.tool_output import ToolDeltas, chat_message
 from runtime.server.openai.tool_parsers import PARSERS
 from runtime.server.openai.tools import ToolPlan, chat_messages, tool_plan
-from tests.server_utils import TINY_MODEL, live_server
+from tests.server_utils import TINY_MODEL, live_server, sse_payloads
 from tests.tiny_engine import CHATML, tiny_engine
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "the forecast", "parameters": {
@@ -172,3 +173,15 @@ def test_the_sdk_stream_helper_parses_a_required_strict_pydantic_tool(client):
         final = stream.get_final_completion().choices[0]
     assert final.finish_reason == "tool_calls" and "tool_calls.function.arguments.delta" in kinds
     assert isinstance(final.message.tool_calls[0].function.parsed_arguments, AddArgs)
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "add"}}, "none"])
+def test_a_streamed_first_chunk_has_null_content_under_tools_as_openai_sends(client, choice):
+    # OpenAI: {"role": "assistant", "content": null, "tool_calls": [...]}; a plain answer starts with a string
+    body = dict(model=TINY_MODEL, messages=ASK, max_tokens=8, temperature=0, stream=True)
+    if choice != "none":
+        body |= dict(tools=TOOLS, tool_choice=choice, parallel_tool_calls=False)
+    with httpx.stream("POST", str(client.base_url).rstrip("/") + "/chat/completions", json=body, timeout=60) as r:
+        first = json.loads(next(sse_payloads(r.iter_lines())))["choices"][0]["delta"]
+    assert first["role"] == "assistant" and "content" in first
+    assert first["content"] is None if choice != "none" else isinstance(first["content"], str)

@@ -1,0 +1,31 @@
+"""Run by instructor's own interpreter (its jiter pin conflicts with the openai SDK the tests use):
+`python instructor_client.py BASE_URL MODEL` prints one JSON line of what instructor returned."""
+import json
+import sys
+from typing import Literal
+
+import instructor
+import openai
+from pydantic import BaseModel, Field
+
+
+class City(BaseModel):
+    name: Literal["Paris", "Oslo"]
+    population: int = Field(ge=0, le=99)
+
+
+def main(base_url: str, model: str) -> None:
+    out = {}
+    ask = dict(model=model, response_model=City, messages=[{"role": "user", "content": "A city?"}], max_tokens=80,
+               temperature=0, max_retries=0)
+    for mode in (instructor.Mode.TOOLS, instructor.Mode.JSON_SCHEMA):
+        client = instructor.from_openai(openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0), mode=mode)
+        city = client.chat.completions.create(**ask)
+        out[mode.value] = {"type": type(city).__name__, **city.model_dump()}
+    partials = list(client.chat.completions.create_partial(**ask))
+    out["partial"] = {"count": len(partials), "last": partials[-1].model_dump()}
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])
