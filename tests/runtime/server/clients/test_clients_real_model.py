@@ -1,6 +1,6 @@
 """What clients do first, on the real default model behind `python -m runtime.serve` (float weights,
 one server for the module): the answers are asserted, through the openai client, langchain-openai,
-pydantic-ai, openai-agents on its default Responses path, and litellm."""
+pydantic-ai, openai-agents on its default Responses path, litellm and instructor (in its own interpreter)."""
 import asyncio
 import json
 import os
@@ -16,6 +16,7 @@ from pydantic_ai import NativeOutput
 from pydantic_ai.models.openai import OpenAIChatModel
 from pydantic_ai.providers.openai import OpenAIProvider as PydanticProvider
 
+from tests.runtime.server.clients.test_instructor import run_instructor
 from tests.server_utils import serve_subprocess
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -109,3 +110,9 @@ def test_litellm_answers(served):
     r = litellm.completion(model=f"openai/{model}", api_base=base_url, api_key="unused", temperature=0,
                            max_tokens=24, messages=[{"role": "user", "content": CAPITAL}])
     assert "Paris" in r.choices[0].message.content
+
+
+def test_instructor_extracts_a_person_in_both_modes(served):
+    base_url, model, _ = served
+    for mode, person in run_instructor(base_url, model, "person", timeout=300).items():
+        assert person["name"] == "Alice" and person["age"] == 30, (mode, person)

@@ -15,14 +15,19 @@ PYTHON = os.environ.get("INSTRUCTOR_PYTHON", os.path.join(REPO, ".venvs", "instr
 SETUP = f"{sys.executable} -m venv .venvs/instructor && .venvs/instructor/bin/pip install instructor==1.17.0"
 
 
-@pytest.fixture(scope="module")
-def answers(base_url, model) -> dict:
+def run_instructor(base_url: str, model: str, *task: str, timeout: float = 120) -> dict:
+    """What instructor_client.py prints, run by instructor's interpreter."""
     if not os.path.exists(PYTHON):
         pytest.fail(f"instructor's interpreter {PYTHON} is missing: run `{SETUP}` (the README's test command does)")
     script = os.path.join(os.path.dirname(__file__), "instructor_client.py")
-    done = subprocess.run([PYTHON, script, base_url, model], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([PYTHON, script, base_url, model, *task], capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
+
+
+@pytest.fixture(scope="module")
+def answers(base_url, model) -> dict:
+    return run_instructor(base_url, model)
 
 
 @pytest.mark.parametrize("mode", ["tool_call", "json_schema_mode"])
