@@ -11,8 +11,10 @@ from collections.abc import Callable
 
 import torch
 
+from cute_kernels.kv_quant import is_quantized
 from runtime.accel.cuda_graphs import GraphedRunner, uses_graphs
 from runtime.accel.host_allocator import tune_host_allocator
+from runtime.accel.kv_scales import KVScaleSource, calibration_ids, pop_kv_scales, set_kv_scales
 from runtime.accel.linears import QuantizedLinears
 from runtime.accel.quantization import unavailable_reason as quantization_unavailable
 from runtime.accel.select_backend import select_backend
@@ -48,8 +50,9 @@ def build_engine(config: EngineConfig, model_config: ModelConfig, tensors: dict[
     kv_dtype = resolve_kv_dtype(config.kv_cache_dtype, dtype, device)
     ranks = config.tensor_parallel_size
     if ranks > 1 and kv_dtype != dtype:
-        raise UserError(f"--kv-cache-dtype {config.kv_cache_dtype} differs from the compute dtype ({dtype}): only "
-                        "one process reads a cache of another type (use --kv-cache-dtype auto)")
+        raise UserError(f"--kv-cache-dtype {config.kv_cache_dtype} differs from the compute dtype ({dtype}): tensor-"
+                        "parallel ranks do not shard a cache of another type yet (use --kv-cache-dtype auto)")
+    calibration = calibration_ids(tokenizer.encode) if is_quantized(kv_dtype) else None
     if (reason := quantization_unavailable(config.quantization, device)) is not None:
         raise UserError(reason)
     max_model_len = min(model_config.max_position_embeddings, config.max_model_len or 1 << 62)
@@ -62,7 +65,8 @@ def build_engine(config: EngineConfig, model_config: ModelConfig, tensors: dict[
     budget = lambda: kv_budget(config, device, ranks)  # noqa: E731
     if ranks == 1:
         local, ledger = make_runner(model_config, tensors, budget, config.block_size, device, dtype, config.backend,
-                                    config.quantization, kv_dtype)
+                                    config.quantization, kv_dtype, KVScaleSource(calibration,
+                                                                                 config.calculate_kv_scales))
         runner: Runner = local
     else:
         runner, ledger = make_tp_runner(model_config, tensors, budget, config.block_size, device, dtype,
@@ -99,18 +103,21 @@ def _with_graphs(config: EngineConfig, runner: Runner, local: ModelRunner, ledge
 
 def make_runner(cfg: ModelConfig, tensors: dict[str, torch.Tensor], kv_budget_bytes: int | Callable[[], int],
                 block_size: int = 16, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-                backend: str = "auto", quantization: str | None = None,
-                kv_dtype: torch.dtype | None = None) -> tuple[ModelRunner, KVLedger]:
+                backend: str = "auto", quantization: str | None = None, kv_dtype: torch.dtype | None = None,
+                kv_scale_source: KVScaleSource = KVScaleSource()) -> tuple[ModelRunner, KVLedger]:
     """This process's model, its kernel backend and paged KV cache. A callable budget is asked only once
     the weights are in place, so free memory it reads excludes them. quantization: see
     runtime/accel/quantization.py (None: a GGUF's quantized weights as shipped). kv_dtype: the KV cache's
     element type (None: dtype)."""
     device = torch.device(device)
     dtype = dtype or default_dtype(device)
+    kv_dtype = kv_dtype or dtype
+    checkpoint_scales = pop_kv_scales(cfg, tensors) if is_quantized(kv_dtype) else None
     linears = QuantizedLinears(quantization, device, dtype, cfg.fp8_weight_block == 128)
     model = build_model(cfg, tensors, select_backend(backend, device, dtype), device, dtype, linears)
+    if is_quantized(kv_dtype):
+        set_kv_scales(model, kv_dtype, kv_scale_source, checkpoint_scales, device)
     budget = kv_budget_bytes() if callable(kv_budget_bytes) else kv_budget_bytes
-    kv_dtype = kv_dtype or dtype
     ledger = plan_kv_cache(cfg, budget, block_size, kv_dtype, model.weight_bytes(), model.quantization())
     caches = allocate_kv_cache(cfg, ledger, device, kv_dtype)
     return ModelRunner(model, caches, block_size, device), ledger
