@@ -93,8 +93,9 @@ def teacher_forced(runner, table: list[int], ids: list[int]) -> Scores:
     return scores
 
 
-def conversation(runner, table: list[int], tok, text: str, replies: list[list[int]] | None) -> tuple[Scores, list]:
-    """The multi-turn chat: each user turn prefilled, then up to REPLY_TOKENS assistant tokens one decode step
+def conversation(runner, table: list[int], tok, text: str, replies: list[list[int]] | None,
+                 reply_tokens: int = REPLY_TOKENS) -> tuple[Scores, list]:
+    """The multi-turn chat: each user turn prefilled, then up to reply_tokens assistant tokens one decode step
     each, the token fed back being replies[turn][i] when given (teacher forcing), else the greedy one.
     (scores of the assistant tokens, the replies)."""
     messages, cached, scores, out = [], [], Scores(), []
@@ -105,7 +106,7 @@ def conversation(runner, table: list[int], tok, text: str, replies: list[list[in
         logits = runner.run([SeqChunk(ids[keep:], keep, table)])
         cached, reply = ids, []
         forced = replies[turn] if replies is not None else None
-        while len(reply) < (len(forced) if forced is not None else REPLY_TOKENS):
+        while len(reply) < (len(forced) if forced is not None else reply_tokens):
             token = forced[len(reply)] if forced is not None else int(logits[0].argmax())
             scores.add(logits, [token])
             reply.append(token)
@@ -135,7 +136,7 @@ def load(args):
 
         cfg, tensors = tiny_weights()
         tok = byte_tokenizer()
-        return cfg, tensors, tok, "tiny random llama", text[:300]
+        return cfg, tensors, tok, "tiny random llama", text[:100]
     from runtime.load import load_model
 
     cfg, tensors, tok, path = load_model(args.model)
@@ -160,7 +161,7 @@ def main() -> None:
     replies = None
     for label in [REFERENCE, *(c for c in CACHES if c != REFERENCE)]:
         runner, table = runner_for(cfg, tensors, label, len(long_ids) + 2 * CHUNK, calibration)
-        chat, got = conversation(runner, table, tok, text[:1200], replies)
+        chat, got = conversation(runner, table, tok, text[:1200], replies, 8 if args.smoke else REPLY_TOKENS)
         replies = replies or got
         long = teacher_forced(runner, table, long_ids)
         results[label] = {"text": teacher_forced(runner, table, ids), "long": long,
