@@ -7,6 +7,8 @@ from typing import Any
 
 import torch
 
+from cute_kernels.kv_quant import KVScales
+
 
 @dataclass
 class PrefillArgs:
@@ -25,6 +27,7 @@ class PrefillArgs:
     prefix_lens: torch.Tensor | None = None   # int32 [n] cached tokens before each chunk; None = no prefix
     max_seqlen_q: int | None = None           # from the step plan, so no backend syncs to learn it
     plan: Any = None   # backend precomputation shared by every layer of one step (e.g. C tables)
+    kv_scales: KVScales | None = None  # an int8 / e4m3 cache's scales (cute_kernels/kv_quant.py)
 
 
 @dataclass
@@ -40,6 +43,7 @@ class DecodeArgs:
     scale: float
     plan: Any = None
     cu_seqlens_q: torch.Tensor | None = None  # int32 [batch + 1]; None: one query token per sequence
+    kv_scales: KVScales | None = None  # an int8 / e4m3 cache's scales (cute_kernels/kv_quant.py)
 
 
 def check_queries_see_keys(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,

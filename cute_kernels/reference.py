@@ -13,15 +13,22 @@ import torch
 import torch.nn.functional as F
 
 from cute_kernels.attention_args import DecodeArgs, PrefillArgs, check_queries_see_keys
+from cute_kernels.kv_quant import KVScales, dequantize, is_quantized, quantize
 
 
 def write_kv(
-    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
+    kv_scales: KVScales | None = None,
 ) -> None:
     """Scatter new k/v [tokens, kv_heads, d] into the caches at flat slots (block * bs + offset), rounded
-    to the caches' dtype (nearest even) where it differs."""
-    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
-    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+    to the caches' dtype (nearest even) where it differs; an int8 / e4m3 cache quantized with kv_scales
+    (cute_kernels/kv_quant.py)."""
+    ks, vs = (kv_scales.k, kv_scales.v) if kv_scales is not None else (None, None)
+    for cache, x, scale in ((k_cache, k, ks), (v_cache, v, vs)):
+        rows = quantize(x, cache.dtype, scale)
+        if cache.dtype == torch.float8_e4m3fn:  # index_copy_ has no float8 kernel: copy the bytes
+            cache, rows = cache.view(torch.uint8), rows.view(torch.uint8)
+        cache.view(-1, *cache.shape[2:]).index_copy_(0, slot_mapping, rows)
 
 
 def gather_paged(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
@@ -45,6 +52,15 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor 
     return out.transpose(1, 2)
 
 
+def _prefix(cache: torch.Tensor, table: torch.Tensor, length: int, scales: KVScales | None, which: int,
+            dtype: torch.dtype) -> torch.Tensor:
+    """A sequence's cached prefix; an int8 / e4m3 cache's dequantized to dtype (which: 0 K, 1 V)."""
+    rows = gather_paged(cache, table, length)
+    if not is_quantized(cache.dtype):
+        return rows  # torch.cat promotes a bf16 prefix exactly
+    return dequantize(rows, (scales.k, scales.v)[which], dtype)
+
+
 def _prefill_sequences(args: PrefillArgs):
     """Per sequence: (its query rows' slice, q [lq, H, d], keys and values [lk, Hkv, d] = [paged prefix ;
     new keys]); query row i sits at key position lk - lq + i (bottom-right causal alignment)."""
@@ -55,8 +71,8 @@ def _prefill_sequences(args: PrefillArgs):
     for b in range(len(cq) - 1):
         kb, vb = k[ck[b] : ck[b + 1]], v[ck[b] : ck[b + 1]]
         if prefixes[b]:
-            kb = torch.cat([gather_paged(args.k_cache, args.block_tables[b], prefixes[b]), kb])
-            vb = torch.cat([gather_paged(args.v_cache, args.block_tables[b], prefixes[b]), vb])
+            kb = torch.cat([_prefix(args.k_cache, args.block_tables[b], prefixes[b], args.kv_scales, 0, kb.dtype), kb])
+            vb = torch.cat([_prefix(args.v_cache, args.block_tables[b], prefixes[b], args.kv_scales, 1, vb.dtype), vb])
         yield slice(cq[b], cq[b + 1]), q[cq[b] : cq[b + 1]], kb, vb
 
 
@@ -143,11 +159,12 @@ def decode_attention_ref(args: DecodeArgs) -> torch.Tensor:
     head_of = torch.arange(heads, device=q.device)
     kv_head_of = head_of // (heads // hkv)
     keys, values = k_cache.view(-1, hkv * d), v_cache.view(-1, hkv * d)
+    ks, vs = (args.kv_scales.k, args.kv_scales.v) if args.kv_scales is not None else (None, None)
     out = torch.empty_like(q)
     for idx, slots, valid in plan:
         b, length = len(idx), slots.numel() // len(idx)
-        k = keys.index_select(0, slots).view(b, length, hkv * d).float()
-        v = values.index_select(0, slots).view(b, length, hkv * d).float()
+        k = dequantize(keys.index_select(0, slots).view(b, length, hkv, d), ks).view(b, length, hkv * d)
+        v = dequantize(values.index_select(0, slots).view(b, length, hkv, d), vs).view(b, length, hkv * d)
         blockdiag = torch.zeros(b, heads, hkv, d, device=q.device)
         blockdiag[:, head_of, kv_head_of] = q[idx].float()
         scores = torch.bmm(blockdiag.view(b, heads, hkv * d), k.transpose(1, 2))  # [b, H, L]
@@ -167,7 +184,7 @@ def decode_verify_ref(args: DecodeArgs) -> torch.Tensor:
     zeros = torch.zeros_like(args.cu_seqlens_q)
     return prefill_attention_ref(PrefillArgs(
         args.q, empty, empty, args.cu_seqlens_q, zeros, args.scale, True, args.k_cache, args.v_cache,
-        args.block_tables, args.context_lens))
+        args.block_tables, args.context_lens, kv_scales=args.kv_scales))
 
 
 # -- fused elementwise ops of a decoder layer ---------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from cute_kernels.attention_args import DecodeArgs
+from cute_kernels.kv_quant import dequantize
 
 
 class StaticDecodePlan:
@@ -19,8 +20,9 @@ def decode_attention_static_ref(args: DecodeArgs) -> torch.Tensor:
     batch, width = args.block_tables.shape
     bs, kv_heads, d = k_cache.shape[1:]
     tables = args.block_tables.long()
-    k = k_cache[tables].view(batch, width * bs, kv_heads, d).float()
-    v = v_cache[tables].view(batch, width * bs, kv_heads, d).float()
+    scales = args.kv_scales
+    k = dequantize(k_cache[tables].view(batch, width * bs, kv_heads, d), scales and scales.k)
+    v = dequantize(v_cache[tables].view(batch, width * bs, kv_heads, d), scales and scales.v)
     qg = q.float().view(batch, kv_heads, q.shape[1] // kv_heads, d)
     scores = torch.einsum("bhgd,blhd->bhgl", qg, k) * args.scale
     past_end = torch.arange(width * bs, device=q.device) >= args.context_lens.unsqueeze(1)  # [B, L]

@@ -11,8 +11,10 @@ from collections.abc import Callable
 
 import torch
 
+from cute_kernels.kv_quant import is_quantized
 from runtime.accel.cuda_graphs import GraphedRunner, uses_graphs
 from runtime.accel.host_allocator import tune_host_allocator
+from runtime.accel.kv_scales import KVScaleSource, calibration_ids, pop_kv_scales, set_kv_scales
 from runtime.accel.linears import QuantizedLinears
 from runtime.accel.quantization import unavailable_reason as quantization_unavailable
 from runtime.accel.select_backend import select_backend
@@ -60,8 +62,9 @@ def build_engine(config: EngineConfig, model_config: ModelConfig, tensors: dict[
         device = local_device(launch, device)
         set_threads(launch)
     if ranks > 1 and kv_dtype != dtype:
-        raise UserError(f"--kv-cache-dtype {config.kv_cache_dtype} differs from the compute dtype ({dtype}): only "
-                        "one process reads a cache of another type (use --kv-cache-dtype auto)")
+        raise UserError(f"--kv-cache-dtype {config.kv_cache_dtype} differs from the compute dtype ({dtype}): tensor-"
+                        "parallel ranks do not shard a cache of another type yet (use --kv-cache-dtype auto)")
+    calibration = calibration_ids(tokenizer.encode) if is_quantized(kv_dtype) else None
     if (reason := quantization_unavailable(config.quantization, device)) is not None:
         raise UserError(reason)
     if layout.pp > 1 and config.speculative in HEAD_KINDS:
@@ -78,7 +81,8 @@ def build_engine(config: EngineConfig, model_config: ModelConfig, tensors: dict[
     budget = lambda: kv_budget(config, device, launch.local_world_size if launch else ranks)  # noqa: E731
     if ranks == 1:
         local, ledger = make_runner(model_config, tensors, budget, config.block_size, device, dtype, config.backend,
-                                    config.quantization, kv_dtype, config.deterministic)
+                                    config.quantization, kv_dtype, config.deterministic,
+                                    KVScaleSource(calibration, config.calculate_kv_scales))
         runner: Runner = local
     else:
         spec = (group_spec(launch, layout, device, config.distributed_timeout) if launch else
@@ -160,20 +164,24 @@ def serve_launched_rank(config: EngineConfig, model_config: ModelConfig, tensors
 
 def make_runner(cfg: ModelConfig, tensors: dict[str, torch.Tensor], kv_budget_bytes: int | Callable[[], int],
                 block_size: int = 16, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-                backend: str = "auto", quantization: str | None = None,
-                kv_dtype: torch.dtype | None = None, deterministic: bool = False) -> tuple[ModelRunner, KVLedger]:
+                backend: str = "auto", quantization: str | None = None, kv_dtype: torch.dtype | None = None,
+                deterministic: bool = False, kv_scale_source: KVScaleSource = KVScaleSource(),
+                ) -> tuple[ModelRunner, KVLedger]:
     """This process's model, its kernel backend and paged KV cache. A callable budget is asked only once
     the weights are in place, so free memory it reads excludes them. quantization: see
     runtime/accel/quantization.py (None: a GGUF's quantized weights as shipped). kv_dtype: the KV cache's
     element type (None: dtype). deterministic: batch-invariant linears and attention (every row as a decode row)."""
     device = torch.device(device)
     dtype = dtype or default_dtype(device)
+    kv_dtype = kv_dtype or dtype
+    checkpoint_scales = pop_kv_scales(cfg, tensors) if is_quantized(kv_dtype) else None
     linears = QuantizedLinears(quantization, device, dtype, cfg.fp8_weight_block == 128, deterministic)
     attention = select_backend(backend, device, dtype)
     attention.batch_invariant = deterministic
     model = build_model(cfg, tensors, attention, device, dtype, linears)
+    if is_quantized(kv_dtype):
+        set_kv_scales(model, kv_dtype, kv_scale_source, checkpoint_scales, device)
     budget = kv_budget_bytes() if callable(kv_budget_bytes) else kv_budget_bytes
-    kv_dtype = kv_dtype or dtype
     ledger = plan_kv_cache(cfg, budget, block_size, kv_dtype, model.weight_bytes(), model.quantization())
     caches = allocate_kv_cache(cfg, ledger, device, kv_dtype)
     return ModelRunner(model, caches, block_size, device, deterministic), ledger

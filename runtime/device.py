@@ -30,9 +30,12 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
+KV_DTYPES = {"float32": torch.float32, "bf16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn, "int8": torch.int8}
+
+
 def resolve_kv_dtype(name: str, dtype: torch.dtype, device: torch.device) -> torch.dtype:
     """The KV cache's element type for --kv-cache-dtype; UserError where no kernel reads that cache."""
-    kv_dtype = dtype if name == "auto" else {"float32": torch.float32, "bf16": torch.bfloat16}[name]
+    kv_dtype = dtype if name == "auto" else KV_DTYPES[name]
     if kv_dtype == dtype:
         return kv_dtype
     if device.type != "cpu" or dtype != torch.float32:

@@ -41,7 +41,7 @@ CPU_ONLY = ("int8", "q4")
 FLOAT_MODE = "none"  # every weight in float (a GGUF dequantized at load)
 QUANTIZATION_CHOICES = (*QUANTIZATION_MODES, FLOAT_MODE)
 SCHEDULERS = ("continuous", "static")
-KV_CACHE_DTYPES = ("auto", "float32", "bf16")
+KV_CACHE_DTYPES = ("auto", "float32", "bf16", "fp8_e4m3", "int8")
 KV_ROLES = ("prefill", "decode", "both")
 GENERATION_CONFIGS = ("auto", "vllm")
 
@@ -60,9 +60,14 @@ class EngineConfig:
         None, "how linear weights are held (default: a GGUF's Q4_0/Q4_1/Q8_0 weights stay quantized on the CPU, "
         f"float checkpoints stay float); {FLOAT_MODE}: dequantize everything to float; "
         + "; ".join(f"{k}: {v}" for k, v in QUANTIZATION_MODES.items()), choices=QUANTIZATION_CHOICES)
-    kv_cache_dtype: str = flag("auto", "KV cache element type (auto: the compute dtype); bf16 on the CPU halves the "
-                               "bytes a token takes, so twice the tokens fit the budget (the C attention kernels "
-                               "widen it to fp32 on load)", choices=KV_CACHE_DTYPES)
+    kv_cache_dtype: str = flag("auto", "KV cache element type (auto: the compute dtype); on the CPU bf16 halves the "
+                               "bytes a token takes (twice the tokens per budget), int8 and fp8_e4m3 quarter them "
+                               "(an fp32 scale per layer and KV head; quality: docs/serving.md); the C attention "
+                               "kernels widen every type to fp32 on load", choices=KV_CACHE_DTYPES)
+    calculate_kv_scales: bool = flag(False, "with --kv-cache-dtype int8 or fp8_e4m3: compute the scales by a "
+                                     "calibration pass over a shipped text at start even when the checkpoint "
+                                     "carries k_scale / v_scale (without it the checkpoint's are used; a checkpoint "
+                                     "without them is calibrated all the same)")
     block_size: int = flag(16, "tokens per KV block (default: %(default)s)")
     kv_cache_memory: int | None = flag(None, "KV cache budget, e.g. 2GiB (default: sized from free memory)",
                                        type=parse_bytes)  # bytes

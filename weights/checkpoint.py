@@ -51,6 +51,11 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def kv_scale_names(layer: int) -> tuple[str, str]:
+    """vLLM's names of a layer's KV cache scales (K, V), which a checkpoint for an 8-bit cache may carry."""
+    return f"model.layers.{layer}.self_attn.k_scale", f"model.layers.{layer}.self_attn.v_scale"
+
+
 def check_shapes(tensors: dict[str, torch.Tensor], config: ModelConfig, path: str, describe=lambda n: n) -> None:
     """Raise a one-line ModelLoadError on the first missing or wrongly shaped tensor.
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from weights.checkpoint import Checkpoint, check_shapes, expected_shapes
+from weights.checkpoint import Checkpoint, check_shapes, expected_shapes, kv_scale_names
 from weights.config import ModelConfig
 from weights.errors import ModelLoadError
 from weights.fp8_checkpoint import dequantize_fp8_weights, fp8_weight_block, scale_names
@@ -125,6 +125,7 @@ def load_hf(path: str) -> Checkpoint:
     wanted = expected_shapes(config)
     fp8 = bool(cfg.get("quantization_config"))  # config_from_hf let only fp8 through
     wanted_scales = {s for name in wanted for s in scale_names(name)} if fp8 else set()
+    kv_scales = {name for n in range(config.num_layers) for name in kv_scale_names(n)}
 
     tensors: dict[str, torch.Tensor] = {}
     scales: dict[str, torch.Tensor] = {}
@@ -137,6 +138,8 @@ def load_hf(path: str) -> Checkpoint:
                         tensors[name] = t if fp8 else t.to(torch.float32)
                     elif name in wanted_scales:
                         scales[name] = f.get_tensor(name)
+                    elif name in kv_scales:  # kept as they are: runtime/model/kv_scales.py reads them
+                        tensors[name] = f.get_tensor(name).float()
         except Exception as exc:  # safetensors raises its own error types for truncated/corrupt files
             msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             raise ModelLoadError(f"corrupt or truncated safetensors file {file}: {msg}") from None

@@ -1,5 +1,5 @@
 """A whole decode step in one C call: csrc/cpu_decode_step.c over block-quantized weights (quant_blocks.py),
-fp32 activations and fp32 or bf16 paged KV caches (kv_elem.py), for up to max_rows() rows of one new
+fp32 activations and fp32, bf16, int8 or e4m3 paged KV caches (kv_elem.py), for up to max_rows() rows of one new
 token each.
 
 The table of every layer's pointers (DecodeStepTable) is checked and built once; a step then passes
@@ -16,8 +16,9 @@ import torch
 
 from cute_kernels.cpu import build
 from cute_kernels.cpu.decode_attention import DecodeTables
-from cute_kernels.cpu.kv_elem import kv_kind
+from cute_kernels.cpu.kv_elem import kv_kind, scale_pointers
 from cute_kernels.cpu.quant_blocks import BLOCK_BYTES, QK, TYPE_IDS
+from cute_kernels.kv_quant import KVScales
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 LINEARS = ("qkv", "o_proj", "gate_up", "down")
@@ -25,7 +26,7 @@ LINEARS = ("qkv", "o_proj", "gate_up", "down")
 
 class _Layer(ctypes.Structure):
     _fields_ = [("weight", _P * 4), ("type", ctypes.c_int32 * 4), ("qkv_bias", _P), ("input_norm", _P),
-                ("post_norm", _P), ("k_cache", _P), ("v_cache", _P)]
+                ("post_norm", _P), ("k_cache", _P), ("v_cache", _P), ("k_scale", _P), ("v_scale", _P)]
 
 
 class _Model(ctypes.Structure):
@@ -65,7 +66,8 @@ class DecodeShape:
 @dataclass(frozen=True)
 class LayerTensors:
     """One layer: (blocks, type name) of qkv [q + 2 kv, hidden], o_proj, gate_up [2 inter, hidden], down;
-    fp32 norms, the qkv bias (or None) and the layer's K and V caches [blocks, block size, kv heads, d]."""
+    fp32 norms, the qkv bias (or None), the layer's K and V caches [blocks, block size, kv heads, d] and,
+    for an int8 / e4m3 cache, their scales."""
 
     linears: tuple[tuple[torch.Tensor, str], ...]
     qkv_bias: torch.Tensor | None
@@ -73,6 +75,7 @@ class LayerTensors:
     post_norm: torch.Tensor
     k_cache: torch.Tensor
     v_cache: torch.Tensor
+    kv_scales: KVScales | None = None
 
 
 def _fp32(t: torch.Tensor, shape: tuple[int, ...], what: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -123,6 +126,7 @@ class DecodeStepTable:
                 raise ValueError(f"KV caches of shape {self.cache_shape} do not hold {s.kv_heads} heads of {s.head_dim}")
             c.k_cache = _fp32(layer.k_cache, self.cache_shape, f"layer {n} K cache", cache_dtype).data_ptr()
             c.v_cache = _fp32(layer.v_cache, self.cache_shape, f"layer {n} V cache", cache_dtype).data_ptr()
+            c.k_scale, c.v_scale = scale_pointers(layer.k_cache, layer.kv_scales, s.kv_heads)
         positions = cos_table.shape[0]
         self.model = _Model(ctypes.addressof(self.c_layers), len(layers), s.hidden, s.heads, s.kv_heads, s.head_dim,
                             s.inter, self.cache_shape[0], self.cache_shape[1], positions, s.eps, s.head_dim**-0.5,

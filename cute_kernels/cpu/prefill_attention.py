@@ -13,7 +13,7 @@ import torch
 
 from cute_kernels.attention_args import PrefillArgs
 from cute_kernels.cpu import build
-from cute_kernels.cpu.kv_elem import KV_KINDS, kv_kind
+from cute_kernels.cpu.kv_elem import KV_KINDS, kv_kind, scale_pointers
 from cute_kernels.paged_tables import as_int32, check_block_ids
 
 MAX_HEAD_DIM = 256  # the kernel's per-thread scratch (MAX_D)
@@ -21,7 +21,7 @@ MAX_GROUP = 64  # query heads per KV head (MV)
 
 
 def _library() -> tuple[ctypes.CDLL | None, str | None]:
-    args = [ctypes.c_void_p] * 10 + [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_int, ctypes.c_int]
+    args = [ctypes.c_void_p] * 10 + [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_int, ctypes.c_int] + [ctypes.c_void_p] * 2
     return build.load_with_signatures("cpu_prefill_attention", {"paged_prefill_attention_f32": (args, ctypes.c_int)})
 
 
@@ -75,8 +75,8 @@ def prepare_tables(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, prefi
 
 
 def prefill_attention_cpu(args: PrefillArgs) -> torch.Tensor:
-    """q [Tq, H, d], k/v [Tk, Hkv, d] (fp32; the paged caches fp32 or bf16) -> [Tq, H, d]; see
-    reference.prefill_attention_ref.
+    """q [Tq, H, d], k/v [Tk, Hkv, d] (fp32; the paged caches fp32, bf16, or int8 / e4m3 with
+    args.kv_scales) -> [Tq, H, d]; see reference.prefill_attention_ref.
 
     args.plan: the PrefillTables of prepare_tables(cu_seqlens_q, cu_seqlens_k, prefix_lens,
     block_tables, k_cache.shape[:2]), when the caller already made them; else they are made here."""
@@ -91,7 +91,9 @@ def prefill_attention_cpu(args: PrefillArgs) -> torch.Tensor:
     if has_cache and not (k_cache.is_contiguous() and v_cache.is_contiguous() and v_cache.shape == k_cache.shape
                           and k_cache.dtype == v_cache.dtype and k_cache.dtype in KV_KINDS
                           and tuple(k_cache.shape[2:]) == tuple(k.shape[1:])):
-        raise ValueError("the KV caches must be contiguous fp32 or bf16 [blocks, block_size, kv_heads, head_dim]")
+        raise ValueError("the KV caches must be contiguous fp32, bf16, int8 or e4m3 [blocks, block_size, kv_heads, "
+                         "head_dim]")
+    k_scale, v_scale = scale_pointers(k_cache, args.kv_scales, k.shape[1]) if has_cache else (None, None)
     tables = args.plan or prepare_tables(args.cu_seqlens_q, args.cu_seqlens_k, args.prefix_lens, args.block_tables,
                                          tuple(k_cache.shape[:2]) if has_cache else None)
     if (tables.q_rows, tables.k_rows) != (q.shape[0], k.shape[0]):
@@ -107,7 +109,7 @@ def prefill_attention_cpu(args: PrefillArgs) -> torch.Tensor:
         q.data_ptr(), k.data_ptr(), v.data_ptr(), k_cache_ptr, v_cache_ptr, tables.block_tables.data_ptr(),
         tables.cu_q.data_ptr(), tables.cu_k.data_ptr(), tables.prefix_lens.data_ptr(), out.data_ptr(),
         tables.prefix_lens.numel(), q.shape[1], k.shape[1], q.shape[2], block_size, tables.block_tables.shape[1],
-        args.scale, int(args.causal), kv_kind(k_cache, v_cache) if has_cache else 0)
+        args.scale, int(args.causal), kv_kind(k_cache, v_cache) if has_cache else 0, k_scale, v_scale)
     if status:
         raise RuntimeError("CPU prefill attention: " + ("bad sizes" if status == 1 else "out of memory"))
     return out

@@ -12,6 +12,9 @@ separate virtual environment).
 Prints useful output tokens/s (requested tokens only), TTFT/TPOT P50/P99, ratios, and where a step's
 time goes in the continuous engine. A smaller --kv-bytes shows the two schedulers under memory
 pressure: static reserves prompt + max_tokens up front, continuous takes blocks as tokens arrive.
+An engine name may end in :DTYPE, that run's --kv-cache-dtype (e.g. continuous:float32,continuous:int8):
+under a budget that forces preemptions with float32, the table of KV tokens, preemptions and throughput
+per dtype shows what a narrower cache buys.
 """
 from __future__ import annotations
 
@@ -38,14 +41,16 @@ from runtime.sampling_params import SamplingParams  # noqa: E402
 
 
 def run_ours(model_path, workload, name: str, args) -> dict:
-    """name: continuous or static, with -fp32 / -int8 / -q4 for that --quantization (fp32: none)."""
+    """name: continuous or static, with -fp32 / -int8 / -q4 for that --quantization (fp32: none), and
+    :DTYPE for that --kv-cache-dtype (default: --kv-cache-dtype)."""
+    name, _, kv_dtype = name.partition(":")
     policy, _, weights = name.partition("-")
     cfg, tensors, tok, _ = load_model(model_path)
     engine = build_engine(EngineConfig(device="cpu", backend="torch", kv_cache_memory=args.kv_bytes, scheduler=policy,
                                     max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                                     log_ledger=False, enable_prefix_caching=args.enable_prefix_caching,
                                     quantization={"fp32": "none"}.get(weights, weights or None),
-                                    kv_cache_dtype=args.kv_cache_dtype, deterministic=args.deterministic),
+                                    kv_cache_dtype=kv_dtype or args.kv_cache_dtype, deterministic=args.deterministic),
                           cfg, tensors, tok)
     llm = LLM.from_engine(engine)
     llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)  # warm-up
@@ -59,7 +64,8 @@ def run_ours(model_path, workload, name: str, args) -> dict:
     useful = sum(len(o.outputs[0].token_ids) for o in outs)
     ttft = [o.metrics["ttft"] for o in outs]
     tpot = [o.metrics["tpot"] for o in outs if o.metrics["tpot"] is not None]
-    return {"engine": name, "wall_s": wall, "useful_tok_s": useful / wall, "useful_tokens": useful,
+    return {"engine": name + (f":{kv_dtype}" if kv_dtype else ""), "kv_dtype": engine.ledger.kv_dtype,
+            "kv_tokens": engine.ledger.max_tokens, "wall_s": wall, "useful_tok_s": useful / wall, "useful_tokens": useful,
             "ttft_p50": percentile(ttft, 50), "ttft_p99": percentile(ttft, 99),
             "tpot_p50": percentile(tpot, 50), "tpot_p99": percentile(tpot, 99),
             "steps": engine.stats.steps, "preemptions": engine.stats.preemptions,
@@ -155,11 +161,24 @@ def print_table(results: list[dict], base: dict | None) -> None:
         print(f"{r['engine']:<20}{r['useful_tok_s']:>13.1f}{r['wall_s']:>9.1f}{lat:>17}{tp:>18}{ratio:>9}")
 
 
+def print_kv_table(results: list[dict]) -> None:
+    """KV tokens, preemptions and throughput per KV cache dtype, when the runs held more than one."""
+    runs = [r for r in results if "kv_dtype" in r]
+    if len({r["kv_dtype"] for r in runs}) < 2:
+        return
+    first = runs[0]
+    print(f"{'engine':<24}{'KV dtype':<15}{'KV tokens':>10}{'preemptions':>13}{'useful tok/s':>14}"
+          f"{'vs ' + first['kv_dtype']:>16}")
+    for r in runs:
+        print(f"{r['engine']:<24}{r['kv_dtype']:<15}{r['kv_tokens']:>10}{r['preemptions']:>13}"
+              f"{r['useful_tok_s']:>14.1f}{r['useful_tok_s'] / first['useful_tok_s']:>15.2f}x")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None)
     ap.add_argument("--engines", default="continuous,continuous-fp32,static,transformers",
-                    help="continuous[-fp32|-int8|-q4], static[-...], transformers, llama.cpp")
+                    help="continuous[-fp32|-int8|-q4][:KV_DTYPE], static[-...], transformers, llama.cpp")
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--hf-batch", type=int, default=16)
     ap.add_argument("--max-num-seqs", type=int, default=64)
@@ -188,7 +207,7 @@ def main() -> None:
           f"{sum(r.max_tokens for r in workload)} output tokens; {torch.get_num_threads()} threads")
     results = []
     for name in args.engines.split(","):
-        if name.partition("-")[0] in ("continuous", "static"):
+        if name.partition(":")[0].partition("-")[0] in ("continuous", "static"):
             results.append(run_ours(path, workload, name, args))
         elif name == "llama.cpp":
             results.append(run_llama_cpp(path, workload))
@@ -204,6 +223,7 @@ def main() -> None:
         print("  vLLM: not installed here; --vllm-python PATH runs it from another environment", flush=True)
     base = next((r for r in results if r["engine"] == "continuous"), None)
     print_table(results, base)
+    print_kv_table(results)
     ours = {r["engine"]: r for r in results if "tokens" in r}
     if "continuous" in ours and "static" in ours:
         print("continuous and static outputs identical:", ours["continuous"]["tokens"] == ours["static"]["tokens"])

@@ -1,4 +1,4 @@
-"""The CPU backend for fp32 (the KV cache fp32 or bf16): the C kernels of cute_kernels/cpu/ that build
+"""The CPU backend for fp32 (the KV cache fp32, bf16, int8 or e4m3): the C kernels of cute_kernels/cpu/ that build
 here (prefill and paged decode attention, fused norm/rope/silu), the torch references for the rest and for
 inputs a kernel does not take (e.g. a prefill head_dim that is not a multiple of 16)."""
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The fused CPU decode step (cute_kernels/cpu/decode_step.py) behind LlamaModel.forward: a decode-only
 step of at most decode_step.max_rows() rows runs every layer in one C call, when every linear holds
-block-quantized weights (BlockQuantLinear) and the KV caches are fp32 or bf16 on the CPU. Anything else
+block-quantized weights (BlockQuantLinear) and the KV caches are fp32, bf16, int8 or e4m3 on the CPU. Anything else
 (prefill or mixed steps, more rows, Qwen3's qk_norm, float or fp8 weights, tensor-parallel ranks,
 whose linears are wrapped in collectives) takes the per-layer path.
 """
@@ -22,7 +22,7 @@ def _layer_tensors(layer, caches: tuple[torch.Tensor, torch.Tensor]) -> decode_s
     if not all(type(linear) is BlockQuantLinear for linear in linears):
         return None
     return decode_step.LayerTensors(tuple((linear.blocks, linear.type_name) for linear in linears), layer.qkv.bias,
-                                    layer.input_norm.data, layer.post_norm.data, *caches)
+                                    layer.input_norm.data, layer.post_norm.data, *caches, layer.kv_scales)
 
 
 class CpuDecodeStep:

@@ -16,6 +16,7 @@ from typing import Any, Callable
 import torch
 
 from cute_kernels.attention_args import DecodeArgs, PrefillArgs
+from cute_kernels.kv_quant import KVScales
 from runtime.model.attention_batch import AttentionBatch
 from runtime.model.torch_backend import TorchBackend
 
@@ -108,7 +109,9 @@ class CuteBackend(TorchBackend):
         return reference(x, *args)
 
     def write_kv(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 slot_mapping: torch.Tensor) -> None:
+                 slot_mapping: torch.Tensor, kv_scales: KVScales | None = None) -> None:
+        if kv_scales is not None:  # a quantized cache: build.py lets none reach this backend yet
+            raise ValueError(f"the CuTe backend does not write a {k_cache.dtype} KV cache")
         self._kernel_or_reference(self._fused.write_kv, super().write_kv, k, v, k_cache, v_cache, slot_mapping)
 
     def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,

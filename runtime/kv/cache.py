@@ -35,6 +35,16 @@ class KVLedger:
     def total_bytes(self) -> int:
         return self.num_blocks * self.block_size * self.bytes_per_token
 
+    def capacity_vs(self, dtype: torch.dtype) -> float:
+        """Tokens this cache's element type fits per byte, as a multiple of a dtype cache's (same model)."""
+        return torch.empty((), dtype=dtype).element_size() / _element_size(self.kv_dtype)
+
+    def capacity_note(self) -> str:
+        """", 4.0x float32's and 2.0x bfloat16's tokens per byte" for a cache narrower than float32, else ""."""
+        wider = [f"{self.capacity_vs(d):.1f}x {str(d).removeprefix('torch.')}'s" for d in (torch.float32, torch.bfloat16)
+                 if self.capacity_vs(d) > 1]
+        return f", {' and '.join(wider)} tokens per byte" if wider else ""
+
     def require_blocks(self) -> None:
         """Raise UserError when the budget holds not even one block."""
         if self.num_blocks < 1:
@@ -49,11 +59,15 @@ class KVLedger:
         return (f"pipeline {len(self.stage_bytes)} stages, per rank of each: {stages}; rank 0: "
                 if stages else "") + (f"tensor parallel {tp}, per rank: " if tp > 1 else "") + (
                 f"weights {self.weight_bytes / 2**20:.1f} MiB{held}; "
-                f"KV cache ({self.kv_dtype}): {self.bytes_per_token_per_layer} B/token/layer, "
+                f"KV cache ({self.kv_dtype}{self.capacity_note()}): {self.bytes_per_token_per_layer} B/token/layer, "
                 f"{self.bytes_per_token / 1024:.1f} KiB/token "
                 f"over all layers; {self.num_blocks} blocks x {self.block_size} tokens = {self.max_tokens} tokens "
                 f"in {self.total_bytes / 2**20:.1f} MiB (budget {self.budget_bytes / 2**20:.1f} MiB)"
                 + (f"; below it: {self.tiers}" if self.tiers else ""))
+
+
+def _element_size(name: str) -> int:
+    return torch.empty((), dtype=getattr(torch, name)).element_size()
 
 
 def plan_kv_cache(cfg: ModelConfig, budget_bytes: int, block_size: int, dtype: torch.dtype,

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from cute_kernels.attention_args import DecodeArgs, PrefillArgs
+from cute_kernels.kv_quant import KVScales, round_trip
 from runtime.model.attention_batch import AttentionBatch
 
 
@@ -49,8 +50,9 @@ class AttentionBackend(ABC):
 
     @abstractmethod
     def write_kv(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 slot_mapping: torch.Tensor) -> None:
-        """Scatter new k/v [tokens, kv_heads, d] into the caches at flat slots (block * bs + offset)."""
+                 slot_mapping: torch.Tensor, kv_scales: KVScales | None = None) -> None:
+        """Scatter new k/v [tokens, kv_heads, d] into the caches at flat slots (block * bs + offset); an
+        int8 / e4m3 cache quantized with kv_scales (cute_kernels/kv_quant.py)."""
 
     @abstractmethod
     def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
@@ -66,16 +68,19 @@ class AttentionBackend(ABC):
         """x [tokens, heads, d] rotated by cos/sin [tokens, 1, d/2]; may rotate x in place: use the result."""
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                  v_cache: torch.Tensor, batch: AttentionBatch, scale: float) -> torch.Tensor:
-        """Write the step's new k/v into the paged cache, then attend decodes and prefill chunks."""
-        self.write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
+                  v_cache: torch.Tensor, batch: AttentionBatch, scale: float,
+                  kv_scales: KVScales | None = None) -> torch.Tensor:
+        """Write the step's new k/v into the paged cache, then attend decodes and prefill chunks.
+        kv_scales: the layer's, for an int8 / e4m3 cache."""
+        self.write_kv(k, v, k_cache, v_cache, batch.slot_mapping, kv_scales)
         nd = batch.num_decode_tokens
         if nd == q.shape[0]:
-            return self.decode(batch.decode_args(q, k_cache, v_cache, scale))
+            return self.decode(batch.decode_args(q, k_cache, v_cache, scale, kv_scales))
         if k.dtype != k_cache.dtype:  # new keys as the cache holds them: a prefix hit then computes the same
-            k, v = k.to(k_cache.dtype).to(k.dtype), v.to(v_cache.dtype).to(v.dtype)
+            k = round_trip(k, k_cache.dtype, kv_scales and kv_scales.k)
+            v = round_trip(v, v_cache.dtype, kv_scales and kv_scales.v)
         out = torch.empty_like(q)
         if nd:
-            out[:nd] = self.decode(batch.decode_args(q[:nd], k_cache, v_cache, scale))
-        out[nd:] = self.prefill(batch.prefill_args(q[nd:], k[nd:], v[nd:], k_cache, v_cache, scale))
+            out[:nd] = self.decode(batch.decode_args(q[:nd], k_cache, v_cache, scale, kv_scales))
+        out[nd:] = self.prefill(batch.prefill_args(q[nd:], k[nd:], v[nd:], k_cache, v_cache, scale, kv_scales))
         return out

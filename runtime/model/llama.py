@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import runtime.nvtx as nvtx
+from cute_kernels.kv_quant import KVScales
 from runtime.model.attention_backend import AttentionBackend
 from runtime.model.attention_batch import AttentionBatch
 from runtime.model.embedding import Embedding
@@ -59,6 +60,7 @@ class DecoderLayer(nn.Module):
         self.o_proj: Linear
         self.gate_up: Linear  # [2 * intermediate, h]
         self.down: Linear
+        self.kv_scales: KVScales | None = None  # an int8 / e4m3 KV cache's (runtime/kv/scales.py)
 
     def linears(self) -> list[Linear]:
         return [getattr(self, name) for name in self.LINEARS]
@@ -81,7 +83,7 @@ class DecoderLayer(nn.Module):
                             F.rms_norm(k, (cfg.head_dim,), self.k_norm, eps)], dim=1)
         # q and k rotate together: one op per layer instead of two
         q, k = backend.rope(qk, *cos_sin).split([cfg.num_heads, cfg.num_kv_heads], dim=1)
-        attn = backend.attention(q, k, v, kv_cache[0], kv_cache[1], batch, cfg.head_dim**-0.5)
+        attn = backend.attention(q, k, v, kv_cache[0], kv_cache[1], batch, cfg.head_dim**-0.5, self.kv_scales)
         x = self.o_proj(attn.view(-1, cfg.q_size))
         if nvtx.ON: nvtx.swap("mlp")
         h, residual = backend.add_rms_norm(x, residual, self.post_norm, eps)

@@ -9,6 +9,7 @@ import torch
 
 from cute_kernels import reference
 from cute_kernels.attention_args import DecodeArgs, PrefillArgs
+from cute_kernels.kv_quant import KVScales
 from cute_kernels.reference_static import StaticDecodePlan, decode_attention_static_ref
 from runtime.model.attention_backend import AttentionBackend
 from runtime.model.attention_batch import AttentionBatch
@@ -43,8 +44,8 @@ class TorchBackend(AttentionBackend):
         return reference.decode_attention_ref(args)
 
     def write_kv(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 slot_mapping: torch.Tensor) -> None:
-        reference.write_kv(k, v, k_cache, v_cache, slot_mapping)
+                 slot_mapping: torch.Tensor, kv_scales: KVScales | None = None) -> None:
+        reference.write_kv(k, v, k_cache, v_cache, slot_mapping, kv_scales)
 
     def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
                      eps: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -125,6 +125,18 @@ def test_quant_quality_smoke_measures_every_mode_and_the_shipped_blocks(tmp_path
     assert all(r["perplexity"] > 1 for r in report["paths"]) and "llama.cpp" in proc.stdout
 
 
+def test_kv_cache_quality_smoke_scores_every_kv_dtype_in_every_case(tmp_path):
+    out = tmp_path / "kv.json"
+    proc = run_script("profiling/quality/kv_cache_quality.py", "--smoke", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    cases = json.loads(out.read_text())["cases"]
+    assert list(cases) == ["text", "long", "long past 150", "multi-turn"]
+    for rows in cases.values():
+        assert list(rows) == ["float32", "bf16", "int8", "fp8_e4m3", "fp8_e4m3 @1.0"]
+        assert rows["bf16"]["ppl_change"] == 0.0 and rows["bf16"]["top1_agreement"] == 1.0
+        assert all(r["perplexity"] > 1 and abs(r["ppl_change"]) < 0.05 for r in rows.values())
+
+
 def test_fp8_quality_sweep_smoke_swaps_only_the_layers_a_configuration_names():
     proc = run_script("profiling/quality/fp8_quality_sweep.py", "--smoke", "--positions", "64",
                       "--only", "kernel rowwise", "first and last")

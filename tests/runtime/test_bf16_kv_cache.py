@@ -42,7 +42,7 @@ def test_a_bf16_cache_under_tensor_parallelism_is_refused_before_anything_loads(
 def test_bf16_doubles_the_blocks_of_a_budget():
     fp32, bf16 = tiny_engine(), tiny_engine(kv_cache_dtype="bf16")
     assert bf16.ledger.num_blocks == 2 * fp32.ledger.num_blocks == 512
-    assert bf16.model_runner.kv_caches[0][0].dtype == torch.bfloat16 and "(bfloat16)" in bf16.ledger.describe()
+    assert bf16.model_runner.kv_caches[0][0].dtype == torch.bfloat16 and "(bfloat16, 2.0x float32's tokens per byte)" in bf16.ledger.describe()
     assert fp32.model_runner.kv_caches[0][0].dtype == torch.float32 and "(float32)" in fp32.ledger.describe()
 
 

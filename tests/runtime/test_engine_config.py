@@ -10,7 +10,8 @@ from runtime.engine_config import EngineConfig, add_engine_args, config_from_arg
 from runtime.errors import UserError
 
 NOT_FLAGS = {"kv_cache_fraction", "log_ledger"}  # set from Python only (LLM(...), the server's own ledger print)
-FLAGS = ["--model", "--device", "--dtype", "--backend", "--quantization", "--kv-cache-dtype", "--block-size",
+FLAGS = ["--model", "--device", "--dtype", "--backend", "--quantization", "--kv-cache-dtype", "--calculate-kv-scales",
+         "--no-calculate-kv-scales", "--block-size",
          "--kv-cache-memory", "--kv-offload-bytes", "--kv-disk-path", "--kv-disk-bytes", "--kv-events-config",
          "--kv-role", "--kv-transfer-host", "--kv-transfer-port", "--kv-transfer-timeout", "--kv-hold-timeout",
          "--max-num-batched-tokens", "--max-num-seqs", "--max-model-len", "--scheduler",

@@ -72,25 +72,28 @@ static inline void weigh_rows_avx2(float *acc, const float *p, const float *v, i
 }
 #endif
 
-/* A layer's K and V caches of one element type; stage: the calling thread's scratch of
- * block_size * head_dim floats, into which a bf16 block's rows of one KV head are widened. */
+/* A layer's K and V caches of one element type; k_scale / v_scale: an 8-bit cache's fp32 scale per KV
+ * head (NULL for the float types); stage: the calling thread's scratch of block_size * head_dim floats,
+ * into which a bf16 or 8-bit block's rows of one KV head are widened. */
 typedef struct {
     const void *k, *v;
-    int kind; /* KV_F32 or KV_BF16 */
+    int kind; /* KV_F32, KV_BF16, KV_I8 or KV_E4M3 */
     float *stage;
+    const float *k_scale, *v_scale;
 } KVCache;
 
 /* KV head kvh's first n rows of block blk as fp32, *row apart: in place for fp32 (row hkv * d),
- * widened into kc->stage for bf16 (row d; once per block and head, reused by the group's heads). */
-static inline const float *block_rows_f32(const KVCache *kc, const void *cache, int32_t blk, int64_t kvh, int64_t n,
-                                          int64_t hkv, int64_t d, int64_t bs, int64_t *row) {
+ * widened into kc->stage otherwise (row d; once per block and head, reused by the group's heads). */
+static inline const float *block_rows_f32(const KVCache *kc, const void *cache, const float *scales, int32_t blk,
+                                          int64_t kvh, int64_t n, int64_t hkv, int64_t d, int64_t bs, int64_t *row) {
     const int64_t at = ((int64_t)blk * bs * hkv + kvh) * d;
     if (kc->kind == KV_F32) {
         *row = hkv * d;
         return (const float *)cache + at;
     }
     *row = d;
-    for (int64_t j = 0; j < n; j++) bf16_row_to_f32(kc->stage + j * d, (const uint16_t *)cache + at + j * hkv * d, d);
+    const float scale = kv_quantized(kc->kind) ? scales[kvh] : 1.f;
+    for (int64_t j = 0; j < n; j++) kv_row_f32(cache, kc->kind, at + j * hkv * d, d, scale, kc->stage + j * d);
     return kc->stage;
 }
 
@@ -103,7 +106,7 @@ static inline void score_rows(const float *q, const KVCache *kc, const int32_t *
         const int64_t n = len - t0 < bs ? len - t0 : bs;
         for (int64_t kvh = kv0; kvh < kv1; kvh++) {
             int64_t row;
-            const float *k = block_rows_f32(kc, kc->k, table[blk], kvh, n, hkv, d, bs, &row);
+            const float *k = block_rows_f32(kc, kc->k, kc->k_scale, table[blk], kvh, n, hkv, d, bs, &row);
             for (int64_t g = 0; g < g_n; g++) {
                 const int64_t h = (kvh - kv0) * g_n + g;
 #ifdef CPU_AVX2
@@ -141,7 +144,7 @@ static inline void weigh_values(const KVCache *kc, const int32_t *table, const f
         const int64_t n = len - t0 < bs ? len - t0 : bs;
         for (int64_t kvh = kv0; kvh < kv1; kvh++) {
             int64_t row;
-            const float *v = block_rows_f32(kc, kc->v, table[blk], kvh, n, hkv, d, bs, &row);
+            const float *v = block_rows_f32(kc, kc->v, kc->v_scale, table[blk], kvh, n, hkv, d, bs, &row);
             for (int64_t g = 0; g < g_n; g++) {
                 const int64_t h = (kvh - kv0) * g_n + g;
 #ifdef CPU_AVX2

@@ -1,5 +1,5 @@
 /* One whole decode step of a Llama-family model with block-quantized weights, fp32 activations and
- * an fp32 or bf16 paged KV cache (kv_elem.h): every layer for a few rows (one new token per sequence)
+ * an fp32, bf16, int8 or e4m3 paged KV cache (kv_elem.h): every layer for a few rows (one new token per sequence)
  * in one call.
  *
  * Why: at batch 1 the weights (~67 MB of Q4_1 for SmolLM2-135M) stream from memory in ~10 ms, so a
@@ -32,13 +32,14 @@ typedef struct { /* one decoder layer, as decode_step.py's DecodeLayer */
     const float *qkv_bias;    /* NULL: none */
     const float *input_norm, *post_norm;
     void *k_cache, *v_cache;  /* [num_blocks, block_size, kv_heads, head_dim] of the model's kv_kind */
+    const float *k_scale, *v_scale; /* [kv_heads] for an 8-bit cache; NULL for the float types */
 } DecodeLayer;
 
 typedef struct { /* the model, as decode_step.py's DecodeModel; built once */
     const DecodeLayer *layers;
     int64_t num_layers, hidden, heads, kv_heads, head_dim, inter, num_blocks, block_size, max_positions;
     float eps, scale;
-    int32_t kv_kind; /* KV_F32 or KV_BF16 */
+    int32_t kv_kind; /* KV_F32, KV_BF16, KV_I8 or KV_E4M3 */
     const float *final_norm, *cos_table, *sin_table; /* rope tables [max_positions, head_dim / 2] */
 } DecodeModel;
 
@@ -105,8 +106,8 @@ static void rope_and_write_kv(const DecodeModel *md, const DecodeLayer *L, const
         float *row = wk->qkv + r * width;
         const float *c = md->cos_table + positions[r] * half, *s = md->sin_table + positions[r] * half;
         for (int64_t h = 0; h < md->heads + md->kv_heads; h++) rope_head(row + h * d, c, s, half);
-        kv_store_row(L->k_cache, md->kv_kind, slots[r] * kv, row + md->heads * d, kv);
-        kv_store_row(L->v_cache, md->kv_kind, slots[r] * kv, row + md->heads * d + kv, kv);
+        kv_store_heads(L->k_cache, md->kv_kind, slots[r] * kv, row + md->heads * d, md->kv_heads, d, L->k_scale);
+        kv_store_heads(L->v_cache, md->kv_kind, slots[r] * kv, row + md->heads * d + kv, md->kv_heads, d, L->v_scale);
     }
 }
 
@@ -114,7 +115,7 @@ static void rope_and_write_kv(const DecodeModel *md, const DecodeLayer *L, const
 static void attend(const DecodeModel *md, const DecodeLayer *L, const Work *wk, int64_t m, const int32_t *tables,
                    int64_t max_blocks, const int32_t *lens, float *scores, float *acc, float *inv_sum) {
     const int64_t d = md->head_dim, g_n = md->heads / md->kv_heads, width = (md->heads + 2 * md->kv_heads) * d;
-    const KVCache kc = {L->k_cache, L->v_cache, md->kv_kind, inv_sum + g_n}; /* stage: after inv_sum */
+    const KVCache kc = {L->k_cache, L->v_cache, md->kv_kind, inv_sum + g_n, L->k_scale, L->v_scale}; /* stage: after inv_sum */
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < m * md->kv_heads; task++) {
         const int64_t r = task / md->kv_heads, kvh = task % md->kv_heads, at = kvh * g_n * d;
@@ -155,7 +156,7 @@ static void layer_step(const DecodeModel *md, const DecodeLayer *L, int first, f
 /* Inputs the C code would otherwise read out of bounds: 0 when all are in range. */
 static int check_step(const DecodeModel *md, int64_t m, const int64_t *positions, const int64_t *slots,
                       const int32_t *lens, int64_t max_blocks) {
-    if (m < 1 || m > MAX_ROWS || (md->kv_kind != KV_F32 && md->kv_kind != KV_BF16)) return 1;
+    if (m < 1 || m > MAX_ROWS || !kv_kind_known(md->kv_kind)) return 1;
     for (int64_t r = 0; r < m; r++)
         if (positions[r] < 0 || positions[r] >= md->max_positions || slots[r] < 0
             || slots[r] >= md->num_blocks * md->block_size || lens[r] < 1 || lens[r] > max_blocks * md->block_size)
@@ -186,7 +187,7 @@ int decode_step_f32(const DecodeModel *md, float *x, float *out, int64_t m, cons
     int failed = 0;
 #pragma omp parallel num_threads(nthreads)
     {
-        /* scores, acc, inv_sum, then a bf16 cache's stage of block_size rows */
+        /* scores, acc, inv_sum, then a bf16 or 8-bit cache's stage of block_size rows */
         float *scores = malloc(sizeof(float) * (g_n * max_len + g_n * d + g_n + md->block_size * d));
         if (scores == NULL) {
 #pragma omp atomic write

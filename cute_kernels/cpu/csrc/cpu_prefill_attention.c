@@ -1,5 +1,6 @@
 /* Varlen prefill attention for the CPU backend: new query rows over [paged prefix ; new keys], fp32
- * (the paged prefix fp32 or bf16: a tile's bf16 rows are widened into per-thread scratch, kv_elem.h),
+ * (the paged prefix fp32, bf16, int8 or e4m3: a tile's rows of another type than fp32 are widened, and
+ * an 8-bit one dequantized, into per-thread scratch, kv_elem.h),
  * FlashAttention-style (key tiles with an online softmax, nothing of size q_len x k_len in memory).
  *
  * Why it exists: torch's CPU SDPA reaches ~45-65 GFLOP/s on these short causal sequences (2 cores,
@@ -42,6 +43,7 @@ typedef struct {
 typedef struct {
     const float *q, *k, *v;
     const void *k_cache, *v_cache; /* of element type kv_kind */
+    const float *k_scale, *v_scale; /* an 8-bit cache's scale per KV head; NULL for the float types */
     const int32_t *tables, *cu_q, *cu_k, *prefix;
     float *out;
     int64_t heads, hkv, d, bs, max_blocks, g;
@@ -175,8 +177,9 @@ static void run_task(const Problem *p, const Task *task, float *qt, float *st, f
             int in_cache;
             const int64_t off = key_offset(p, b, t0 + (j < n ? j : 0), prefix, kvh, &in_cache);
             float *k_stage = stage + 2 * j * d, *v_stage = k_stage + d; /* a bf16 row's fp32 copy */
-            kp[j] = in_cache ? kv_row_f32(p->k_cache, p->kv_kind, off, d, k_stage) : p->k + off;
-            vp[j] = in_cache ? kv_row_f32(p->v_cache, p->kv_kind, off, d, v_stage) : p->v + off;
+            const float ks = p->k_scale != NULL ? p->k_scale[kvh] : 1.f, vs = p->v_scale != NULL ? p->v_scale[kvh] : 1.f;
+            kp[j] = in_cache ? kv_row_f32(p->k_cache, p->kv_kind, off, d, ks, k_stage) : p->k + off;
+            vp[j] = in_cache ? kv_row_f32(p->v_cache, p->kv_kind, off, d, vs, v_stage) : p->v + off;
         }
         /* m-blocks outermost: a 16-column block of qt (or st) stays in L1 while the tile's rows stream */
         for (int64_t m0 = 0; m0 < mp; m0 += 16)
@@ -213,10 +216,11 @@ int paged_prefill_attention_f32(const float *q, const float *k, const float *v, 
                                 const void *v_cache, const int32_t *block_tables, const int32_t *cu_q,
                                 const int32_t *cu_k, const int32_t *prefix_lens, float *out, int64_t batch,
                                 int64_t heads, int64_t hkv, int64_t d, int64_t bs, int64_t max_blocks, float scale,
-                                int causal, int kv_kind) {
+                                int causal, int kv_kind, const float *k_scale, const float *v_scale) {
     if (hkv <= 0 || heads % hkv || d <= 0 || d % 16 || d > MAX_D || bs <= 0 || heads / hkv > MV) return 1;
-    if (kv_kind != KV_F32 && kv_kind != KV_BF16) return 1;
-    const Problem p = {q, k, v, k_cache, v_cache, block_tables, cu_q, cu_k, prefix_lens, out,
+    if (!kv_kind_known(kv_kind) || (kv_quantized(kv_kind) && (k_scale == NULL || v_scale == NULL))) return 1;
+    if (!kv_quantized(kv_kind)) k_scale = v_scale = NULL;
+    const Problem p = {q, k, v, k_cache, v_cache, k_scale, v_scale, block_tables, cu_q, cu_k, prefix_lens, out,
                        heads, hkv, d, bs, max_blocks, heads / hkv, scale, causal, kv_kind};
     const int64_t rows_per_task = MV / p.g;
     int64_t num_tasks = 0;

@@ -14,9 +14,11 @@ from cute_kernels.cpu.decode_attention import (
     decode_attention_cpu,
     prepare_tables,
     round_to_bf16,
+    store_rows,
     supports,
     unavailable_reason,
 )
+from cute_kernels.kv_quant import QMAX, KVScales, dequantize, quantize
 from cute_kernels.reference import decode_attention_ref
 from runtime.accel.cpu_backend import CpuBackend
 from runtime.accel.select_backend import select_backend
@@ -132,3 +134,70 @@ def test_the_c_bf16_rounding_is_torchs(cpu_route):
     x = torch.cat([ties, special, torch.randn(10_000, generator=torch.Generator().manual_seed(1)) * 100])
     assert torch.equal(round_to_bf16(x).view(torch.int16), x.bfloat16().view(torch.int16))
     assert round_to_bf16(torch.tensor([float("nan")])).isnan().all()
+
+
+def quantized(cache: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cache [blocks, bs, kv_heads, d] quantized with scales amax / qmax per KV head: (stored, scales)."""
+    scales = (cache.abs().amax(dim=(0, 1, 3)) / QMAX[dtype]).contiguous()
+    return quantize(cache, dtype, scales), scales
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.float8_e4m3fn])
+@pytest.mark.parametrize("heads,kv_heads,d", [(9, 3, 64), (8, 1, 128), (16, 2, 40)])
+def test_an_8bit_cache_reads_as_its_dequantized_copy(dtype, heads, kv_heads, d, cpu_route):
+    """The kernel widens an 8-bit block's rows into stored * scale (one fp32 rounding, as torch's
+    stored.float() * scale) before the same fp32 loops: bit for bit the fp32 kernel on the dequantized
+    cache; the reference reading the same bytes differs by summation order only (2e-5, as above)."""
+    lens = [1, 15, 16, 17, 200, 517]
+    q, k_cache, v_cache, tables, ctx = paged_case(lens, heads, kv_heads, d)
+    (k8, ks), (v8, vs) = quantized(k_cache, dtype), quantized(v_cache, dtype)
+    scales, scale = KVScales(ks, vs), d ** -0.5
+    got = decode_attention_cpu(DecodeArgs(q, k8, v8, tables, ctx, scale, kv_scales=scales))
+    k32, v32 = dequantize(k8, ks), dequantize(v8, vs)
+    assert torch.equal(got, decode_attention_cpu(DecodeArgs(q, k32, v32, tables, ctx, scale)))
+    want = decode_attention_ref(DecodeArgs(q, k8, v8, tables, ctx, scale, kv_scales=scales))
+    torch.testing.assert_close(got, want, rtol=0, atol=2e-5)
+    assert torch.equal(want, decode_attention_ref(DecodeArgs(q, k32, v32, tables, ctx, scale)))
+
+
+def test_every_e4m3_code_reads_as_torchs_value(cpu_route):
+    """Each of the 254 finite e4m3 bytes (subnormals, both signs, +-448) dequantized by the kernel: a
+    cache of those bytes at scale 1 against one head of one-hot queries reads each value back exactly."""
+    codes = torch.tensor([c for c in range(256) if c & 0x7F != 0x7F], dtype=torch.uint8)
+    d = 16
+    cache = torch.zeros(codes.numel(), d, dtype=torch.uint8)
+    cache[:, 0] = codes  # token t holds code t in lane 0
+    v8 = cache.view(torch.float8_e4m3fn).view(-1, 1, 1, d)  # one token per block
+    k8 = torch.zeros_like(v8)  # equal scores: the output is the mean of the values
+    ones = torch.ones(1)
+    for t in range(0, codes.numel(), 37):
+        tables, ctx = torch.tensor([[t]], dtype=torch.int32), torch.tensor([1], dtype=torch.int32)
+        out = decode_attention_cpu(DecodeArgs(torch.zeros(1, 1, d), k8, v8, tables, ctx, 1.0,
+                                              kv_scales=KVScales(ones, ones)))
+        assert out[0, 0, 0].item() == v8[t, 0, 0, 0].float().item()
+
+
+def test_the_c_8bit_quantization_is_the_contracts(cpu_route):
+    """stored = round(x / scale), nearest even, saturated: the C store (the fused decode step's) against
+    torch's on ties, the range's ends, beyond it, subnormal e4m3 steps and NaN, byte for byte."""
+    scales = torch.tensor([0.5, 1.0, 3.0])
+    steps = torch.tensor([0.0, -0.0, 0.25, 0.75, 1.25, -2.5, 126.5, 127.5, -128.5, 1e9, -1e9, float("inf")])
+    e4m3 = torch.arange(0, 126, dtype=torch.uint8).view(torch.float8_e4m3fn).float()  # every finite magnitude
+    mids = torch.cat([(e4m3[1:] + e4m3[:-1]) / 2, e4m3 * (1 + 2**-20), e4m3 * (1 - 2**-20), torch.tensor([450.0, 464.0, 500.0])])
+    noise = torch.randn(3000, generator=torch.Generator().manual_seed(2)) * 40
+    for dtype, special in ((torch.int8, steps), (torch.float8_e4m3fn, torch.cat([steps, mids, -mids]))):
+        x = torch.cat([special, noise])
+        x = x[: x.numel() // 3 * 3].view(-1, 3, 1) * scales.view(1, 3, 1)  # each head its own scale
+        got, want = store_rows(x, dtype, scales), quantize(x, dtype, scales)
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8)), dtype
+    nan = store_rows(torch.full((1, 1, 4), float("nan")), torch.float8_e4m3fn, torch.ones(1))
+    assert nan.float().isnan().all()
+
+
+def test_an_8bit_cache_without_scales_is_refused(cpu_route):
+    q, k_cache, v_cache, tables, ctx = paged_case([20], 4, 2, 64)
+    k8, ks = quantized(k_cache, torch.int8)
+    with pytest.raises(ValueError, match="needs its k/v scales"):
+        decode_attention_cpu(DecodeArgs(q, k8, k8, tables, ctx, 0.125))
+    with pytest.raises(ValueError, match="shape \\(2,\\)"):
+        decode_attention_cpu(DecodeArgs(q, k8, k8, tables, ctx, 0.125, kv_scales=KVScales(ks[:1], ks[:1])))

@@ -17,10 +17,12 @@ from cute_kernels.cpu.prefill_attention import (
     supports,
     unavailable_reason,
 )
+from cute_kernels.kv_quant import KVScales, dequantize
 from cute_kernels.reference import prefill_attention_ref
 from runtime.accel.cpu_backend import CpuBackend
 from runtime.accel.select_backend import select_backend
 from runtime.model.torch_backend import TorchBackend
+from tests.cute_kernels.cpu.test_cpu_decode_attention import quantized
 
 
 def varlen_case(q_lens, prefixes, heads, kv_heads, d, bs=16, seed=0):
@@ -154,3 +156,23 @@ def test_a_bf16_prefix_reads_as_its_widened_fp32_copy(heads, kv_heads, d, cpu_ro
     torch.testing.assert_close(got, want, rtol=0, atol=2e-5)
     torch.testing.assert_close(prefill_attention_ref(PrefillArgs(*head, k16, v16, tables, prefix)), want,
                                rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.float8_e4m3fn])
+@pytest.mark.parametrize("heads,kv_heads,d", [(9, 3, 64), (8, 1, 128)])
+def test_an_8bit_prefix_reads_as_its_dequantized_copy(dtype, heads, kv_heads, d, cpu_route):
+    """The prefix's 8-bit rows become stored * scale (its KV head's) in scratch before the fp32 tiles:
+    bit for bit the fp32 kernel on the dequantized cache; against the reference reading the same bytes,
+    the fp32 tolerance above (summation order only)."""
+    q, k, v, cu, k_cache, v_cache, tables, prefix = varlen_case(Q_LENS, PREFIXES, heads, kv_heads, d)
+    (k8, ks), (v8, vs) = quantized(k_cache, dtype), quantized(v_cache, dtype)
+    head, scales = (q, k, v, cu, cu, d ** -0.5, True), KVScales(ks, vs)
+    got = prefill_attention_cpu(PrefillArgs(*head, k8, v8, tables, prefix, kv_scales=scales))
+    k32, v32 = dequantize(k8, ks), dequantize(v8, vs)
+    assert torch.equal(got, prefill_attention_cpu(PrefillArgs(*head, k32, v32, tables, prefix)))
+    want = prefill_attention_ref(PrefillArgs(*head, k8, v8, tables, prefix, kv_scales=scales))
+    torch.testing.assert_close(got, want, rtol=0, atol=2e-5)
+    torch.testing.assert_close(prefill_attention_ref(PrefillArgs(*head, k32, v32, tables, prefix)), want,
+                               rtol=0, atol=0)
+    with pytest.raises(ValueError, match="needs its k/v scales"):
+        prefill_attention_cpu(PrefillArgs(*head, k8, v8, tables, prefix))

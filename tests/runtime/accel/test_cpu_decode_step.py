@@ -18,6 +18,7 @@ import torch
 from cute_kernels.cpu import build
 from cute_kernels.cpu import decode_step as ds
 from cute_kernels.cpu.decode_attention import prepare_tables
+from runtime.accel.kv_scales import KVScaleSource
 from runtime.build import make_runner
 from runtime.model.attention_batch import AttentionBatch
 from runtime.parallel.layers import RowParallelLinear
@@ -35,7 +36,9 @@ def tiny_runner(quantization: str, arch: str = "llama", fused: bool = True, kv_d
     else:
         hf = tiny_hf_model(arch)
         cfg, tensors = our_config(hf, arch), state_dict(hf)
-    runner = make_runner(cfg, tensors, 4 << 20, backend="torch", quantization=quantization, kv_dtype=kv_dtype)[0]
+    calibration = KVScaleSource(list(range(3, 250)))  # read by an int8 / e4m3 cache only
+    runner = make_runner(cfg, tensors, 4 << 20, backend="torch", quantization=quantization, kv_dtype=kv_dtype,
+                         kv_scale_source=calibration)[0]
     if not fused:
         runner.model.decode_step = None
     return runner
@@ -98,6 +101,25 @@ def test_fused_step_over_a_bf16_cache_matches_the_per_layer_path(rows, fused_ste
         torch.testing.assert_close(g, w, **TOL)
     for (k, v), (k2, v2) in zip(fused.kv_caches, per_layer.kv_caches):
         assert k.dtype == torch.bfloat16 and torch.equal(k, k2) and torch.equal(v, v2)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.float8_e4m3fn])
+def test_fused_step_over_an_8bit_cache_matches_the_per_layer_path(dtype, fused_steps, cpu_route):
+    """The fused step quantizes its K/V rows in C (round(x / scale), nearest even, saturated) and reads them
+    back as stored * scale: the caches must equal the per-layer path's torch quantization byte for byte, the
+    outputs then differ by float summation order only (TOL)."""
+    fused, per_layer = tiny_runner("q4", kv_dtype=dtype), tiny_runner("q4", fused=False, kv_dtype=dtype)
+    scales = [layer.kv_scales for layer in fused.model.layers]
+    assert all(s is not None and s.k.shape == (2,) for s in scales)
+    got, got_tokens = greedy(fused, PROMPTS[3], 12)  # contexts cross a block boundary: 30 -> 42 tokens
+    assert fused_steps == [3] * 12
+    want, want_tokens = greedy(per_layer, PROMPTS[3], 12)
+    assert got_tokens == want_tokens
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, **TOL)
+    for (k, v), (k2, v2) in zip(fused.kv_caches, per_layer.kv_caches):
+        assert k.dtype == dtype and torch.equal(k.view(torch.uint8), k2.view(torch.uint8))
+        assert torch.equal(v.view(torch.uint8), v2.view(torch.uint8))
 
 
 def test_only_small_decode_only_steps_take_the_fused_path(fused_steps):
