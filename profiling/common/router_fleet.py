@@ -90,6 +90,8 @@ def router_command(replicas: list[Replica], policy: str, port: int, model_name: 
            "--policy", policy, "--worker-urls", *[r.url for r in replicas], "--worker-startup-check-interval", "1",
            # a dead replica is dropped after one failed check a second, and back after one good one
            "--health-check-interval-secs", "1", "--health-failure-threshold", "1", "--health-success-threshold", "1",
+           # and its circuit breaker, opened by the requests that failed on it, half-opens after 2 s (not a minute)
+           "--cb-timeout-duration-secs", "2",
            "--log-level", "warn" if kind == "sglang" else "warning"]
     if policy == "kv_aware":
         for r in replicas:

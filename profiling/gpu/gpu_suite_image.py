@@ -27,6 +27,7 @@ import importlib.abc
 import importlib.util
 import io
 import json
+import os
 import runpy
 import subprocess
 import sys
@@ -184,8 +185,9 @@ class _Collected:
 def collect(test_files: list[str]) -> _Collected:
     import pytest
 
-    from profiling.gpu.gpu_suite_step import PYTEST_ARGS
+    from profiling.gpu.gpu_suite_step import PLUGIN_AUTOLOAD_OFF, PYTEST_ARGS
 
+    os.environ.update(PLUGIN_AUTOLOAD_OFF)  # this script is its own process: the tests' pytest is unaffected
     plugin = _Collected()
     with contextlib.redirect_stdout(io.StringIO()):
         pytest.main([*PYTEST_ARGS, "--collect-only", "-q", "--rootdir", str(ROOT), *test_files], plugins=[plugin])

@@ -8,6 +8,7 @@ the timeout strikes, so that a hang says where it hung.
 from __future__ import annotations
 
 import faulthandler
+import os
 import runpy
 import sys
 from pathlib import Path
@@ -16,6 +17,9 @@ ROOT = Path(__file__).resolve().parents[2]
 # How the suite runs pytest on the GPU image: only the gpu tests; without tests/conftest.py, which
 # imports the server stack (openai, uvicorn, fastapi) that the image lacks and no GPU test needs.
 PYTEST_ARGS = ("-m", "gpu", "--noconftest", "-p", "no:cacheprovider")
+# No third-party plugins either: one a test dependency brings here (langsmith's, with langchain) imports
+# what the image lacks, and no GPU test needs one.
+PLUGIN_AUTOLOAD_OFF = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
 PER_TEST_DUMP_S = 30  # pytest's faulthandler_timeout: a test running longer dumps its stack (and goes on)
 
 
@@ -25,6 +29,7 @@ def main(argv: list[str]) -> int:
     if target == "pytest":
         import pytest
 
+        os.environ.update(PLUGIN_AUTOLOAD_OFF)
         return int(pytest.main([*PYTEST_ARGS, "-x", "-q", "-o", f"faulthandler_timeout={PER_TEST_DUMP_S}",
                                 "--rootdir", str(ROOT), *args]))
     faulthandler.dump_traceback_later(max(1.0, float(seconds) - 3), exit=False)
