@@ -72,7 +72,14 @@ class GrammarService:
     def warm(self) -> None:
         """Start the workers now, in the background (seconds: the forkserver imports xgrammar), with the
         any-JSON grammar as their first compile, so a server's first grammar request waits for neither."""
-        threading.Thread(target=self.submit, args=("json", ""), name="grammar-warm-up", daemon=True).start()
+        threading.Thread(target=self._warm_up, name="grammar-warm-up", daemon=True).start()
+
+    def _warm_up(self) -> None:
+        try:
+            self.submit("json", "")
+        except Exception:  # a pool stopped while it started (a server closing at once) fails its start
+            if not self._closed:
+                raise
 
     def cancel(self, waiter: Future) -> None:
         """This caller no longer waits; the compile is killed when no other caller waits for it."""
