@@ -25,6 +25,8 @@ class PrefillArgs:
     prefix_lens: torch.Tensor | None = None   # int32 [n] cached tokens before each chunk; None = no prefix
     max_seqlen_q: int | None = None           # from the step plan, so no backend syncs to learn it
     plan: Any = None   # backend precomputation shared by every layer of one step (e.g. C tables)
+    k_scale: torch.Tensor | None = None  # fp32 [kv_heads]: an fp8_e4m3 cache holds x / scale (x = stored * scale)
+    v_scale: torch.Tensor | None = None
 
 
 @dataclass
@@ -40,6 +42,8 @@ class DecodeArgs:
     scale: float
     plan: Any = None
     cu_seqlens_q: torch.Tensor | None = None  # int32 [batch + 1]; None: one query token per sequence
+    k_scale: torch.Tensor | None = None  # fp32 [kv_heads]: an fp8_e4m3 cache holds x / scale (x = stored * scale)
+    v_scale: torch.Tensor | None = None
 
 
 def check_queries_see_keys(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
