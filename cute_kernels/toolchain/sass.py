@@ -38,7 +38,7 @@ _PATTERNS = {
     "collective_fallbacks": r"\bWARPSYNC\.COLLECTIVE\b",
     "fsel": r"\bFSEL\b",  # float selects: what an attention mask lowers to (bf16; fp16 gets SEL)
     "fp8_unpack": r"\bF2FP\.F16\.E4M3\.UNPACK_B\b",  # two e4m3 -> two fp16 (dequantizing an fp8 cache)
-    "fp8_pack": r"\bF2FP\.SATFINITE\.E4M3\.F32\.PACK_AB\b",  # two fp32 -> two e4m3, saturated (quantizing)
+    "fp8_pack": r"\bF2FP\.SATFINITE\.E4M3\.F32\.PACK_AB(?:_MERGE_C)?\b",  # two fp32 -> two e4m3, saturated (quantizing)
     "shared_load_128": r"\bLDS\.128\b",
     "shared_store_128": r"\bSTS\.128\b",
 }
