@@ -1,16 +1,21 @@
-"""An e4m3 KV cache on Hopper: the quantizing KV write and the decode kernel that reads it.
+"""An e4m3 KV cache on Hopper: the quantizing KV write, and the decode and prefill (paged prefix) kernels
+that read it.
 
 CPU: the host picks the e4m3 variants and checks the scales; the kernels compile for sm_90a and their
 SASS shows the conversions (F2FP e4m3 unpack after 16-byte shared loads in decode, saturating packs in
 the write); the rules fire on kernels mutated to skip them. GPU (marker gpu, skipped without an sm_90
 GPU): the write's bytes against cute_kernels.kv_e4m3, and decode per (sequence, head) against the fp32
-reference over the dequantized bytes, eagerly and replayed from a CUDA graph.
+reference over the dequantized bytes, eagerly and replayed from a CUDA graph; prefill with an e4m3
+prefix per (sequence, head) against the reference over the prefix dequantized as the kernel does.
 
 Tolerances: the write computes x / scale in IEEE fp32 (div.rn) and rounds to nearest-even with
 saturation, as torch does: its bytes must be equal. Decode reads the same bytes; e4m3 values are exact
 in bf16, the K scale multiplies each score in fp32 instead of each key (a few fp32 ulps) and the V
 scale the output: the error budget is the bf16 kernel's (P rounded to bf16, the output's rounding,
-~2^-8 relative), so the same 1e-2 relative L2 per (token, head) and 1e-3 absolute on the LSE.
+~2^-8 relative), so the same 1e-2 relative L2 per (token, head) and 1e-3 absolute on the LSE. Prefill
+rounds stored * scale (fp32) to bf16 once per element, as dequantize_e4m3(..., bf16) does: over that
+cache the kernel is the bf16 kernel, so test_prefill_attention's bounds hold unchanged (per sequence
+and head, twice the bf16 reference's own error plus an ulp; LSE within 2e-3).
 """
 from __future__ import annotations
 
@@ -19,13 +24,21 @@ import math
 import pytest
 import torch
 
-from cute_kernels.attention_args import DecodeArgs
+from cute_kernels.attention_args import DecodeArgs, PrefillArgs
 from cute_kernels.hopper.decode.decode_host import prepare_decode_args
 from cute_kernels.hopper.decode.decode_spec import FP8_KV, DecodeSpec, decode_specs
 from cute_kernels.hopper.fused.fused_host import prepare_write_kv, stacked_scales
 from cute_kernels.hopper.fused.fused_spec import FusedOpSpec
+from cute_kernels.hopper.prefill.prefill_host import prepare_prefill_args
+from cute_kernels.hopper.prefill.prefill_spec import PrefillSpec
 from cute_kernels.kv_e4m3 import dequantize_e4m3, quantize_e4m3, write_kv_e4m3_ref
 from tests.cute_kernels.hopper.test_decode_attention import _check, decode_case, gpu
+from tests.cute_kernels.hopper.test_prefill_attention import (
+    LENGTH_MIX,
+    PREFIX_MIX,
+    assert_matches_reference,
+    make_batch,
+)
 
 E4M3 = torch.float8_e4m3fn
 
@@ -130,6 +143,36 @@ def test_write_reference_skips_padding_slots():
     assert int(torch.count_nonzero(flat.view(torch.uint8).flatten(1).any(1))) == 4  # 4 tokens, one skipped
 
 
+def prefill_e4m3_batch(heads, kv_heads, d, device="cpu", lens=(17, 129, 300), prefixes=(33, 0, 700)):
+    """(make_batch's bf16 inputs with the prefix quantized to e4m3 + scales, the same with the prefix
+    dequantized to bf16 as the kernel converts it)."""
+    x = make_batch(list(lens), list(prefixes), heads, kv_heads, d, dtype=torch.bfloat16, device=device)
+    scales = [torch.full((kv_heads,), 0.01, device=device) + 0.003 * torch.arange(kv_heads, device=device)
+              for _ in range(2)]
+    stored = [quantize_e4m3(x[name], s) for name, s in zip(("k_cache", "v_cache"), scales)]
+    fp8 = {**x, "k_cache": stored[0], "v_cache": stored[1]}
+    ref = {**x, **{n: dequantize_e4m3(c, s, torch.bfloat16) for n, c, s in zip(("k_cache", "v_cache"), stored, scales)}}
+    return fp8, ref, scales
+
+
+def _prefill_args(x: dict, scales, with_prefix: bool = True) -> PrefillArgs:
+    cache = dict(k_cache=x["k_cache"], v_cache=x["v_cache"], block_tables=x["block_tables"],
+                 prefix_lens=x["prefix_lens"]) if with_prefix else {}
+    return PrefillArgs(x["q"], x["k"], x["v"], x["cu_seqlens_q"], x["cu_seqlens_k"], x["q"].shape[2] ** -0.5, True,
+                       **cache, k_scale=scales[0], v_scale=scales[1])
+
+
+def test_prefill_host_picks_the_e4m3_prefix_variant():
+    fp8, _, scales = prefill_e4m3_batch(8, 2, 64)
+    launch = prepare_prefill_args(_prefill_args(fp8, scales))
+    assert launch.spec == PrefillSpec("bfloat16", 64, 4, True, FP8_KV)
+    assert launch.kernel_tensors()[-2:] == tuple(scales)
+    # no prefix: the cache is never read, the 16-bit variant runs
+    assert not prepare_prefill_args(_prefill_args(fp8, scales, with_prefix=False)).spec.fp8_kv
+    with pytest.raises(ValueError, match="k_scale"):
+        prepare_prefill_args(_prefill_args(fp8, (None, scales[1])))
+
+
 # ------------------------------------------------------------------ compile + SASS (CPU, needs the DSL)
 @pytest.fixture
 def _dsl(tmp_path, monkeypatch):
@@ -162,12 +205,31 @@ def _fused_problems(spec):
 def test_e4m3_decode_dequantizes_in_registers_and_the_rule_fires_without(_dsl, monkeypatch):
     from cute_kernels.hopper.decode.decode_attention import DecodeAttentionSm90
 
-    spec = DecodeSpec("bfloat16", 128, FP8_KV)
+    spec = DecodeSpec("float16", 64, FP8_KV)  # the smaller compile; the check covers every variant
     stats, problems = _decode_problems(spec)
     assert problems == [] and stats.spills == 0 and stats.tma_load and stats.qgmma == 0
     monkeypatch.setattr(DecodeAttentionSm90, "dequant_stage", lambda self, *args: None)  # the bug put back
     _, problems = _decode_problems(spec)
     assert any("not dequantized" in p for p in problems), problems
+
+
+def test_e4m3_prefill_prefix_dequantizes_and_the_rule_fires_without(_dsl, monkeypatch):
+    from cute_kernels.hopper.prefill.prefill_compile import compile_prefill
+    from cute_kernels.hopper.prefill.prefill_family import prefill_sass_problems
+    from cute_kernels.hopper.prefill.prefill_loads import PrefillLoads
+    from cute_kernels.toolchain.sass import sass_stats
+
+    spec = PrefillSpec("float16", 64, 1, True, FP8_KV)
+
+    def problems():
+        stats = sass_stats(compile_prefill(spec, keep_artifacts=True).artifacts["cubin"])
+        return stats, prefill_sass_problems(spec, stats)
+
+    stats, found = problems()
+    assert found == [] and stats.spills == 0 and stats.fp8_unpack
+    monkeypatch.setattr(PrefillLoads, "dequant_prefix", lambda self, *args: None)  # raw bytes never converted
+    _, found = problems()
+    assert any("prefix is not dequantized" in p for p in found), found
 
 
 def test_e4m3_write_quantizes_saturating_and_the_rule_fires_without(_dsl, monkeypatch):
@@ -277,3 +339,20 @@ def test_e4m3_write_and_decode_replay_from_a_cuda_graph_gpu():
     want = decode_attention_ref(exact)
     err = (out.float().cpu() - want).flatten(2).norm(dim=-1) / want.flatten(2).norm(dim=-1).clamp_min(1e-6)
     assert err.max() <= 1e-2 and not math.isnan(float(err.max()))
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (32, 8)])
+def test_e4m3_prefix_prefill_matches_the_dequantized_reference_gpu(heads, kv_heads, head_dim):
+    from cute_kernels.hopper.prefill.prefill_launch import launch_prefill
+
+    fp8, ref, scales = prefill_e4m3_batch(heads, kv_heads, head_dim, "cuda", LENGTH_MIX, PREFIX_MIX)
+    launch = prepare_prefill_args(_prefill_args(fp8, scales))
+    assert launch.spec.fp8_kv
+    launch.out.fill_(float("nan"))
+    launch.lse.fill_(float("nan"))
+    launch_prefill(launch)
+    torch.cuda.synchronize()
+    assert_matches_reference(ref, launch.out, launch.lse, head_dim ** -0.5, True, True)
