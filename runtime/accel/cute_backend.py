@@ -8,6 +8,9 @@ CUDA graph, once before capture. The fused ops take their reference
 for inputs no kernel variant takes (fp32, rows that are not whole 16-byte vectors). prefill raises
 CuteBackendUnavailable, saying why, anywhere else (CPU tensors, a non-Hopper GPU, neither the DSL nor
 usable AOT kernels); select_backend picks the torch backend in that case.
+An fp8_e4m3 cache (per-layer, per-KV-head fp32 scales in DecodeArgs / PrefillArgs and write_kv) is
+written by the quantizing KV write and read by the decode and prefill kernels' e4m3 variants; nothing
+falls back to a reference for it: an input no e4m3 variant takes is a ValueError.
 """
 from __future__ import annotations
 
@@ -53,7 +56,7 @@ class CuteBackend(TorchBackend):
         self._decode_host, self._fused = decode_host, fused_ops
 
     def describe(self) -> str:
-        return "CuTe kernels (sm_90a): prefill, fused norm/rope/silu/KV write; decode"
+        return "CuTe kernels (sm_90a): prefill, fused norm/rope/silu/KV write (bf16, fp8_e4m3 KV); decode"
 
     graph_reads_full_tables = False  # the decode kernel reads each context's blocks only
 
@@ -104,7 +107,10 @@ class CuteBackend(TorchBackend):
         return reference(x, *args)
 
     def write_kv(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 slot_mapping: torch.Tensor) -> None:
+                 slot_mapping: torch.Tensor, k_scale: torch.Tensor | None = None,
+                 v_scale: torch.Tensor | None = None) -> None:
+        if k_cache.dtype == torch.float8_e4m3fn:  # quantized by the kernel, or a ValueError: no fallback
+            return self._fused.write_kv(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
         self._kernel_or_reference(self._fused.write_kv, super().write_kv, k, v, k_cache, v_cache, slot_mapping)
 
     def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,

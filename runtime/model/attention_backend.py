@@ -65,16 +65,28 @@ class AttentionBackend(ABC):
         """x [tokens, heads, d] rotated by cos/sin [tokens, 1, d/2]; may rotate x in place: use the result."""
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                  v_cache: torch.Tensor, batch: AttentionBatch, scale: float) -> torch.Tensor:
-        """Write the step's new k/v into the paged cache, then attend decodes and prefill chunks."""
-        self.write_kv(k, v, k_cache, v_cache, batch.slot_mapping)
+                  v_cache: torch.Tensor, batch: AttentionBatch, scale: float, k_scale: torch.Tensor | None = None,
+                  v_scale: torch.Tensor | None = None) -> torch.Tensor:
+        """Write the step's new k/v into the paged cache, then attend decodes and prefill chunks. An
+        fp8_e4m3 cache comes with its layer's fp32 [kv_heads] scales (cute_kernels/kv_e4m3.py)."""
+        scales = {} if k_scale is None else dict(k_scale=k_scale, v_scale=v_scale)
+        self.write_kv(k, v, k_cache, v_cache, batch.slot_mapping, **scales)
         nd = batch.num_decode_tokens
         if nd == q.shape[0]:
-            return self.decode(batch.decode_args(q, k_cache, v_cache, scale))
+            return self.decode(batch.decode_args(q, k_cache, v_cache, scale, **scales))
         if k.dtype != k_cache.dtype:  # new keys as the cache holds them: a prefix hit then computes the same
-            k, v = k.to(k_cache.dtype).to(k.dtype), v.to(v_cache.dtype).to(v.dtype)
+            k, v = as_cached(k, k_cache, k_scale), as_cached(v, v_cache, v_scale)
         out = torch.empty_like(q)
         if nd:
-            out[:nd] = self.decode(batch.decode_args(q[:nd], k_cache, v_cache, scale))
-        out[nd:] = self.prefill(batch.prefill_args(q[nd:], k[nd:], v[nd:], k_cache, v_cache, scale))
+            out[:nd] = self.decode(batch.decode_args(q[:nd], k_cache, v_cache, scale, **scales))
+        out[nd:] = self.prefill(batch.prefill_args(q[nd:], k[nd:], v[nd:], k_cache, v_cache, scale, **scales))
         return out
+
+
+def as_cached(x: torch.Tensor, cache: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """x rounded to what `cache` stores and read back (an e4m3 cache: quantized with its scales)."""
+    if cache.dtype == torch.float8_e4m3fn:
+        from cute_kernels.kv_e4m3 import dequantize_e4m3, quantize_e4m3
+
+        return dequantize_e4m3(quantize_e4m3(x, scale), scale, x.dtype)
+    return x.to(cache.dtype).to(x.dtype)

@@ -44,13 +44,16 @@ class AttentionBatch:
         return self.prefill_prefix_lens if self.max_prefix_len else None
 
     def prefill_args(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                     v_cache: torch.Tensor, scale: float) -> PrefillArgs:
+                     v_cache: torch.Tensor, scale: float, k_scale: torch.Tensor | None = None,
+                     v_scale: torch.Tensor | None = None) -> PrefillArgs:
         """One layer's prefill rows as the kernels take them (the new keys are the new queries' tokens)."""
         cu = self.cu_seqlens_q
         return PrefillArgs(q, k, v, cu, cu, scale, True, k_cache, v_cache, self.prefill_block_tables,
-                           self.prefix_lens, max_seqlen_q=self.max_seqlen_q, plan=self.prefill_plan)
+                           self.prefix_lens, max_seqlen_q=self.max_seqlen_q, plan=self.prefill_plan,
+                           k_scale=k_scale, v_scale=v_scale)
 
-    def decode_args(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float) -> DecodeArgs:
-        """One layer's decode rows as the kernels take them."""
+    def decode_args(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float,
+                    k_scale: torch.Tensor | None = None, v_scale: torch.Tensor | None = None) -> DecodeArgs:
+        """One layer's decode rows as the kernels take them (an e4m3 cache: with its scales)."""
         return DecodeArgs(q, k_cache, v_cache, self.decode_block_tables, self.decode_context_lens, scale,
-                          plan=self.decode_plan)
+                          plan=self.decode_plan, k_scale=k_scale, v_scale=v_scale)

@@ -81,7 +81,8 @@ class DecoderLayer(nn.Module):
                             F.rms_norm(k, (cfg.head_dim,), self.k_norm, eps)], dim=1)
         # q and k rotate together: one op per layer instead of two
         q, k = backend.rope(qk, *cos_sin).split([cfg.num_heads, cfg.num_kv_heads], dim=1)
-        attn = backend.attention(q, k, v, kv_cache[0], kv_cache[1], batch, cfg.head_dim**-0.5)
+        # kv_cache: (k, v), or (k, v, k_scale, v_scale) for an fp8_e4m3 cache
+        attn = backend.attention(q, k, v, kv_cache[0], kv_cache[1], batch, cfg.head_dim**-0.5, *kv_cache[2:4])
         x = self.o_proj(attn.view(-1, cfg.q_size))
         if nvtx.ON: nvtx.swap("mlp")
         h, residual = backend.add_rms_norm(x, residual, self.post_norm, eps)
