@@ -117,8 +117,10 @@ class DecodeAttentionSm90:
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[self.kv_dtype, cute.cosize(sKV_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.kv_dtype, cute.cosize(sKV_layout)], 1024]
-            sKc: cute.struct.Align[cute.struct.MemRange[self.dtype, _staged_elems(self.fp8, sStage_layout)], 1024]
-            sVc: cute.struct.Align[cute.struct.MemRange[self.dtype, _staged_elems(self.fp8, sStage_layout)], 1024]
+            sKc: cute.struct.Align[cute.struct.MemRange[self.dtype, _staged_elems(self.fp8, sStage_layout)],
+                                   _staged_align(self.fp8)]
+            sVc: cute.struct.Align[cute.struct.MemRange[self.dtype, _staged_elems(self.fp8, sStage_layout)],
+                                   _staged_align(self.fp8)]
             barriers: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
 
         self.kernel(
@@ -378,6 +380,12 @@ class DecodeAttentionSm90:
 def _staged_elems(fp8: bool, stage_layout) -> int:
     """Elements of one dequantized tile: only an e4m3 cache needs it (a token 16 B otherwise)."""
     return cute.cosize(stage_layout) if fp8 else 8
+
+
+def _staged_align(fp8: bool) -> int:
+    """The GMMA swizzle's 1024 B for a real tile; 16 B for the token, so that a 16-bit cache's
+    kernel keeps its 2 CTAs per SM (1 KiB of padding each would break the plan at d = 128)."""
+    return 1024 if fp8 else 16
 
 
 @cute.jit

@@ -30,9 +30,10 @@ def fake_matrix(dtype, divisibility: int = VEC, align: int = 16):
 
 
 def _fake_write_kv_e4m3(dtype) -> tuple:
-    """k, v (dtype); the e4m3 caches (rows of whole 16-byte vectors); fp32 scales [2, kv_heads]."""
+    """k, v (dtype, any views of the fused qkv the 16-bit write takes); the e4m3 caches (rows of whole
+    16-byte vectors); fp32 scales [2, kv_heads]."""
     cache = lambda: fake_matrix(cutlass.Float8E4M3FN, FP8_VEC)  # noqa: E731
-    return fake_matrix(dtype, FP8_VEC), fake_matrix(dtype, FP8_VEC), cache(), cache(), fake_matrix(cutlass.Float32, 1, 4)
+    return fake_matrix(dtype), fake_matrix(dtype), cache(), cache(), fake_matrix(cutlass.Float32, 1, 4)
 
 
 def fake_fused_arguments(spec: FusedOpSpec) -> tuple:

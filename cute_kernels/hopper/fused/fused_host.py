@@ -140,7 +140,7 @@ def _prepare_write_kv_e4m3(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scal
     if k.shape[2] not in ROPE_HEAD_DIMS:
         raise ValueError(f"{op}: head_dim {k.shape[2]} has no variant {ROPE_HEAD_DIMS}")
     flat = (-1, k.shape[1] * k.shape[2])
-    used = [_matrix(t.flatten(1), op, name, FP8_VEC) for t, name in ((k, "k"), (v, "v"))]
+    used = [_matrix(t.flatten(1), op, name) for t, name in ((k, "k"), (v, "v"))]  # head_dim 64/128: 16 | width
     used += [_matrix(c.view(flat), op, name, FP8_VEC) for c, name in ((k_cache, "k_cache"), (v_cache, "v_cache"))]
     used.append(stacked_scales(k_scale, v_scale, k.shape[1], k.device))
     return _launch(FusedOpSpec(op, spec_dtype, k.shape[2]), used, slots=slot_mapping.contiguous())
