@@ -19,10 +19,11 @@ SHIM_ABI = (_ROWS, _ROWS, _ROWS, _CACHE, _CACHE, _TABLE, _VECTOR, _VECTOR, _VECT
 
 
 def prefill_specs(include_unused: bool) -> list:
-    """The runtime's variants; include_unused adds the non-causal ones."""
+    """The runtime's variants; include_unused adds the non-causal ones (of a 16-bit cache: the GPU tests
+    run those; the e4m3 prefix only ever meets the runtime's causal chunks)."""
     specs = runtime_variants()
     if include_unused:
-        specs += [replace(s, causal=False) for s in specs]
+        specs += [replace(s, causal=False) for s in specs if not s.fp8_kv]
     return specs
 
 

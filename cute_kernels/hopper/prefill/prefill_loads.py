@@ -12,8 +12,9 @@ warpgroups into mbarrier-guarded stages (prefill_attention.py owns the roles and
 - Tiles that touch the paged prefix (16-token blocks, too small for 128-row TMA boxes) are
   gathered with cp.async by all 128 producer threads, which then wait for
   their own copies (an e4m3 prefix: its 8-byte chunks land in a raw staging tile, and each thread
-  converts its own into the stage: stored * scale, to the 16-bit dtype), fence them to the async proxy (wgmma reads shared memory through it), meet at a
-  producer-only named barrier and let one thread arrive on the full barrier.
+  converts its own into the stage: stored * scale, to the 16-bit dtype; a thread reads back only what
+  it copied itself, so no barrier), fence them to the async proxy (wgmma reads shared memory through
+  it), meet at a producer-only named barrier and let one thread arrive on the full barrier.
 Empty barriers: every MMA thread arrives once it is done reading a stage.
 """
 from __future__ import annotations
@@ -114,7 +115,6 @@ class PrefillLoads:
                 offset = (Int64(new_row) * Int64(mX.stride[0]) + Int64(ctx.kv_head) * Int64(mX.stride[1])
                           + col)
                 copy_row_chunk(row_copy, self.dtype, mX, offset, tXsX[None, i, 0])
-
 
     @cute.jit
     def dequant_prefix(self, src, sX, thr_copy, ctx, n_block: Int32):
