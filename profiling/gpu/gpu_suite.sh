@@ -19,7 +19,7 @@ PLAN=(
   "fused   smoke fused      30 profiling/gpu/gpu_smoke.py --family fused"
   "fp8     smoke fp8        30 profiling/gpu/gpu_smoke.py --family fp8"
   "prefill smoke prefill    30 profiling/gpu/gpu_smoke.py --family prefill"
-  "decode  tests decode     90 tests/cute_kernels/hopper/test_decode_attention.py tests/cute_kernels/hopper/test_kv_e4m3.py"
+  "decode  tests decode    120 tests/cute_kernels/hopper/test_decode_attention.py tests/cute_kernels/hopper/test_kv_e4m3.py"
   "fused   tests fused      90 tests/cute_kernels/hopper/test_fused_ops.py"
   "fp8     tests fp8        90 tests/cute_kernels/hopper/test_fp8_gemm.py"
   "prefill tests prefill    90 tests/cute_kernels/hopper/test_prefill_attention.py tests/cute_kernels/hopper/test_prefill_tile_order.py tests/cute_kernels/hopper/test_aot.py"
