@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 FAMILY_ORDER = ("decode", "fused", "fp8", "prefill")  # prefill last: a hang there hides nothing
 COMMON_CHECKS = ("device is sm_90", "kernels load")
 CHECKS = {
-    "decode": "decode (2 splits + merge; bf16 and e4m3 caches) matches the reference",
+    "decode": "decode (2 splits + merge, bf16 and e4m3 caches) matches the reference",
     "fused": "fused add_rms_norm / rope / silu_and_mul / KV write (bf16, e4m3 bit-equal) match",
     "fp8": "fp8 quantize (bit-equal) + GEMM (unsplit, split-K) match",
     "prefill": "prefill (2 ragged sequences, GQA 4, causal) matches the reference",
