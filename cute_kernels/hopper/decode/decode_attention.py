@@ -54,7 +54,7 @@ from ..common.warpgroup_ops import (
 )
 from ..common.wgmma_layouts import acc_as_operand_a, acc_as_rows_cols
 from . import decode_schedule as sched
-from .decode_dequant import dequant_tile, make_dequant_copies
+from .decode_dequant import dequant_tile, make_dequant_copies, staged_align, staged_elems
 from .decode_spec import BLOCKS_PER_TILE, KEYS_PER_TILE, QUERY_ROWS, DecodeSpec
 
 CONSUMER_THREADS = 128  # one warpgroup
@@ -117,10 +117,10 @@ class DecodeAttentionSm90:
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[self.kv_dtype, cute.cosize(sKV_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.kv_dtype, cute.cosize(sKV_layout)], 1024]
-            sKc: cute.struct.Align[cute.struct.MemRange[self.dtype, _staged_elems(self.fp8, sStage_layout)],
-                                   _staged_align(self.fp8)]
-            sVc: cute.struct.Align[cute.struct.MemRange[self.dtype, _staged_elems(self.fp8, sStage_layout)],
-                                   _staged_align(self.fp8)]
+            sKc: cute.struct.Align[cute.struct.MemRange[self.dtype, staged_elems(self.fp8, sStage_layout)],
+                                   staged_align(self.fp8)]
+            sVc: cute.struct.Align[cute.struct.MemRange[self.dtype, staged_elems(self.fp8, sStage_layout)],
+                                   staged_align(self.fp8)]
             barriers: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
 
         self.kernel(
@@ -375,17 +375,6 @@ class DecodeAttentionSm90:
                         mOPartial[ctx.split, q_row, head, tOcO[0, c][1]] = o[r, c] * inv
                     if lane % 4 == 0:
                         mLSEPartial[ctx.split, q_row, head] = lse
-
-
-def _staged_elems(fp8: bool, stage_layout) -> int:
-    """Elements of one dequantized tile: only an e4m3 cache needs it (a token 16 B otherwise)."""
-    return cute.cosize(stage_layout) if fp8 else 8
-
-
-def _staged_align(fp8: bool) -> int:
-    """The GMMA swizzle's 1024 B for a real tile; 16 B for the token, so that a 16-bit cache's
-    kernel keeps its 2 CTAs per SM (1 KiB of padding each would break the plan at d = 128)."""
-    return 1024 if fp8 else 16
 
 
 @cute.jit

@@ -31,6 +31,17 @@ def make_dequant_copies(kv_dtype, dtype, head_dim: int, num_threads: int):
             cute.make_tiled_copy_tv(store, thr_layout, val_layout))
 
 
+def staged_elems(fp8: bool, stage_layout) -> int:
+    """Elements of one dequantized tile: only an e4m3 cache needs it (a token 16 B otherwise)."""
+    return cute.cosize(stage_layout) if fp8 else 8
+
+
+def staged_align(fp8: bool) -> int:
+    """The GMMA swizzle's 1024 B for a real tile; 16 B for the token, so that a 16-bit cache's
+    kernel keeps its 2 CTAs per SM (1 KiB of padding each would break the plan at d = 128)."""
+    return 1024 if fp8 else 16
+
+
 @cute.jit
 def dequant_tile(load_copy: cute.TiledCopy, store_copy: cute.TiledCopy, src: cute.Tensor, dst: cute.Tensor,
                  tidx, dtype: cutlass.Constexpr):
