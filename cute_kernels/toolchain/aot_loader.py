@@ -27,7 +27,7 @@ class PrefillArgsC(ctypes.Structure):
         ("out_stride", ctypes.c_int64), ("k_cache_strides", _c_int64_2), ("v_cache_strides", _c_int64_2),
         ("block_tables_stride", ctypes.c_int64), ("lse_stride", ctypes.c_int64),
         ("softmax_scale_log2", ctypes.c_float), ("tile_order", ctypes.c_void_p), ("num_tiles", ctypes.c_int32),
-        ("num_ctas", ctypes.c_int32),
+        ("num_ctas", ctypes.c_int32), ("k_scale", ctypes.c_void_p), ("v_scale", ctypes.c_void_p),
     ]
 
 
@@ -56,7 +56,7 @@ def prefill_c_args(args: Any) -> PrefillArgsC:
         _check_layout(getattr(args, name), name, {3: 1, 2: d}, {1: d, 0: KV_BLOCK_SIZE * d}, 16)
     _check_layout(args.block_tables, "block_tables", {1: 1}, {}, 4)
     _check_layout(args.lse, "lse", {1: 1}, {}, 4)
-    for name in ("prefix_lens", "cu_seqlens_q", "cu_seqlens_k", "tile_order"):
+    for name in ("prefix_lens", "cu_seqlens_q", "cu_seqlens_k", "tile_order", "k_scale", "v_scale"):
         _check_layout(getattr(args, name), name, {0: 1}, {}, 4)
     q, k, kc, vc = args.q, args.k, args.k_cache, args.v_cache
     sizes = dict(total_q=q.shape[0], heads=q.shape[1], total_k=k.shape[0], kv_heads=k.shape[1],
@@ -72,6 +72,7 @@ def prefill_c_args(args: Any) -> PrefillArgsC:
         block_tables_stride=args.block_tables.stride(0), lse_stride=args.lse.stride(0),
         softmax_scale_log2=args.softmax_scale_log2, tile_order=args.tile_order.data_ptr(),
         num_tiles=_int32(args.tile_order.numel(), "num_tiles"), num_ctas=_int32(args.num_ctas, "num_ctas"),
+        k_scale=args.k_scale.data_ptr(), v_scale=args.v_scale.data_ptr(),
     )
 
 

@@ -37,6 +37,10 @@ _PATTERNS = {
     # every lane, which hangs when it sits in a lane-divergent branch (a TMA load under `if tidx == 0`)
     "collective_fallbacks": r"\bWARPSYNC\.COLLECTIVE\b",
     "fsel": r"\bFSEL\b",  # float selects: what an attention mask lowers to (bf16; fp16 gets SEL)
+    "fp8_unpack": r"\bF2FP\.F16\.E4M3\.UNPACK_B\b",  # two e4m3 -> two fp16 (dequantizing an fp8 cache)
+    "fp8_pack": r"\bF2FP\.SATFINITE\.E4M3\.F32\.PACK_AB(?:_MERGE_C)?\b",  # two fp32 -> two e4m3, saturated (quantizing)
+    "shared_load_128": r"\bLDS\.128\b",
+    "shared_store_128": r"\bSTS\.128\b",
 }
 _ADDRESS = re.compile(r"/\*([0-9a-f]{4,})\*/")
 _LABEL = re.compile(r"^\s*(\.L_x_\d+):")
@@ -72,6 +76,10 @@ class SassStats:
     cta_barrier_offsets: tuple[int, ...] = ()  # byte offsets of CTA-wide BAR.SYNCs
     first_tma_offset: int | None = None  # byte offset of the first UTMALDG
     fsel: int = 0
+    fp8_unpack: int = 0
+    fp8_pack: int = 0
+    shared_load_128: int = 0
+    shared_store_128: int = 0
     loop_cta_barriers: int = 0  # CTA-wide BAR.SYNCs inside a loop (between its head and back branch)
     overlapped_exp2: int = 0  # MUFU.EX2 between a register-A wgmma group left in flight and its wait
     exp2_after_overlapped: int = 0  # MUFU.EX2 from such a group's issue to the next wgmma issue

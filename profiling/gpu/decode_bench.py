@@ -5,6 +5,11 @@ on the same cache.
 
 Bytes counted are the ones a decode must move: every context token's K and V of every KV head once,
 plus q and the output. A kernel that reads each K/V byte once at copy speed scores 1.0.
+
+The e4m3 rows (E4M3_CASES) time the same kernel over the cache quantized to float8_e4m3fn (per-head
+scales, amax / 448) beside the bf16 cache: K/V bytes per token, the bytes and time ratios against the
+targets (>= 1.8x fewer bytes, >= 1.6x faster), the error against the bf16 kernel over the dequantized
+bytes (the kernel's) and against the bf16 cache's output (what quantization costs).
 """
 from __future__ import annotations
 
@@ -24,8 +29,11 @@ class DecodeCase:
     def name(self) -> str:
         return f"b{self.batch} ctx{self.context} h{self.heads}:{self.kv_heads} d{self.head_dim}"
 
-    def bytes_moved(self, elem: int = 2) -> int:
-        kv = 2 * self.batch * self.context * self.kv_heads * self.head_dim * elem
+    def kv_bytes_per_token(self, kv_elem: int = 2) -> int:
+        return 2 * self.kv_heads * self.head_dim * kv_elem
+
+    def bytes_moved(self, elem: int = 2, kv_elem: int | None = None) -> int:
+        kv = self.batch * self.context * self.kv_bytes_per_token(elem if kv_elem is None else kv_elem)
         return kv + 2 * self.batch * self.heads * self.head_dim * elem
 
 
@@ -37,6 +45,11 @@ DECODE_CASES = [
     DecodeCase(64, 4096, 32, 8, 64),
     DecodeCase(32, 2048, 32, 32, 128),  # no GQA
 ]
+E4M3_CASES = [
+    DecodeCase(64, 4096, 64, 8, 128),  # the issue's e4m3 target: b64, 4k context, GQA 8:1
+    DecodeCase(64, 4096, 32, 8, 128),
+]
+E4M3_TARGETS = {"bytes": 1.8, "speed": 1.6}
 COPY_BYTES = 1 << 31
 
 
@@ -132,18 +145,67 @@ def bench_decode_case(case: DecodeCase, copy_gbs: float, time_ms: Callable) -> d
     return row
 
 
+def quantize_case(args):
+    """The case's cache as float8_e4m3fn with per-(KV head) scales amax / 448, K and V apart."""
+    from dataclasses import replace
+
+    from cute_kernels.kv_e4m3 import E4M3_MAX, quantize_e4m3
+    from cute_kernels.kv_quant import KVScales
+
+    scales = [c.abs().amax(dim=(0, 1, 3)).float().clamp_min(1e-6) / E4M3_MAX for c in (args.k_cache, args.v_cache)]
+    return replace(args, k_cache=quantize_e4m3(args.k_cache, scales[0]), v_cache=quantize_e4m3(args.v_cache, scales[1]),
+                   kv_scales=KVScales(scales[0], scales[1]))
+
+
+def bench_e4m3_case(case: DecodeCase, copy_gbs: float, time_ms: Callable) -> dict:
+    """The kernel over an e4m3 cache vs the same kernel over the bf16 cache it was quantized from."""
+    from dataclasses import replace
+
+    import torch
+
+    from cute_kernels.hopper.decode.decode_host import prepare_decode_args
+    from cute_kernels.hopper.decode.decode_launch import launch_decode
+    from cute_kernels.kv_e4m3 import dequantize_e4m3
+    from cute_kernels.toolchain.kernel_path import kernel_path
+
+    args = make_case(case)
+    fp8 = quantize_case(args)
+    bf16_launch, fp8_launch = prepare_decode_args(args), prepare_decode_args(fp8)
+    bf16_ms = time_ms(lambda: launch_decode(bf16_launch))
+    fp8_ms = time_ms(lambda: launch_decode(fp8_launch))
+    # the kernel's own error: the bf16 kernel over the dequantized bytes (exact in bf16 up to the scale)
+    dequant = replace(args, k_cache=dequantize_e4m3(fp8.k_cache, fp8.kv_scales.k, torch.bfloat16),
+                      v_cache=dequantize_e4m3(fp8.v_cache, fp8.kv_scales.v, torch.bfloat16))
+    dequant_launch = prepare_decode_args(dequant)
+    launch_decode(dequant_launch)
+    rel = lambda a, b: ((a.float() - b.float()).norm() / b.float().norm()).item()  # noqa: E731
+    bytes_ratio = case.kv_bytes_per_token(2) / case.kv_bytes_per_token(1)
+    speedup = bf16_ms / fp8_ms
+    gbs = case.bytes_moved(kv_elem=1) / fp8_ms / 1e6
+    return {"case": f"{case.name} kv e4m3 vs bf16", "path": kernel_path(), "splits": fp8_launch.num_splits,
+            "kv_bytes_per_token": case.kv_bytes_per_token(1), "bf16_kv_bytes_per_token": case.kv_bytes_per_token(2),
+            "bytes_ratio": round(bytes_ratio, 2), "e4m3_us": round(fp8_ms * 1e3, 1), "bf16_us": round(bf16_ms * 1e3, 1),
+            "speedup": round(speedup, 2), "e4m3_GBs": round(gbs), "of_copy": round(gbs / copy_gbs, 2),
+            "err_vs_dequant": f"{rel(fp8_launch.out, dequant_launch.out):.1e}",
+            "err_vs_bf16_cache": f"{rel(fp8_launch.out, bf16_launch.out):.1e}",
+            "meets_target": bytes_ratio >= E4M3_TARGETS["bytes"] and speedup >= E4M3_TARGETS["speed"]}
+
+
 def run_decode_bench(dry_run: bool, time_ms: Callable) -> list[dict]:
     from cute_kernels.hopper.decode.decode_spec import num_splits
     from cute_kernels.toolchain.kernel_path import kernel_path
 
     if dry_run:
-        return [{"case": c.name, "path": kernel_path(), "splits": num_splits(c.batch, c.kv_heads, c.context),
+        rows = [{"case": c.name, "path": kernel_path(), "splits": num_splits(c.batch, c.kv_heads, c.context),
                  "MB": round(c.bytes_moved() / 1e6, 1), "dry_run": True} for c in DECODE_CASES]
+        return rows + [{"case": f"{c.name} kv e4m3 vs bf16", "MB": round(c.bytes_moved(kv_elem=1) / 1e6, 1),
+                        "kv_bytes_per_token": c.kv_bytes_per_token(1), "dry_run": True} for c in E4M3_CASES]
     copy_gbs = copy_bandwidth(time_ms)
     rows = [{"case": "device copy (2 GiB)", "copy_GBs": round(copy_gbs)}]
-    for case in DECODE_CASES:
+    benches = [(bench_decode_case, c) for c in DECODE_CASES] + [(bench_e4m3_case, c) for c in E4M3_CASES]
+    for bench, case in benches:
         try:
-            rows.append(bench_decode_case(case, copy_gbs, time_ms))
+            rows.append(bench(case, copy_gbs, time_ms))
         except Exception as exc:  # one failing case must not hide the others
             rows.append({"case": case.name, "error": f"{type(exc).__name__}: {exc}"[:200]})
     return rows

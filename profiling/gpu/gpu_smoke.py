@@ -23,14 +23,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 FAMILY_ORDER = ("decode", "fused", "fp8", "prefill")  # prefill last: a hang there hides nothing
 COMMON_CHECKS = ("device is sm_90", "kernels load")
 CHECKS = {
-    "decode": "decode (2 splits + merge) matches the reference",
-    "fused": "fused add_rms_norm / rope / silu_and_mul / KV write match",
+    "decode": "decode (2 splits + merge, bf16 and e4m3 caches) matches the reference",
+    "fused": "fused add_rms_norm / rope / silu_and_mul / KV write (bf16, e4m3 bit-equal) match",
     "fp8": "fp8 quantize (bit-equal) + GEMM (unsplit, split-K) match",
     "prefill": "prefill (2 ragged sequences, GQA 4, causal) matches the reference",
 }
 MODULES = {  # what each family's check imports (the dry run imports them too)
-    "decode": ("cute_kernels.hopper.decode.decode_host", "cute_kernels.hopper.decode.decode_launch", "cute_kernels.hopper.decode.decode_aot"),
-    "fused": ("cute_kernels.hopper.fused.fused_ops", "cute_kernels.hopper.fused.fused_aot"),
+    "decode": ("cute_kernels.hopper.decode.decode_host", "cute_kernels.hopper.decode.decode_launch",
+               "cute_kernels.hopper.decode.decode_aot", "cute_kernels.kv_e4m3"),
+    "fused": ("cute_kernels.hopper.fused.fused_ops", "cute_kernels.hopper.fused.fused_aot", "cute_kernels.kv_e4m3"),
     "fp8": ("cute_kernels.hopper.fp8_gemm.fp8_gemm_launch", "cute_kernels.hopper.fp8_gemm.fp8_gemm_aot", "cute_kernels.fp8_quant"),
     "prefill": ("cute_kernels.hopper.prefill.prefill_launch", "cute_kernels.toolchain.aot_loader"),
 }
@@ -83,7 +84,32 @@ def _decode(rnd) -> dict:
     torch.cuda.synchronize()
     err = _rel(got, decode_attention_ref(DecodeArgs(dec.q.float(), kc.float(), vc.float(), tables,
                                                     dec.context_lens, dec.scale)))
-    return _result(CHECKS["decode"], err < TOLERANCE, f"relative error {err:.1e}", err, 1)
+    fp8_err = _decode_e4m3(dec)
+    worst = max(err, fp8_err)
+    return _result(CHECKS["decode"], worst < TOLERANCE, f"relative error {err:.1e}, e4m3 cache {fp8_err:.1e}",
+                   worst, 2)
+
+
+def _decode_e4m3(dec) -> float:
+    """The same step over the cache quantized to e4m3 (per-head scales), against the reference over the
+    dequantized bytes."""
+    from dataclasses import replace
+
+    import torch
+
+    from cute_kernels.hopper.decode.decode_host import decode_attention
+    from cute_kernels.kv_e4m3 import dequantize_e4m3, quantize_e4m3
+    from cute_kernels.kv_quant import KVScales
+    from cute_kernels.reference import decode_attention_ref
+
+    ks, vs = (torch.tensor([0.01, 0.02], device="cuda") for _ in range(2))
+    fp8 = replace(dec, k_cache=quantize_e4m3(dec.k_cache, ks), v_cache=quantize_e4m3(dec.v_cache, vs),
+                  kv_scales=KVScales(ks, vs))
+    got = decode_attention(fp8, splits=2)
+    torch.cuda.synchronize()
+    exact = replace(dec, q=dec.q.float(), k_cache=dequantize_e4m3(fp8.k_cache, ks),
+                    v_cache=dequantize_e4m3(fp8.v_cache, vs))
+    return _rel(got, decode_attention_ref(exact))
 
 
 def _fused(rnd) -> dict:
@@ -104,9 +130,26 @@ def _fused(rnd) -> dict:
     ops.write_kv(kv, kv, cache, cache, torch.tensor([3, -1, 20], device="cuda"))
     torch.cuda.synchronize()
     errs["write_kv"] = 0.0 if torch.equal(cache.view(-1, 2, 128)[[3, 20]], kv[[0, 2]]) else float("inf")
+    errs["write_kv_e4m3"] = _write_e4m3(kv * 8)
     worst = max(errs.values())
     return _result(CHECKS["fused"], worst < TOLERANCE,
                    "relative errors " + ", ".join(f"{k} {v:.1e}" for k, v in errs.items()), worst, len(errs))
+
+
+def _write_e4m3(kv) -> float:
+    """The quantizing KV write (saturating: kv * 8 / 0.01 passes 448) is bit-equal to the reference."""
+    import torch
+
+    from cute_kernels.hopper.fused import fused_ops as ops
+    from cute_kernels.kv_e4m3 import write_kv_e4m3_ref
+
+    scale = torch.tensor([0.01, 0.05], device="cuda")
+    slots = torch.tensor([3, -1, 20], device="cuda")
+    got, want = (torch.zeros(2, 16, 2, 128, device="cuda", dtype=torch.float8_e4m3fn) for _ in range(2))
+    ops.write_kv(kv, kv, got, got, slots, scale, scale)
+    write_kv_e4m3_ref(kv, kv, want, want, slots, scale, scale)
+    torch.cuda.synchronize()
+    return 0.0 if torch.equal(got.view(torch.uint8), want.view(torch.uint8)) else float("inf")
 
 
 def _fp8(rnd) -> dict:

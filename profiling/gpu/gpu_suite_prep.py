@@ -54,9 +54,10 @@ def _imported_files() -> list[str]:
 def prepare(out: Path) -> int:
     sys.path.insert(0, str(ROOT))
     before, start = _kernel_tree(), time.monotonic()
+    from cute_kernels.hopper.families import selected_variants
     from cute_kernels.toolchain.aot import main as aot_main
 
-    rc = aot_main(["--all", "--out", str(out)])
+    rc = aot_main(["--all", "--out", str(out)], selected_variants)
     if rc:
         return rc
     now = _kernel_tree()  # only what the build read matters: an edit elsewhere cannot change the kernels

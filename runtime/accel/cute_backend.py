@@ -8,6 +8,9 @@ CUDA graph, once before capture. The fused ops take their reference
 for inputs no kernel variant takes (fp32, rows that are not whole 16-byte vectors). prefill raises
 CuteBackendUnavailable, saying why, anywhere else (CPU tensors, a non-Hopper GPU, neither the DSL nor
 usable AOT kernels); select_backend picks the torch backend in that case.
+An fp8_e4m3 cache (per-layer, per-KV-head fp32 scales in DecodeArgs / PrefillArgs and write_kv) is
+written by the quantizing KV write and read by the decode and prefill kernels' e4m3 variants; nothing
+falls back to a reference for it: an input no e4m3 variant takes is a ValueError.
 """
 from __future__ import annotations
 
@@ -54,7 +57,7 @@ class CuteBackend(TorchBackend):
         self._decode_host, self._fused = decode_host, fused_ops
 
     def describe(self) -> str:
-        return "CuTe kernels (sm_90a): prefill, fused norm/rope/silu/KV write; decode"
+        return "CuTe kernels (sm_90a): prefill, fused norm/rope/silu/KV write (bf16, fp8_e4m3 KV); decode"
 
     graph_reads_full_tables = False  # the decode kernel reads each context's blocks only
 
@@ -110,7 +113,11 @@ class CuteBackend(TorchBackend):
 
     def write_kv(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  slot_mapping: torch.Tensor, kv_scales: KVScales | None = None) -> None:
-        if kv_scales is not None:  # a quantized cache: build.py lets none reach this backend yet
+        if k_cache.dtype == torch.float8_e4m3fn:  # quantized by the kernel, or a ValueError: no fallback
+            if kv_scales is None:
+                raise ValueError("an fp8_e4m3 KV cache is written with its layer's scales")
+            return self._fused.write_kv(k, v, k_cache, v_cache, slot_mapping, kv_scales.k, kv_scales.v)
+        if kv_scales is not None:  # an int8 cache: no CuTe kernel reads one
             raise ValueError(f"the CuTe backend does not write a {k_cache.dtype} KV cache")
         self._kernel_or_reference(self._fused.write_kv, super().write_kv, k, v, k_cache, v_cache, slot_mapping)
 

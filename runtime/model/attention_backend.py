@@ -84,3 +84,12 @@ class AttentionBackend(ABC):
             out[:nd] = self.decode(batch.decode_args(q[:nd], k_cache, v_cache, scale, kv_scales))
         out[nd:] = self.prefill(batch.prefill_args(q[nd:], k[nd:], v[nd:], k_cache, v_cache, scale, kv_scales))
         return out
+
+
+def as_cached(x: torch.Tensor, cache: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """x rounded to what `cache` stores and read back (an e4m3 cache: quantized with its scales)."""
+    if cache.dtype == torch.float8_e4m3fn:
+        from cute_kernels.kv_e4m3 import dequantize_e4m3, quantize_e4m3
+
+        return dequantize_e4m3(quantize_e4m3(x, scale), scale, x.dtype)
+    return x.to(cache.dtype).to(x.dtype)

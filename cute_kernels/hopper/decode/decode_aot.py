@@ -11,7 +11,7 @@ from cute_kernels.toolchain.aot_library import AotLibrary, current_stream, get_l
 
 _c_int64_2 = ctypes.c_int64 * 2
 _POINTERS = ("q", "k_cache", "v_cache", "block_tables", "context_lens", "cu_seqlens_q", "out", "lse",
-             "out_partial", "lse_partial")
+             "out_partial", "lse_partial", "k_scale", "v_scale")
 _SIZES = ("total_q", "heads", "num_blocks", "kv_heads", "batch", "max_blocks", "num_splits", "partial_splits",
           "partial_rows")
 
@@ -40,7 +40,7 @@ class DecodeMergeArgsC(ctypes.Structure):
 def _compact(tensors: dict[str, Any]) -> None:
     """The kernels assume compact row-major tensors on 16-byte (4-byte for int32/fp32 rows) boundaries."""
     for name, t in tensors.items():
-        align = 16 if t.element_size() == 2 or name == "out_partial" else 4
+        align = 16 if t.element_size() <= 2 or name == "out_partial" else 4
         if not t.is_contiguous() or t.data_ptr() % align:
             raise ValueError(f"decode AOT: {name} {tuple(t.shape)} strides {t.stride()} at {t.data_ptr():#x} "
                              "does not fit the compiled layout (compact, aligned)")

@@ -22,6 +22,10 @@ Design: one CTA = one (split, KV head, sequence); 4 consumer warps (one warpgrou
   would cost more issue slots for the same bytes.
 - Cache slots past the context (the last block's tail) may hold anything, NaN included: their
   scores are masked by select, and their V rows zeroed in shared memory, since 0 * NaN is NaN.
+- An e4m3 cache (spec.fp8_kv) streams half the bytes: the ring holds e4m3 blocks (TMA boxes of 16
+  rows x d bytes, 128 B or 64 B swizzled), each tile is dequantized into one 16-bit K and V tile the
+  same wgmmas read (decode_dequant.py says why not an FP8 wgmma), and the per-head scales are folded
+  into the softmax scale (K) and the output's normalization (V).
 - The index arithmetic (split ranges, table columns and lanes, masks, the merge's weights) lives in
   decode_schedule.py, which the CPU emulation and the protocol model (hopper/protocol) call too.
 """
@@ -50,6 +54,7 @@ from ..common.warpgroup_ops import (
 )
 from ..common.wgmma_layouts import acc_as_operand_a, acc_as_rows_cols
 from . import decode_schedule as sched
+from .decode_dequant import dequant_tile, make_dequant_copies, staged_align, staged_elems
 from .decode_spec import BLOCKS_PER_TILE, KEYS_PER_TILE, QUERY_ROWS, DecodeSpec
 
 CONSUMER_THREADS = 128  # one warpgroup
@@ -63,6 +68,8 @@ class DecodeAttentionSm90:
     def __init__(self, spec: DecodeSpec):
         self.spec = spec
         self.dtype = DTYPES[spec.dtype]
+        self.fp8 = spec.fp8_kv
+        self.kv_dtype = cutlass.Float8E4M3FN if self.fp8 else self.dtype
         self.head_dim = spec.head_dim
         self.stages = spec.stages
         self.num_threads = CONSUMER_THREADS + 32
@@ -89,6 +96,8 @@ class DecodeAttentionSm90:
         mLSE: cute.Tensor,  # [total_q, H] fp32: written when num_splits == 1
         mOPartial: cute.Tensor,  # [splits, total_q, H, d] fp32: written when num_splits > 1
         mLSEPartial: cute.Tensor,  # [splits, total_q, H] fp32
+        mKScale: cute.Tensor,  # [Hkv] fp32: dequantized K = stored * scale (read with an e4m3 cache only)
+        mVScale: cute.Tensor,  # [Hkv] fp32
         softmax_scale_log2: Float32,
         num_splits: Int32,
         stream: cuda.CUstream,
@@ -97,22 +106,28 @@ class DecodeAttentionSm90:
         d = self.head_dim
         # Rows before column atoms: the 16 rows of one cache block in one 128 B column span are one TMA box.
         sQ_layout = swizzled_rows_layout(self.dtype, d, (QUERY_ROWS, d))
-        sKV_layout = swizzled_rows_layout(self.dtype, d, (KEYS_PER_TILE, d, self.stages))
-        block_layout = swizzled_rows_layout(self.dtype, d, (KV_BLOCK_SIZE, d))
+        sKV_layout = swizzled_rows_layout(self.kv_dtype, d, (KEYS_PER_TILE, d, self.stages))
+        block_layout = swizzled_rows_layout(self.kv_dtype, d, (KV_BLOCK_SIZE, d))
+        sStage_layout = swizzled_rows_layout(self.dtype, d, (KEYS_PER_TILE, d, 1))  # the dequantized tile
         tma_k, gK = self._cache_tma(mKCache, block_layout)
         tma_v, gV = self._cache_tma(mVCache, block_layout)
 
         @cute.struct
         class SharedStorage:
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
-            sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
-            sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[self.kv_dtype, cute.cosize(sKV_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[self.kv_dtype, cute.cosize(sKV_layout)], 1024]
+            sKc: cute.struct.Align[cute.struct.MemRange[self.dtype, staged_elems(self.fp8, sStage_layout)],
+                                   staged_align(self.fp8)]
+            sVc: cute.struct.Align[cute.struct.MemRange[self.dtype, staged_elems(self.fp8, sStage_layout)],
+                                   staged_align(self.fp8)]
             barriers: cute.struct.MemRange[cutlass.Int64, 2 * self.stages]
 
         self.kernel(
             mQ, tma_k, gK, tma_v, gV, mBlockTables, mContextLens, mCuSeqlensQ, mO, mLSE, mOPartial,
-            mLSEPartial, softmax_scale_log2, num_splits, sQ_layout, sKV_layout,
-            mma_qk, mma_pv, make_row_copy(self.dtype, d, CONSUMER_THREADS), SharedStorage,
+            mLSEPartial, mKScale, mVScale, softmax_scale_log2, num_splits, sQ_layout, sKV_layout, sStage_layout,
+            mma_qk, mma_pv, make_row_copy(self.dtype, d, CONSUMER_THREADS),
+            *make_dequant_copies(self.kv_dtype, self.dtype, d, CONSUMER_THREADS), SharedStorage,
         ).launch(
             grid=[num_splits, mKCache.shape[2], mContextLens.shape[0]],
             block=[self.num_threads, 1, 1],
@@ -136,13 +151,18 @@ class DecodeAttentionSm90:
         mLSE: cute.Tensor,
         mOPartial: cute.Tensor,
         mLSEPartial: cute.Tensor,
+        mKScale: cute.Tensor,
+        mVScale: cute.Tensor,
         softmax_scale_log2: Float32,
         num_splits: Int32,
         sQ_layout: cute.ComposedLayout,
         sKV_layout: cute.ComposedLayout,
+        sStage_layout: cute.ComposedLayout,
         mma_qk: cute.TiledMma,
         mma_pv: cute.TiledMma,
         q_copy: cute.TiledCopy,
+        load_copy: cute.TiledCopy,
+        store_copy: cute.TiledCopy,
         SharedStorage: cutlass.Constexpr,
     ):
         tidx, _, _ = cute.arch.thread_idx()
@@ -160,7 +180,9 @@ class DecodeAttentionSm90:
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
         sK = storage.sK.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)
         sV = storage.sV.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)
-        tile_bytes = sched.stage_tx_bytes(self.head_dim, self.dtype.width // 8)
+        sKc = storage.sKc.get_tensor(sStage_layout.outer, swizzle=sStage_layout.inner)
+        sVc = storage.sVc.get_tensor(sStage_layout.outer, swizzle=sStage_layout.inner)
+        tile_bytes = sched.stage_tx_bytes(self.head_dim, self.kv_dtype.width // 8)
         kv_pipeline = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.barriers.data_ptr(),
             num_stages=self.stages,
@@ -175,8 +197,11 @@ class DecodeAttentionSm90:
                          mBlockTables, batch_idx, kv_head, context_len, tile_lo, n_local)
         else:
             ctx = _DecodeContext(q_start, q_len, context_len, group, kv_head, split, num_splits)
-            self.consume(mQ, sQ, sK, sV, q_copy, mma_qk, mma_pv, kv_pipeline, mO, mLSE, mOPartial,
-                         mLSEPartial, softmax_scale_log2, tile_lo, n_local, ctx)
+            scale_log2, out_scale = softmax_scale_log2, Float32(1.0)
+            if cutlass.const_expr(self.fp8):  # per-head scales: CTA-wide scalars (see decode_dequant.py)
+                scale_log2, out_scale = softmax_scale_log2 * mKScale[kv_head], mVScale[kv_head]
+            self.consume(mQ, sQ, sK, sV, sKc, sVc, q_copy, load_copy, store_copy, mma_qk, mma_pv, kv_pipeline,
+                         mO, mLSE, mOPartial, mLSEPartial, scale_log2, out_scale, tile_lo, n_local, ctx)
 
     # ------------------------------------------------------------------ producer warp
     @cute.jit
@@ -216,8 +241,9 @@ class DecodeAttentionSm90:
 
     # ------------------------------------------------------------------ consumer warpgroup
     @cute.jit
-    def consume(self, mQ, sQ, sK, sV, q_copy, mma_qk, mma_pv, kv_pipeline, mO, mLSE, mOPartial,
-                mLSEPartial, softmax_scale_log2: Float32, tile_lo: Int32, n_local: Int32, ctx):
+    def consume(self, mQ, sQ, sK, sV, sKc, sVc, q_copy, load_copy, store_copy, mma_qk, mma_pv, kv_pipeline, mO,
+                mLSE, mOPartial, mLSEPartial, softmax_scale_log2: Float32, out_scale: Float32, tile_lo: Int32,
+                n_local: Int32, ctx):
         tidx, _, _ = cute.arch.thread_idx()
         self.load_q(mQ, sQ, q_copy.get_slice(tidx), q_copy, ctx)
         cute.arch.cp_async_commit_group()
@@ -226,14 +252,16 @@ class DecodeAttentionSm90:
         cute.arch.fence_view_async_shared()
         cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=CONSUMER_THREADS)
 
+        # The wgmmas read the ring itself, or (an e4m3 cache) the one dequantized tile.
+        sKm, sVm = (sKc, sVc) if cutlass.const_expr(self.fp8) else (sK, sV)
         # V^T view [d, keys, stage] for the PV B operand (same bytes, MN-major).
         sVt = cute.composition(
-            sV, cute.make_ordered_layout((self.head_dim, KEYS_PER_TILE, self.stages), order=(1, 0, 2))
+            sVm, cute.make_ordered_layout((self.head_dim, KEYS_PER_TILE, cute.size(sVm, mode=[2])), order=(1, 0, 2))
         )
         thr_mma_qk = mma_qk.get_slice(tidx)
         thr_mma_pv = mma_pv.get_slice(tidx)
         tSrQ = thr_mma_qk.make_fragment_A(thr_mma_qk.partition_A(sQ))
-        tSrK = thr_mma_qk.make_fragment_B(thr_mma_qk.partition_B(sK))
+        tSrK = thr_mma_qk.make_fragment_B(thr_mma_qk.partition_B(sKm))
         tOrVt = thr_mma_pv.make_fragment_B(thr_mma_pv.partition_B(sVt))
         acc_O = cute.make_rmem_tensor(thr_mma_pv.partition_shape_C((QUERY_ROWS, self.head_dim)), Float32)
         acc_O.fill(0.0)
@@ -249,20 +277,37 @@ class DecodeAttentionSm90:
         for i in cutlass.range(n_local, unroll=1):
             tile = tile_lo + i
             kv_pipeline.consumer_wait(state)
+            mma_stage = state.index
+            if cutlass.const_expr(self.fp8):
+                self.dequant_stage(sK, sV, sKc, sVc, state.index, load_copy, store_copy, tidx)
+                kv_pipeline.consumer_release(state)  # the ring slot is free once converted
+                mma_stage = 0
             acc_S = cute.make_rmem_tensor(thr_mma_qk.partition_shape_C((QUERY_ROWS, KEYS_PER_TILE)), Float32)
-            wgmma(mma_qk, acc_S, tSrQ, tSrK[None, None, None, state.index], zero_init=True)
+            wgmma(mma_qk, acc_S, tSrQ, tSrK[None, None, None, mma_stage], zero_init=True)
             if sched.tile_needs_mask(tile, mask_from):
                 self.apply_mask(acc_S, tScS_rc, tile, ctx)
-                self.zero_v_tail(sV, state.index, sched.tile_valid_keys(tile, ctx.context_len), tidx)
+                self.zero_v_tail(sVm, mma_stage, sched.tile_valid_keys(tile, ctx.context_len), tidx)
             online_softmax(acc_S, acc_O, row_max, row_sum, softmax_scale_log2)
             tOrP = cute.make_rmem_tensor_like(acc_as_operand_a(acc_S), self.dtype)
             tOrP.store(acc_as_operand_a(acc_S).load().to(self.dtype))
-            wgmma(mma_pv, acc_O, tOrP, tOrVt[None, None, None, state.index], zero_init=False)
-            kv_pipeline.consumer_release(state)
+            wgmma(mma_pv, acc_O, tOrP, tOrVt[None, None, None, mma_stage], zero_init=False)
+            if cutlass.const_expr(not self.fp8):
+                kv_pipeline.consumer_release(state)
             state.advance()
 
         self.epilogue(mO, mLSE, mOPartial, mLSEPartial, acc_O, row_max, row_sum, thr_mma_pv, ctx,
-                      softmax_scale_log2)
+                      softmax_scale_log2, out_scale)
+
+    @cute.jit
+    def dequant_stage(self, sK, sV, sKc, sVc, stage: Int32, load_copy, store_copy, tidx: Int32):
+        """e4m3 K and V of ring stage `stage` -> the 16-bit tiles sKc, sVc. The first barrier keeps the
+        previous tile's wgmmas (every warp waited for its own) ahead of the overwrite; the fence and
+        the second order these generic-proxy stores before the wgmmas read them (async proxy)."""
+        cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=CONSUMER_THREADS)
+        dequant_tile(load_copy, store_copy, sK[None, None, stage], sKc[None, None, 0], tidx, self.dtype)
+        dequant_tile(load_copy, store_copy, sV[None, None, stage], sVc[None, None, 0], tidx, self.dtype)
+        cute.arch.fence_view_async_shared()
+        cute.arch.barrier(barrier_id=CONSUMER_BARRIER, number_of_threads=CONSUMER_THREADS)
 
     @cute.jit
     def load_q(self, mQ, sQ, thr_copy, q_copy, ctx):
@@ -304,15 +349,16 @@ class DecodeAttentionSm90:
     # ------------------------------------------------------------------ epilogue
     @cute.jit
     def epilogue(self, mO, mLSE, mOPartial, mLSEPartial, acc_O, row_max, row_sum, thr_mma_pv, ctx,
-                 softmax_scale_log2: Float32):
-        """O / row sum and the LSE of each real row: final (dtype) with one split, else this split's
-        fp32 partial. An empty split (or rows whose keys are all masked) writes O = 0, LSE = -inf."""
+                 softmax_scale_log2: Float32, out_scale: Float32):
+        """O * out_scale / row sum and the LSE of each real row: final (dtype) with one split, else this
+        split's fp32 partial. An empty split (or rows whose keys are all masked) writes O = 0, LSE = -inf.
+        out_scale is the V scale of an e4m3 cache (1 otherwise): P (V_stored * s) = s (P V_stored)."""
         o = acc_as_rows_cols(acc_O)
         tOcO = acc_as_rows_cols(thr_mma_pv.partition_C(cute.make_identity_tensor((QUERY_ROWS, self.head_dim))))
         lane = cute.arch.lane_idx()
         for r in cutlass.range_constexpr(cute.size(o, mode=[0])):
             total = quad_allreduce_sum(row_sum[r])
-            inv = 1.0 / total if total > 0.0 else Float32(0.0)
+            inv = out_scale / total if total > 0.0 else Float32(0.0)
             token, head = sched.packed_row(tOcO[r, 0][0], ctx.kv_head, ctx.group)
             if token < ctx.q_len:
                 q_row = ctx.q_start + token

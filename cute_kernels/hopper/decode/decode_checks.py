@@ -9,6 +9,8 @@ from cute_kernels.toolchain.sass_resources import BarrierRole
 
 from .decode_spec import KEYS_PER_TILE, QUERY_ROWS, DecodeSpec
 
+DEQUANT_THREADS = 128  # the consumer warpgroup converts each e4m3 tile (decode_attention.CONSUMER_THREADS)
+
 
 def required_hgmma_shapes(spec: DecodeSpec) -> set[str]:
     """S = Q K^T is m64 x 64 keys, O += P V is m64 x head_dim, both k16 into fp32."""
@@ -31,6 +33,24 @@ def decode_sass_problems(spec: Any, stats: Any) -> list[str]:
         problems.append(f"{stats.hmma} HMMA (warp-level MMA fallback)")
     if stats.first_tma_offset is None or any(o > stats.first_tma_offset for o in stats.cta_barrier_offsets):
         problems.append("a CTA-wide BAR.SYNC after the first TMA: the main loop must sync on mbarriers only")
+    return problems + dequant_problems(spec, stats)
+
+
+def dequant_problems(spec: DecodeSpec, stats: Any) -> list[str]:
+    """An e4m3 cache's tile (K and V, 2 x 64 keys x d bytes over the warpgroup) must be converted in
+    registers (F2FP unpacks, two values each) after 16-byte shared loads, and stored back as 16-byte
+    vectors; a 16-bit cache's kernel must not convert at all."""
+    if not spec.fp8_kv:
+        return [f"{stats.fp8_unpack} e4m3 conversions in a 16-bit-cache kernel"] if stats.fp8_unpack else []
+    values = 2 * KEYS_PER_TILE * spec.head_dim // DEQUANT_THREADS  # per thread and tile
+    problems = []
+    if stats.fp8_unpack < values // 2:
+        problems.append(f"{stats.fp8_unpack} F2FP.F16.E4M3.UNPACK_B < {values // 2}: the e4m3 tile is not dequantized")
+    if stats.shared_load_128 < values // 16:
+        problems.append(f"{stats.shared_load_128} LDS.128 < {values // 16}: e4m3 tiles not read in 16-byte vectors")
+    if stats.shared_store_128 < values // 8:
+        problems.append(f"{stats.shared_store_128} STS.128 < {values // 8}: dequantized tiles not stored in 16-byte "
+                        "vectors")
     return problems
 
 

@@ -26,15 +26,17 @@ def _compact(dtype, shape: tuple, align: int = 16):
 def fake_decode_arguments(spec: DecodeSpec) -> tuple:
     """Fake tensors in the argument order of DecodeAttentionSm90.__call__."""
     dtype, d = DTYPES[spec.dtype], spec.head_dim
+    kv_dtype = cutlass.Float8E4M3FN if spec.fp8_kv else dtype
     total_q, heads, kv_heads, num_blocks, batch, batch_plus_1, max_blocks, splits = (
         cute.sym_int32() for _ in range(8))
-    cache = lambda: _compact(dtype, (num_blocks, KV_BLOCK_SIZE, kv_heads, d))  # noqa: E731
+    cache = lambda: _compact(kv_dtype, (num_blocks, KV_BLOCK_SIZE, kv_heads, d))  # noqa: E731
     return (
         _compact(dtype, (total_q, heads, d)), cache(), cache(),
         _compact(cutlass.Int32, (batch, max_blocks), 4), _compact(cutlass.Int32, (batch,), 4),
         _compact(cutlass.Int32, (batch_plus_1,), 4),
         _compact(dtype, (total_q, heads, d)), _compact(cutlass.Float32, (total_q, heads), 4),
         _compact(cutlass.Float32, (splits, total_q, heads, d)), _compact(cutlass.Float32, (splits, total_q, heads), 4),
+        _compact(cutlass.Float32, (kv_heads,), 4), _compact(cutlass.Float32, (kv_heads,), 4),
         cutlass.Float32(1.0), cutlass.Int32(1), make_fake_stream(),
     )
 

@@ -17,10 +17,10 @@ _VECTOR = ((1,), (0,))  # context_lens, cu_seqlens_q
 _PARTIAL_O = ((1, 1, 1, 0), (1, 1, 0, 0))  # [splits, tokens, heads, d]
 _PARTIAL_LSE = ((1, 1, 1), (1, 1, 0))  # [splits, tokens, heads]
 DECODE_SHIM_ABI = (_ROWS, _CACHE, _CACHE, _TABLE, _VECTOR, _VECTOR, _ROWS, _TABLE, _PARTIAL_O, _PARTIAL_LSE,
-                   None, None, None)
+                   _VECTOR, _VECTOR, None, None, None)  # then k_scale, v_scale [kv_heads], two scalars, stream
 MERGE_SHIM_ABI = (_PARTIAL_O, _PARTIAL_LSE, _ROWS, _TABLE, None)
 
-_SOURCES = (sources_in("hopper/decode", "decode_attention.py", "decode_merge.py", "decode_spec.py", "decode_schedule.py",
+_SOURCES = (sources_in("hopper/decode", "decode_attention.py", "decode_dequant.py", "decode_merge.py", "decode_spec.py", "decode_schedule.py",
                        "decode_compile.py", "decode_checks.py", "decode_family.py")
             + sources_in("hopper/common", "wgmma_layouts.py", "warpgroup_ops.py", "attention_spec.py") + ("paged_tables.py",) + ("toolchain/csrc/decode_aot.h",))
 

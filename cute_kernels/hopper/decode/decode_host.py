@@ -20,7 +20,7 @@ import torch
 from cute_kernels.attention_args import DecodeArgs
 from cute_kernels.paged_tables import KV_BLOCK_SIZE, as_int32, check_block_ids
 
-from .decode_spec import H100_SMS, MAX_SPLITS, QUERY_ROWS, DecodeMergeSpec, DecodeSpec, num_splits
+from .decode_spec import FP8_KV, H100_SMS, MAX_SPLITS, QUERY_ROWS, DecodeMergeSpec, DecodeSpec, num_splits
 
 _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
@@ -83,6 +83,8 @@ class DecodeLaunchArgs:
     out_partial: torch.Tensor  # fp32 [splits, tokens, H, d] (a placeholder with one split)
     lse_partial: torch.Tensor  # fp32 [splits, tokens, H]
     softmax_scale_log2: float
+    k_scale: torch.Tensor  # fp32 [kv_heads] (e4m3 cache); a 16-bit cache's variant never reads them
+    v_scale: torch.Tensor
 
     @property
     def num_splits(self) -> int:
@@ -100,7 +102,7 @@ class DecodeLaunchArgs:
         """Tensors in the argument order of DecodeAttentionSm90.__call__."""
         p = self.plan
         return (self.q, self.k_cache, self.v_cache, p.block_tables, p.context_lens, p.cu_seqlens_q, self.out,
-                self.lse, self.out_partial, self.lse_partial)
+                self.lse, self.out_partial, self.lse_partial, self.k_scale, self.v_scale)
 
     def merge_tensors(self) -> tuple[torch.Tensor, ...]:
         """Tensors in the argument order of DecodeMergeSm90.__call__."""
@@ -112,13 +114,31 @@ def _spec(args: DecodeArgs) -> DecodeSpec:
     if q.dim() != 3 or kc.dim() != 4 or vc.shape != kc.shape:
         raise ValueError(f"decode attention: q {tuple(q.shape)}, caches {tuple(kc.shape)}/{tuple(vc.shape)}: "
                          "expected [tokens, heads, d] and two [num_blocks, 16, kv_heads, d]")
-    if q.dtype not in _DTYPE_NAMES or kc.dtype != q.dtype or vc.dtype != q.dtype:
-        raise ValueError(f"decode attention: dtypes {q.dtype}/{kc.dtype}/{vc.dtype}; need bf16 or fp16, all equal")
+    fp8 = kc.dtype == torch.float8_e4m3fn
+    if q.dtype not in _DTYPE_NAMES or vc.dtype != kc.dtype or (kc.dtype != q.dtype and not fp8):
+        raise ValueError(f"decode attention: dtypes {q.dtype}/{kc.dtype}/{vc.dtype}; need bf16 or fp16 queries "
+                         "over a cache of the same type or float8_e4m3fn")
     heads, d = q.shape[1], q.shape[2]
     if kc.shape[1] != KV_BLOCK_SIZE or kc.shape[3] != d or heads % kc.shape[2]:
         raise ValueError(f"decode attention: {heads} query heads of dim {d} over a cache {tuple(kc.shape)} "
                          f"(blocks of {KV_BLOCK_SIZE} tokens, a whole GQA group per KV head)")
-    return DecodeSpec(_DTYPE_NAMES[q.dtype], d)
+    return DecodeSpec(_DTYPE_NAMES[q.dtype], d, FP8_KV if fp8 else None)
+
+
+def _scales(args: DecodeArgs, spec: DecodeSpec, placeholder: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """An e4m3 cache's fp32 [kv_heads] scales, checked; a 16-bit cache passes `placeholder` (never read)."""
+    kv_heads = args.k_cache.shape[2]
+    if not spec.fp8_kv:
+        return placeholder, placeholder
+    scales = args.kv_scales
+    for name in ("k_scale", "v_scale"):
+        s = None if scales is None else (scales.k if name == "k_scale" else scales.v)
+        if s is None or s.dtype != torch.float32 or s.shape != (kv_heads,) or not s.is_contiguous() \
+                or s.device != args.q.device:
+            got = "None" if s is None else f"{s.dtype} {tuple(s.shape)} on {s.device}"
+            raise ValueError(f"decode attention: an fp8_e4m3 cache needs {name} as contiguous fp32 [{kv_heads}] "
+                             f"on {args.q.device}, got {got}")
+    return scales.k, scales.v
 
 
 def _compact(x: torch.Tensor, name: str) -> torch.Tensor:
@@ -150,11 +170,13 @@ def prepare_decode_args(args: DecodeArgs, splits: int | None = None) -> DecodeLa
     heads, d = q.shape[1], q.shape[2]
     f32 = dict(dtype=torch.float32, device=q.device)
     partial_rows = (plan.num_splits, tokens) if plan.num_splits > 1 else (1, 1)
+    lse = torch.empty(tokens, heads, **f32)
+    k_scale, v_scale = _scales(args, spec, lse.view(-1)[:args.k_cache.shape[2]])
     return DecodeLaunchArgs(
         spec=spec, q=q, k_cache=_compact(args.k_cache, "k_cache"), v_cache=_compact(args.v_cache, "v_cache"),
-        plan=plan, out=torch.empty_like(q), lse=torch.empty(tokens, heads, **f32),
+        plan=plan, out=torch.empty_like(q), lse=lse,
         out_partial=torch.empty(*partial_rows, heads, d, **f32), lse_partial=torch.empty(*partial_rows, heads, **f32),
-        softmax_scale_log2=args.scale * math.log2(math.e),
+        softmax_scale_log2=args.scale * math.log2(math.e), k_scale=k_scale, v_scale=v_scale,
     )
 
 

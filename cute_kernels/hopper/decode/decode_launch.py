@@ -12,7 +12,7 @@ from cute_kernels.toolchain.kernel_path import kernel_path
 from ..common.cute_tensors import as_cute
 
 # Which modes of each kernel tensor are runtime sizes (head_dim and the 16-token block are static).
-_DECODE_DYNAMIC_MODES = ((0, 1), (0, 2), (0, 2), (0, 1), (0,), (0,), (0, 1), (0, 1), (0, 1, 2), (0, 1, 2))
+_DECODE_DYNAMIC_MODES = ((0, 1), (0, 2), (0, 2), (0, 1), (0,), (0,), (0, 1), (0, 1), (0, 1, 2), (0, 1, 2), (0,), (0,))
 _MERGE_DYNAMIC_MODES = ((0, 1, 2), (0, 1, 2), (0, 1), (0, 1))
 
 

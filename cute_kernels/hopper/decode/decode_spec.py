@@ -18,33 +18,50 @@ QUERY_ROWS = 64  # packed (query token x query head of one KV head) rows: one wg
 MAX_SPLITS = 32  # the merge kernel reduces split LSEs across one warp's lanes
 H100_SMS = 132  # H100 SXM and H200
 MIN_TILES_PER_SPLIT = 4  # 256 keys: below that a split's fixed cost (Q load, epilogue, merge) dominates
+FP8_KV = "float8_e4m3fn"  # the quantized cache's element type (torch.float8_e4m3fn, static per-head scales)
+KV_DTYPES = (None, FP8_KV)  # None: the cache holds the compute dtype
 
 
 @dataclass(frozen=True)
 class DecodeSpec:
     """Compile-time specialization of the split-KV decode kernel."""
 
-    dtype: str  # "bfloat16" | "float16"
+    dtype: str  # "bfloat16" | "float16": Q, O and the math
     head_dim: int  # 64 | 128
+    kv_dtype: str | None = None  # FP8_KV: an e4m3 cache, dequantized in shared memory (decode_dequant.py)
 
     def __post_init__(self) -> None:
         _check(self.dtype, self.head_dim, "decode attention")
+        if self.kv_dtype not in KV_DTYPES:
+            raise ValueError(f"decode attention: kv_dtype {self.kv_dtype!r} not in {KV_DTYPES}")
+
+    @property
+    def fp8_kv(self) -> bool:
+        return self.kv_dtype == FP8_KV
 
     @property
     def name(self) -> str:
-        return f"decode_{self.dtype}_d{self.head_dim}"
+        return f"decode_{self.dtype}_d{self.head_dim}" + ("_kv_e4m3" if self.fp8_kv else "")
+
+    @property
+    def kv_elem_bytes(self) -> int:
+        return 1 if self.fp8_kv else 2
 
     @property
     def stages(self) -> int:
         """Shared-memory stages: sized so that two CTAs fit an SM (2 x 112 KiB of 227 KiB) and each
-        keeps 2-3 stages (64-96 KiB of K/V) in flight, about what one SM needs to cover HBM latency."""
+        keeps 2-3 stages (64-96 KiB of K/V) in flight, about what one SM needs to cover HBM latency.
+        An e4m3 stage is half the bytes, and one 16-bit tile of K and V is the dequantized copy the
+        wgmmas read: 4 (d128) or 8 (d64) stages fit the same 112 KiB and keep as many bytes in flight."""
+        if self.fp8_kv:
+            return 4 if self.head_dim == 128 else 8
         return 3 if self.head_dim == 128 else 6
 
     @property
     def smem_bytes(self) -> int:
-        elem = 2
-        kv = 2 * self.stages * KEYS_PER_TILE * self.head_dim * elem
-        return kv + QUERY_ROWS * self.head_dim * elem + 2 * 8 * self.stages
+        kv = 2 * self.stages * KEYS_PER_TILE * self.head_dim * self.kv_elem_bytes
+        staged = 2 * KEYS_PER_TILE * self.head_dim * 2 if self.fp8_kv else 0
+        return kv + staged + QUERY_ROWS * self.head_dim * 2 + 2 * 8 * self.stages
 
 
 @dataclass(frozen=True)
@@ -77,7 +94,8 @@ CTAS_PER_SM = 2
 def decode_specs(include_unused: bool = False) -> list:
     """Every variant the runtime can pick: decode and merge kernels for each dtype and head_dim."""
     pairs = [(dtype, d) for dtype in SUPPORTED_DTYPES for d in SUPPORTED_HEAD_DIMS]
-    return [DecodeSpec(*p) for p in pairs] + [DecodeMergeSpec(*p) for p in pairs]
+    return ([DecodeSpec(*p, kv_dtype=kv) for kv in KV_DTYPES for p in pairs]
+            + [DecodeMergeSpec(*p) for p in pairs])
 
 
 def ceil_div(a: int, b: int) -> int:

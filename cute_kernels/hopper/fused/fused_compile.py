@@ -15,17 +15,25 @@ from .fused_common import DTYPES
 from .fused_norm import AddRmsNormSm90
 from .fused_rope import RopeSm90
 from .fused_silu import SiluAndMulSm90
-from .fused_spec import VEC, FusedOpSpec
-from .kv_write import KvWriteSm90
+from .fused_spec import FP8_VEC, VEC, FusedOpSpec
+from .kv_write import KvWriteE4m3Sm90, KvWriteSm90
 
 KERNELS = {"add_rms_norm": AddRmsNormSm90, "rope": RopeSm90, "silu_and_mul": SiluAndMulSm90,
-           "write_kv": KvWriteSm90}
+           "write_kv": KvWriteSm90, "write_kv_e4m3": KvWriteE4m3Sm90}
 
 
-def fake_matrix(dtype):
+def fake_matrix(dtype, divisibility: int = VEC, align: int = 16):
     """[rows, cols] with unit column stride and a runtime row stride; 16-byte aligned rows."""
-    rows, cols = cute.sym_int32(), cute.sym_int32(divisibility=VEC)
-    return make_fake_tensor(dtype, (rows, cols), (cute.sym_int(64, divisibility=VEC), 1), assumed_align=16)
+    rows, cols = cute.sym_int32(), cute.sym_int32(divisibility=divisibility)
+    stride = cute.sym_int(64, divisibility=divisibility)
+    return make_fake_tensor(dtype, (rows, cols), (stride, 1), assumed_align=align)
+
+
+def _fake_write_kv_e4m3(dtype) -> tuple:
+    """k, v (dtype, any views of the fused qkv the 16-bit write takes); the e4m3 caches (rows of whole
+    16-byte vectors); fp32 scales [2, kv_heads]."""
+    cache = lambda: fake_matrix(cutlass.Float8E4M3FN, FP8_VEC)  # noqa: E731
+    return fake_matrix(dtype), fake_matrix(dtype), cache(), cache(), fake_matrix(cutlass.Float32, 1, 4)
 
 
 def fake_fused_arguments(spec: FusedOpSpec) -> tuple:
@@ -33,6 +41,8 @@ def fake_fused_arguments(spec: FusedOpSpec) -> tuple:
     dtype = DTYPES[spec.dtype]
     kinds = (dtype, cutlass.Float32, cutlass.Float32) if spec.op == "rope" else (dtype,) * 3  # cos/sin fp32
     matrices = tuple(fake_matrix(kind) for kind in kinds + (dtype, dtype))
+    if spec.op == "write_kv_e4m3":
+        matrices = _fake_write_kv_e4m3(dtype)
     slots = make_fake_compact_tensor(cutlass.Int64, (cute.sym_int32(),), assumed_align=8)
     return (*matrices, slots, cutlass.Float32(1e-6), make_fake_stream())
 

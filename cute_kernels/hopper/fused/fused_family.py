@@ -6,7 +6,7 @@ from typing import Any
 
 from cute_kernels.toolchain.family import KernelFamily, sources_in
 
-from .fused_spec import FAMILY, fused_specs
+from .fused_spec import FAMILY, FP8_VEC, fused_specs
 
 _MATRIX = ((1, 1), (1, 0))  # [rows, cols], runtime row stride
 _SLOTS = ((1,), (0,))
@@ -27,6 +27,12 @@ def fused_sass_problems(spec, stats) -> list[str]:
         problems.append(f"{stats.global_16bit} 16-bit global accesses (not vectorized)")
     if stats.hgmma or stats.hmma or stats.qgmma:
         problems.append("tensor-core instructions in an elementwise kernel")
+    # the quantizing KV write: 16 values of K and of V per vector, packed two at a time, saturated
+    if spec.op == "write_kv_e4m3" and stats.fp8_pack < 2 * FP8_VEC // 2:
+        problems.append(f"{stats.fp8_pack} F2FP.SATFINITE.E4M3.F32.PACK_AB < {FP8_VEC}: new K/V not quantized "
+                        "to e4m3 (saturating)")
+    if spec.op != "write_kv_e4m3" and stats.fp8_pack:
+        problems.append(f"{stats.fp8_pack} e4m3 conversions in a 16-bit kernel")
     return problems
 
 

@@ -12,10 +12,11 @@ from dataclasses import dataclass
 
 import torch
 
-from .fused_spec import VEC, FusedOpSpec, norm_size_class
+from .fused_spec import FP8_VEC, ROPE_HEAD_DIMS, VEC, FusedOpSpec, norm_size_class
 
 _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
 _NO_SLOTS: dict[torch.device, torch.Tensor] = {}
+_STACKED_SCALES: dict[tuple, torch.Tensor] = {}  # (k, v scale pointers and versions) -> fp32 [2, kv_heads]
 
 
 @dataclass
@@ -39,13 +40,13 @@ def _dtype_name(op: str, *tensors: torch.Tensor) -> str:
     return _DTYPE_NAMES[dtype]
 
 
-def _matrix(t: torch.Tensor, op: str, name: str) -> torch.Tensor:
+def _matrix(t: torch.Tensor, op: str, name: str, vec: int = VEC) -> torch.Tensor:
     """t as the kernels read it (compiled for it: fused_compile.fake_matrix): 2-D, unit column stride,
-    widths and row strides multiples of 8 elements, 16-byte aligned."""
-    if (t.dim() != 2 or t.stride(1) != 1 or t.shape[1] % VEC or t.stride(0) % VEC or t.data_ptr() % 16
+    widths and row strides multiples of `vec` elements (8; 16 for an e4m3 write), 16-byte aligned."""
+    if (t.dim() != 2 or t.stride(1) != 1 or t.shape[1] % vec or t.stride(0) % vec or t.data_ptr() % 16
             or t.shape[0] >= 2**31 or t.shape[1] >= 2**31):
         raise ValueError(f"{op}: {name} {tuple(t.shape)} strides {t.stride()} at {t.data_ptr():#x}: need rows of "
-                         f"a multiple of {VEC} contiguous elements, 16-byte aligned")
+                         f"a multiple of {vec} contiguous elements, 16-byte aligned")
     return t
 
 
@@ -114,11 +115,55 @@ def prepare_silu_and_mul(gate_up: torch.Tensor) -> tuple[FusedLaunch, torch.Tens
 
 
 def prepare_write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                     slot_mapping: torch.Tensor) -> FusedLaunch:
+                     slot_mapping: torch.Tensor, k_scale: torch.Tensor | None = None,
+                     v_scale: torch.Tensor | None = None) -> FusedLaunch:
     """k/v [tokens, kv_heads, d] (heads contiguous) into caches [num_blocks, block_size, kv_heads, d] at
-    int64 flat slots; slot -1 is skipped."""
+    int64 flat slots; slot -1 is skipped. float8_e4m3fn caches take fp32 [kv_heads] scales and quantize."""
+    if k_cache.dtype == torch.float8_e4m3fn:
+        return _prepare_write_kv_e4m3(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale)
     op = "write_kv"
     spec_dtype = _dtype_name(op, k, v, k_cache, v_cache)
+    _check_write_kv(op, k, v, k_cache, v_cache, slot_mapping)
+    flat = (-1, k.shape[1] * k.shape[2])
+    used = [_matrix(t.flatten(1), op, name) for t, name in ((k, "k"), (v, "v"))]
+    used += [_matrix(c.view(flat), op, name) for c, name in ((k_cache, "k_cache"), (v_cache, "v_cache"))]
+    return _launch(FusedOpSpec(op, spec_dtype), used, slots=slot_mapping.contiguous())
+
+
+def _prepare_write_kv_e4m3(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale) -> FusedLaunch:
+    op = "write_kv_e4m3"
+    spec_dtype = _dtype_name(op, k, v)
+    if v_cache.dtype != k_cache.dtype or k_cache.device != k.device or v_cache.device != k.device:
+        raise ValueError(f"{op}: caches {k_cache.dtype}/{v_cache.dtype} on {k_cache.device}/{v_cache.device}: "
+                         f"need two float8_e4m3fn caches on k's device")
+    _check_write_kv(op, k, v, k_cache, v_cache, slot_mapping)
+    if k.shape[2] not in ROPE_HEAD_DIMS:
+        raise ValueError(f"{op}: head_dim {k.shape[2]} has no variant {ROPE_HEAD_DIMS}")
+    flat = (-1, k.shape[1] * k.shape[2])
+    used = [_matrix(t.flatten(1), op, name) for t, name in ((k, "k"), (v, "v"))]  # head_dim 64/128: 16 | width
+    used += [_matrix(c.view(flat), op, name, FP8_VEC) for c, name in ((k_cache, "k_cache"), (v_cache, "v_cache"))]
+    used.append(stacked_scales(k_scale, v_scale, k.shape[1], k.device))
+    return _launch(FusedOpSpec(op, spec_dtype, k.shape[2]), used, slots=slot_mapping.contiguous())
+
+
+def stacked_scales(k_scale: torch.Tensor | None, v_scale: torch.Tensor | None, kv_heads: int,
+                   device: torch.device) -> torch.Tensor:
+    """fp32 [2, kv_heads]: the K scales, then the V scales (one operand of the fused signature). Made
+    once per pair of scale tensors and their versions (an in-place update makes a new one), so a step,
+    or a CUDA graph's capture, does not copy them."""
+    for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if s is None or s.dtype != torch.float32 or s.shape != (kv_heads,) or s.device != device:
+            got = "None" if s is None else f"{s.dtype} {tuple(s.shape)} on {s.device}"
+            raise ValueError(f"write_kv_e4m3: an fp8_e4m3 cache needs {name} fp32 [{kv_heads}] on {device}, got {got}")
+    key = (k_scale.data_ptr(), k_scale._version, v_scale.data_ptr(), v_scale._version, kv_heads)
+    if key not in _STACKED_SCALES:
+        if len(_STACKED_SCALES) > 1024:  # scale tensors that came and went (tests)
+            _STACKED_SCALES.clear()
+        _STACKED_SCALES[key] = torch.stack((k_scale, v_scale)).contiguous()
+    return _STACKED_SCALES[key]
+
+
+def _check_write_kv(op: str, k, v, k_cache, v_cache, slot_mapping) -> None:
     if (k.dim() != 3 or v.shape != k.shape or k_cache.dim() != 4 or v_cache.shape != k_cache.shape
             or tuple(k_cache.shape[2:]) != tuple(k.shape[1:])):
         raise ValueError(f"{op}: k/v {tuple(k.shape)}/{tuple(v.shape)}, caches {tuple(k_cache.shape)}/"
@@ -128,7 +173,3 @@ def prepare_write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_
                          f"[{k.shape[0]}] on k's device")
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError(f"{op}: the caches must be contiguous")
-    flat = (-1, k.shape[1] * k.shape[2])
-    used = [_matrix(t.flatten(1), op, name) for t, name in ((k, "k"), (v, "v"))]
-    used += [_matrix(c.view(flat), op, name) for c, name in ((k_cache, "k_cache"), (v_cache, "v_cache"))]
-    return _launch(FusedOpSpec(op, spec_dtype), used, slots=slot_mapping.contiguous())

@@ -34,10 +34,19 @@ def _launch_fused_jit(launch: FusedLaunch) -> None:
     from .fused_compile import FUSED_CACHE
 
     compiled = FUSED_CACHE.get(launch.spec)
-    matrices = [from_dlpack(t.detach(), assumed_align=16).mark_layout_dynamic(leading_dim=1) for t in launch.matrices]
+    matrices = [_as_matrix(t, from_dlpack, cutlass) for t in launch.matrices]
     slots = from_dlpack(launch.slots, assumed_align=8).mark_layout_dynamic()
     stream = cuda.CUstream(torch.cuda.current_stream(launch.slots.device).cuda_stream)
     compiled.fn(*matrices, slots, cutlass.Float32(launch.scalar), stream)
+
+
+def _as_matrix(t: torch.Tensor, from_dlpack, cutlass):
+    """DLPack has no fp8: an e4m3 matrix travels as uint8 and gets its element type back here."""
+    is_fp8 = t.dtype == torch.float8_e4m3fn
+    x = from_dlpack((t.view(torch.uint8) if is_fp8 else t).detach(), assumed_align=16)  # as fused_host checked
+    if is_fp8:
+        x.element_type = cutlass.Float8E4M3FN
+    return x.mark_layout_dynamic(leading_dim=1)
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
@@ -59,5 +68,7 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             slot_mapping: torch.Tensor) -> None:
-    launch_fused(prepare_write_kv(k, v, k_cache, v_cache, slot_mapping))
+             slot_mapping: torch.Tensor, k_scale: torch.Tensor | None = None,
+             v_scale: torch.Tensor | None = None) -> None:
+    """Into float8_e4m3fn caches with k_scale/v_scale fp32 [kv_heads]: quantized (cute_kernels.kv_e4m3)."""
+    launch_fused(prepare_write_kv(k, v, k_cache, v_cache, slot_mapping, k_scale, v_scale))

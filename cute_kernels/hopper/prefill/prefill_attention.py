@@ -21,6 +21,9 @@ Design (a tile = tile_m packed query rows of one KV head of one sequence against
   softmax in fp32 with exp2; the mask is one select per element against a per-row limit.
 - Epilogue (prefill_epilogue.py): O through shared memory and one TMA store per full tile; the
   ragged last tile of a sequence stores per thread (a box would overwrite the next sequence's rows).
+- An e4m3 paged prefix (spec.fp8_kv): the producer gathers its rows' bytes with cp.async into a raw
+  staging tile, then converts its own chunks (stored * the KV head's scale, rounded to the 16-bit
+  dtype) into the stage the wgmmas read; new keys and the math are the 16-bit kernel's.
 - Key tiles are visited from the last to the first so only the first few (diagonal / ragged) tiles
   pay for masking, and tiles beyond the causal frontier are never loaded.
 """
@@ -48,6 +51,7 @@ class PrefillAttentionSm90(PrefillLoads, PrefillMma, PrefillEpilogue):
     def __init__(self, spec: PrefillSpec):
         self.spec = spec
         self.dtype = DTYPES[spec.dtype]
+        self.fp8 = spec.fp8_kv
         self.head_dim = spec.head_dim
         self.group = spec.qheads_per_kvhead
         self.causal = spec.causal
@@ -95,6 +99,8 @@ class PrefillAttentionSm90(PrefillLoads, PrefillMma, PrefillEpilogue):
         mO: cute.Tensor,  # [total_q, H, d]
         mLSE: cute.Tensor,  # [total_q, H] fp32
         mTileOrder: cute.Tensor,  # [tiles] int32 linear tile ids, longest first (prefill_tile_order.py)
+        mKScale: cute.Tensor,  # [Hkv] fp32: an e4m3 prefix's K = stored * scale (read by _kv_e4m3 variants only)
+        mVScale: cute.Tensor,  # [Hkv] fp32
         softmax_scale_log2: Float32,
         max_seqlen_q: Int32,
         num_ctas: Int32,  # persistent grid: one CTA per SM, at most one per tile
@@ -123,11 +129,13 @@ class PrefillAttentionSm90(PrefillLoads, PrefillMma, PrefillEpilogue):
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sKV_layout)], 1024]
             sO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(sQ_layout)], 1024]
+            # an e4m3 prefix's raw bytes of one key tile, on their way to a stage (a token 16 B otherwise)
+            sRaw: cute.struct.Align[cute.struct.MemRange[cutlass.Float8E4M3FN, self._raw_elems()], 128]
 
         num_m_blocks = (max_seqlen_q + self.tile_tokens - 1) // self.tile_tokens
         self.kernel(
             mQ, mK, mV, mKCache, mVCache, mBlockTables, mPrefixLens, mCuSeqlensQ, mCuSeqlensK, mO, mLSE, mTileOrder,
-            mK_tma, mV_tma, tma_k, tma_v, mQ_tma, tma_q, mO_tma, tma_o, softmax_scale_log2, num_m_blocks,
+            mKScale, mVScale, mK_tma, mV_tma, tma_k, tma_v, mQ_tma, tma_q, mO_tma, tma_o, softmax_scale_log2, num_m_blocks,
             sQ_layout, sKV_layout, mma_qk, mma_pv, make_row_copy(self.dtype, self.head_dim, self.producer_threads),
             SharedStorage,
         ).launch(
@@ -154,6 +162,8 @@ class PrefillAttentionSm90(PrefillLoads, PrefillMma, PrefillEpilogue):
         mO: cute.Tensor,
         mLSE: cute.Tensor,
         mTileOrder: cute.Tensor,
+        mKScale: cute.Tensor,
+        mVScale: cute.Tensor,
         mK_tma: cute.Tensor,
         mV_tma: cute.Tensor,
         tma_k: cute.CopyAtom,
@@ -181,6 +191,7 @@ class PrefillAttentionSm90(PrefillLoads, PrefillMma, PrefillEpilogue):
         sK = storage.sK.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)
         sV = storage.sV.get_tensor(sKV_layout.outer, swizzle=sKV_layout.inner)
         sO = storage.sO.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sRaw = storage.sRaw.get_tensor(cute.make_layout(self._raw_shape(), stride=(self.head_dim, 1)))
         box = packed_rows_smem_layout(sQ_layout, self.group, self.tile_tokens)  # TMA's view of sQ and sO
         bars = _Barriers(storage)
         if warp_idx == 0:
@@ -201,7 +212,8 @@ class PrefillAttentionSm90(PrefillLoads, PrefillMma, PrefillEpilogue):
             for idx in cutlass.range(cta, mTileOrder.shape[0], num_ctas, unroll=1):
                 kv_count, tiles_done = self.produce_tile(
                     idx, meta, kv_count, tiles_done, mK, mV, mKCache, mVCache, mBlockTables, sK, sV, sQ_box,
-                    mK_tma, mV_tma, mQ_tma, tma_k, tma_v, tma_q, bars, row_copy, tidx, warp_idx)
+                    mK_tma, mV_tma, mQ_tma, tma_k, tma_v, tma_q, bars, row_copy, tidx, warp_idx,
+                    (mKScale, mVScale, sRaw))
         else:
             cute.arch.setmaxregister_increase(self.mma_regs)
             mma_wg = warp_idx // 4 - 1
@@ -217,9 +229,9 @@ class PrefillAttentionSm90(PrefillLoads, PrefillMma, PrefillEpilogue):
     @cute.jit
     def produce_tile(self, idx: Int32, meta, kv_count: Int32, tiles_done: Int32, mK, mV, mKCache, mVCache,
                      mBlockTables, sK, sV, sQ_box, mK_tma, mV_tma, mQ_tma, tma_k, tma_v, tma_q, bars, row_copy,
-                     ptid: Int32, pwarp: Int32):
+                     ptid: Int32, pwarp: Int32, fp8_prefix):
         """The producer's part of list entry idx (ptid: its thread, pwarp: its warp, warp-uniform); returns
-        the advanced (ring position, tiles done)."""
+        the advanced (ring position, tiles done). fp8_prefix: (K scales, V scales, raw staging tile)."""
         ctx = _tile_context(idx, *meta)
         if tile_has_rows(ctx.m_block, self.tile_tokens, ctx.q_len):  # tiles past a sequence's end: no work
             n_block_max, _ = self.key_tiles(ctx)
@@ -229,6 +241,9 @@ class PrefillAttentionSm90(PrefillLoads, PrefillMma, PrefillEpilogue):
                                   self.head_dim)
                 v_src = KeySource(mV, mVCache, sV, tma_v, mV_tma, ctx.kv_head, row_offset, self.tile_n,
                                   self.head_dim)
+                if cutlass.const_expr(self.fp8):
+                    k_src.dequant(fp8_prefix[0][ctx.kv_head], fp8_prefix[2])
+                    v_src.dequant(fp8_prefix[1][ctx.kv_head], fp8_prefix[2])
                 q_tma = (tma_q,) + tuple(packed_rows_partition(tma_q, mQ_tma, sQ_box, self.group, self.tile_tokens,
                                                                ctx.kv_head, ctx.q_start, ctx.m_block))
                 self.produce(q_tma, k_src, v_src, mBlockTables, bars, row_copy, ptid, pwarp, ctx, n_block_max,
@@ -260,6 +275,14 @@ class PrefillAttentionSm90(PrefillLoads, PrefillMma, PrefillEpilogue):
         """(n_block_max, n_mask_start) of the tile: prefill_schedule.kv_block_range."""
         return kv_block_range(ctx.m_block, ctx.q_len, ctx.seqlen_k, self.group, self.tile_rows, self.tile_n,
                               self.causal, imin=cutlass.min, imax=cutlass.max)
+
+
+    def _raw_shape(self) -> tuple[int, int]:
+        return (self.tile_n, self.head_dim) if self.fp8 else (1, 16)
+
+    def _raw_elems(self) -> int:
+        rows, cols = self._raw_shape()
+        return rows * cols
 
 
 class _Barriers:

@@ -27,7 +27,8 @@ def fake_prefill_arguments(spec: PrefillSpec) -> tuple:
 
     def cache():
         return make_fake_compact_tensor(
-            dtype, (num_blocks, KV_BLOCK_SIZE, kv_heads, d), stride_order=(3, 2, 1, 0), assumed_align=16
+            cutlass.Float8E4M3FN if spec.fp8_kv else dtype, (num_blocks, KV_BLOCK_SIZE, kv_heads, d),
+            stride_order=(3, 2, 1, 0), assumed_align=16,
         )
 
     def int32(*shape):
@@ -38,7 +39,10 @@ def fake_prefill_arguments(spec: PrefillSpec) -> tuple:
     lse = make_fake_compact_tensor(cutlass.Float32, (total_q, heads), stride_order=(1, 0), assumed_align=4)
     return (
         q, k, v, cache(), cache(), int32(batch, max_blocks), int32(batch), int32(batch_plus_1),
-        int32(batch_plus_1), o, lse, int32(cute.sym_int32()), cutlass.Float32(1.0), cutlass.Int32(1),
+        int32(batch_plus_1), o, lse, int32(cute.sym_int32()),
+        make_fake_compact_tensor(cutlass.Float32, (kv_heads,), stride_order=(0,), assumed_align=4),
+        make_fake_compact_tensor(cutlass.Float32, (kv_heads,), stride_order=(0,), assumed_align=4),
+        cutlass.Float32(1.0), cutlass.Int32(1),
         cutlass.Int32(CPU_COMPILE_SMS), make_fake_stream(),
     )
 

@@ -1,6 +1,7 @@
 """The prefill-attention kernel as a KernelFamily: its variants and the SASS its design relies on."""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from cute_kernels.toolchain.family import KernelFamily, sources_in
@@ -13,14 +14,16 @@ _ROWS = ((1, 1, 0), (1, 0, 0))  # q, k, v, out: [tokens, heads, d]
 _CACHE = ((1, 0, 1, 0), (1, 1, 0, 0))  # [num_blocks, 16, kv_heads, d]
 _TABLE = ((1, 1), (1, 0))  # block_tables [batch, max_blocks], lse [total_q, heads]
 _VECTOR = ((1,), (0,))  # prefix_lens, cu_seqlens_q, cu_seqlens_k
-SHIM_ABI = (_ROWS, _ROWS, _ROWS, _CACHE, _CACHE, _TABLE, _VECTOR, _VECTOR, _VECTOR, _ROWS, _TABLE, _VECTOR)
+SHIM_ABI = (_ROWS, _ROWS, _ROWS, _CACHE, _CACHE, _TABLE, _VECTOR, _VECTOR, _VECTOR, _ROWS, _TABLE, _VECTOR,
+            _VECTOR, _VECTOR)  # ..., tile_order, then k_scale and v_scale [kv_heads]
 
 
 def prefill_specs(include_unused: bool) -> list:
-    """The runtime's variants; include_unused adds the non-causal ones."""
+    """The runtime's variants; include_unused adds the non-causal ones (of a 16-bit cache: the GPU tests
+    run those; the e4m3 prefix only ever meets the runtime's causal chunks)."""
     specs = runtime_variants()
     if include_unused:
-        specs += [PrefillSpec(s.dtype, s.head_dim, s.qheads_per_kvhead, causal=False) for s in specs]
+        specs += [replace(s, causal=False) for s in specs if not s.fp8_kv]
     return specs
 
 
@@ -57,7 +60,21 @@ def prefill_sass_problems(spec, stats) -> list[str]:
     if stats.registers is not None and stats.registers > tile.launch_registers:
         problems.append(f"{stats.registers} registers at launch > {tile.launch_registers} "
                         f"({tile.num_threads} threads share the register file)")
-    return problems
+    return problems + prefix_dequant_problems(spec, stats)
+
+
+PRODUCER_THREADS = 128  # the producer warpgroup gathers the paged prefix (prefill_attention.producer_threads)
+
+
+def prefix_dequant_problems(spec, stats) -> list[str]:
+    """An e4m3 prefix is converted by the producer as it is gathered: per thread and key tile (K and V)
+    tile_n x d / 8 / 128 chunks of 8 values, 4 F2FP unpacks each; a 16-bit variant converts nothing."""
+    if not spec.fp8_kv:
+        return [f"{stats.fp8_unpack} e4m3 conversions in a 16-bit-cache kernel"] if stats.fp8_unpack else []
+    unpacks = 2 * 4 * spec.tile.tile_n * spec.head_dim // 8 // PRODUCER_THREADS
+    if stats.fp8_unpack < unpacks:
+        return [f"{stats.fp8_unpack} F2FP.F16.E4M3.UNPACK_B < {unpacks}: the e4m3 prefix is not dequantized"]
+    return []
 
 
 # The largest launch share over the tile shapes (the producer and MMA warpgroups' setmaxnreg move

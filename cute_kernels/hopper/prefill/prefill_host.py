@@ -18,7 +18,7 @@ import torch
 from cute_kernels.attention_args import PrefillArgs, check_queries_see_keys
 from cute_kernels.paged_tables import as_int32, check_block_ids
 
-from .prefill_spec import KV_BLOCK_SIZE, PrefillSpec
+from .prefill_spec import FP8_KV, KV_BLOCK_SIZE, PrefillSpec
 from .prefill_tile_order import longest_first_tiles, persistent_ctas
 
 _DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -42,11 +42,13 @@ class PrefillLaunchArgs:
     softmax_scale_log2: float
     max_seqlen_q: int
     num_ctas: int  # persistent grid
+    k_scale: torch.Tensor  # fp32 [kv_heads]: an e4m3 prefix's scales; a 16-bit variant never reads them
+    v_scale: torch.Tensor
 
     def kernel_tensors(self) -> tuple[torch.Tensor, ...]:
         """Tensors in the argument order of PrefillAttentionSm90.__call__."""
         return (self.q, self.k, self.v, self.k_cache, self.v_cache, self.block_tables, self.prefix_lens,
-                self.cu_seqlens_q, self.cu_seqlens_k, self.out, self.lse, self.tile_order)
+                self.cu_seqlens_q, self.cu_seqlens_k, self.out, self.lse, self.tile_order, self.k_scale, self.v_scale)
 
 
 @dataclass(frozen=True)
@@ -100,7 +102,7 @@ def _rows_ready(x: torch.Tensor, name: str) -> torch.Tensor:
     return x
 
 
-def _spec(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> PrefillSpec:
+def _spec(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, fp8_prefix: bool = False) -> PrefillSpec:
     """The compile key of these inputs; ValueError for inputs no variant takes."""
     if q.dim() != 3 or k.dim() != 3 or v.shape != k.shape:
         raise ValueError(f"prefill attention: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: "
@@ -111,7 +113,28 @@ def _spec(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> Pr
     if k.shape[2] != head_dim or heads % kv_heads:
         raise ValueError(f"prefill attention: {heads} query heads over {kv_heads} KV heads, "
                          f"head_dim {head_dim} vs {k.shape[2]}")
-    return PrefillSpec(_DTYPE_NAMES[q.dtype], head_dim, heads // kv_heads, causal)
+    return PrefillSpec(_DTYPE_NAMES[q.dtype], head_dim, heads // kv_heads, causal, FP8_KV if fp8_prefix else None)
+
+
+def _fp8_prefix(args: PrefillArgs) -> bool:
+    """Whether the kernel reads an e4m3 paged prefix (without a prefix the cache is never read)."""
+    return args.prefix_lens is not None and args.k_cache is not None and args.k_cache.dtype == torch.float8_e4m3fn
+
+
+def _scales(args: PrefillArgs, spec: PrefillSpec, placeholder: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """An e4m3 prefix's fp32 [kv_heads] scales, checked; otherwise `placeholder` (never read)."""
+    if not spec.fp8_kv:
+        return placeholder, placeholder
+    kv_heads = args.k.shape[1]
+    scales = args.kv_scales
+    for name in ("k_scale", "v_scale"):
+        s = None if scales is None else (scales.k if name == "k_scale" else scales.v)
+        if s is None or s.dtype != torch.float32 or s.shape != (kv_heads,) or not s.is_contiguous() \
+                or s.device != args.q.device:
+            got = "None" if s is None else f"{s.dtype} {tuple(s.shape)} on {s.device}"
+            raise ValueError(f"prefill attention: an fp8_e4m3 cache needs {name} as contiguous fp32 [{kv_heads}] "
+                             f"on {args.q.device}, got {got}")
+    return scales.k, scales.v
 
 
 def _paged_prefix(args: PrefillArgs, batch: int) -> tuple[torch.Tensor, ...]:
@@ -126,9 +149,12 @@ def _paged_prefix(args: PrefillArgs, batch: int) -> tuple[torch.Tensor, ...]:
     if k_cache is None or v_cache is None or block_tables is None:
         raise ValueError("prefill attention: prefix_lens needs k_cache, v_cache and block_tables")
     expected = (KV_BLOCK_SIZE, kv_heads, head_dim)
-    if tuple(k_cache.shape[1:]) != expected or v_cache.shape != k_cache.shape or k_cache.dtype != q.dtype:
+    cache_dtype = k_cache.dtype if k_cache.dtype == torch.float8_e4m3fn else q.dtype
+    if (tuple(k_cache.shape[1:]) != expected or v_cache.shape != k_cache.shape or k_cache.dtype != cache_dtype
+            or v_cache.dtype != cache_dtype):
         raise ValueError(f"prefill attention: caches {tuple(k_cache.shape)}/{tuple(v_cache.shape)} "
-                         f"{k_cache.dtype}, expected [num_blocks, {', '.join(map(str, expected))}] {q.dtype}")
+                         f"{k_cache.dtype}/{v_cache.dtype}, expected [num_blocks, {', '.join(map(str, expected))}] "
+                         f"{q.dtype} or float8_e4m3fn")
     if block_tables.dim() != 2 or block_tables.shape[0] != batch:
         raise ValueError(f"prefill attention: block_tables {tuple(block_tables.shape)}, expected [{batch}, max_blocks]")
     plan = args.plan if isinstance(args.plan, PrefillPlan) else None
@@ -139,7 +165,7 @@ def _paged_prefix(args: PrefillArgs, batch: int) -> tuple[torch.Tensor, ...]:
 
 def prepare_prefill_args(args: PrefillArgs) -> PrefillLaunchArgs:
     """What the kernel reads for `args`; args.max_seqlen_q (else one device sync here) sizes the grid."""
-    spec = _spec(args.q, args.k, args.v, args.causal)
+    spec = _spec(args.q, args.k, args.v, args.causal, _fp8_prefix(args))
     cu_q, cu_k = args.cu_seqlens_q, args.cu_seqlens_k
     batch = cu_q.numel() - 1
     if cu_k.numel() != batch + 1:
@@ -156,11 +182,13 @@ def prepare_prefill_args(args: PrefillArgs) -> PrefillLaunchArgs:
     q = _rows_ready(args.q, "q")
     cu_q, cu_k, prefix_lens = as_int32(cu_q), as_int32(cu_k), as_int32(prefix_lens)
     tile_order = _tile_order(args.plan, spec, cu_q, cu_k, prefix_lens, args.k.shape[1], max_seqlen_q)
+    lse = torch.empty(q.shape[0], q.shape[1], dtype=torch.float32, device=q.device)
+    k_scale, v_scale = _scales(args, spec, lse.view(-1)[:args.k.shape[1]])
     return PrefillLaunchArgs(
         spec=spec, q=q, k=_rows_ready(args.k, "k"), v=_rows_ready(args.v, "v"),
         k_cache=_rows_ready(k_cache, "k_cache"), v_cache=_rows_ready(v_cache, "v_cache"),
         block_tables=as_int32(block_tables), prefix_lens=prefix_lens, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
-        out=torch.empty_like(q), lse=torch.empty(q.shape[0], q.shape[1], dtype=torch.float32, device=q.device),
+        out=torch.empty_like(q), lse=lse, k_scale=k_scale, v_scale=v_scale,
         tile_order=tile_order, softmax_scale_log2=args.scale * math.log2(math.e), max_seqlen_q=max_seqlen_q,
         num_ctas=persistent_ctas(tile_order.numel(), q.device),
     )

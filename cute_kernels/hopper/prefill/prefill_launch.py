@@ -16,7 +16,7 @@ from ..common.cute_tensors import as_cute
 from .prefill_host import PrefillLaunchArgs, prepare_prefill_args
 
 # Which modes of each kernel tensor are runtime sizes (head_dim and the 16-token block are static).
-_DYNAMIC_MODES = ((0, 1), (0, 1), (0, 1), (0, 2), (0, 2), (0, 1), (0,), (0,), (0,), (0, 1), (0, 1), (0,))
+_DYNAMIC_MODES = ((0, 1), (0, 1), (0, 1), (0, 2), (0, 2), (0, 1), (0,), (0,), (0,), (0, 1), (0, 1), (0,), (0,), (0,))
 
 
 def launch_prefill(args: PrefillLaunchArgs) -> None:

@@ -11,21 +11,25 @@ warpgroups into mbarrier-guarded stages (prefill_attention.py owns the roles and
   rows past the sequence's end are the next sequence's (or zeros past the tensor): finite, never stored.
 - Tiles that touch the paged prefix (16-token blocks, too small for 128-row TMA boxes) are
   gathered with cp.async by all 128 producer threads, which then wait for
-  their own copies, fence them to the async proxy (wgmma reads shared memory through it), meet at a
-  producer-only named barrier and let one thread arrive on the full barrier.
+  their own copies (an e4m3 prefix: its 8-byte chunks land in a raw staging tile, and each thread
+  converts its own into the stage: stored * scale, to the 16-bit dtype; a thread reads back only what
+  it copied itself, so no barrier), fence them to the async proxy (wgmma reads shared memory through
+  it), meet at a producer-only named barrier and let one thread arrive on the full barrier.
 Empty barriers: every MMA thread arrives once it is done reading a stage.
 """
 from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Int32, Int64
+from cutlass import Float32, Int32, Int64
+from cutlass.cute.nvgpu import cpasync
 
 from ..common.warpgroup_ops import copy_row_chunk
 from .prefill_schedule import key_row_coords, ring_slot
 from .prefill_spec import KV_BLOCK_SIZE
 
 PRODUCER_BARRIER_ID = 1  # named barrier of the producer warpgroup; 0 is the CTA-wide one
+RAW_CHUNK = 8  # e4m3 values per chunk: one row chunk of the 16-bit stage (16 bytes) is 8 bytes of cache
 
 
 class PrefillLoads:
@@ -68,8 +72,11 @@ class PrefillLoads:
                 self.tma_load(src.tma_atom, src.tma_gmem[None, n_block], src.tma_smem[None, stage], full_bar,
                               self.kv_tile_bytes)
         else:
-            self.gather_kv(src.rows, src.cache, mBlockTables, src.smem[None, None, stage], thr_copy, row_copy, ctx,
-                           n_block)
+            self.gather_kv(src, mBlockTables, src.smem[None, None, stage], thr_copy, row_copy, ctx, n_block)
+            if cutlass.const_expr(self.fp8):
+                cute.arch.cp_async_commit_group()
+                cute.arch.cp_async_wait_group(0)  # this thread's raw chunks are in: convert them
+                self.dequant_prefix(src, src.smem[None, None, stage], thr_copy, ctx, n_block)
             self._commit_cp_async(full_bar, ptid)
 
     @cute.jit
@@ -84,9 +91,11 @@ class PrefillLoads:
             cute.arch.mbarrier_arrive(full_bar)
 
     @cute.jit
-    def gather_kv(self, mX, mXCache, mBlockTables, sX, thr_copy, row_copy, ctx, n_block: Int32):
-        """cp.async key tile n_block of K or V: prefix rows from the paged cache, the rest from the
-        packed new rows; rows past seqlen_k are clamped to the last key (masked later)."""
+    def gather_kv(self, src, mBlockTables, sX, thr_copy, row_copy, ctx, n_block: Int32):
+        """cp.async key tile n_block of K or V: prefix rows from the paged cache (an e4m3 one into the
+        raw staging tile), the rest from the packed new rows; rows past seqlen_k are clamped to the
+        last key (masked later)."""
+        mX, mXCache = src.rows, src.cache
         tXsX = thr_copy.partition_D(sX)
         tXcX = thr_copy.partition_S(cute.make_identity_tensor((self.tile_n, self.head_dim)))
         for i in cutlass.range_constexpr(cute.size(tXsX, mode=[1])):
@@ -98,11 +107,44 @@ class PrefillLoads:
                 block = Int64(mBlockTables[ctx.batch_idx, block_col])
                 offset = (block * Int64(mXCache.stride[0]) + Int64(slot) * Int64(mXCache.stride[1])
                           + Int64(ctx.kv_head) * Int64(mXCache.stride[2]) + col)
-                copy_row_chunk(row_copy, self.dtype, mXCache, offset, tXsX[None, i, 0])
+                if cutlass.const_expr(self.fp8):
+                    _copy_raw_chunk(mXCache, offset, _raw_chunk(src.raw, coord))
+                else:
+                    copy_row_chunk(row_copy, self.dtype, mXCache, offset, tXsX[None, i, 0])
             else:
                 offset = (Int64(new_row) * Int64(mX.stride[0]) + Int64(ctx.kv_head) * Int64(mX.stride[1])
                           + col)
                 copy_row_chunk(row_copy, self.dtype, mX, offset, tXsX[None, i, 0])
+
+    @cute.jit
+    def dequant_prefix(self, src, sX, thr_copy, ctx, n_block: Int32):
+        """This thread's prefix chunks of the tile (gather_kv's, in its order): raw e4m3 * scale -> sX."""
+        tXsX = thr_copy.partition_D(sX)
+        tXcX = thr_copy.partition_S(cute.make_identity_tensor((self.tile_n, self.head_dim)))
+        for i in cutlass.range_constexpr(cute.size(tXsX, mode=[1])):
+            coord = tXcX[0, i, 0]
+            key_pos = cutlass.min(n_block * self.tile_n + coord[0], ctx.seqlen_k - 1)
+            if key_pos < ctx.prefix_len:
+                raw = cute.make_rmem_tensor((RAW_CHUNK,), cutlass.Float8E4M3FN)
+                cute.autovec_copy(_raw_chunk(src.raw, coord), raw)
+                wide = cute.make_rmem_tensor((RAW_CHUNK,), self.dtype)
+                wide.store((raw.load().to(Float32) * src.scale).to(self.dtype))
+                cute.autovec_copy(wide, tXsX[None, i, 0])
+
+
+@cute.jit
+def _raw_chunk(sRaw: cute.Tensor, coord) -> cute.Tensor:
+    """The raw staging tile's 8 bytes at (row, col) of the key tile (col a multiple of 8)."""
+    return cute.zipped_divide(sRaw, (1, RAW_CHUNK))[None, (coord[0], coord[1] // RAW_CHUNK)]
+
+
+@cute.jit
+def _copy_raw_chunk(mCache: cute.Tensor, elem_offset, dst: cute.Tensor):
+    """One 8-byte cp.async of e4m3 cache bytes from element (= byte) `elem_offset` (Int64) into dst."""
+    ptr = cute.make_ptr(cutlass.Float8E4M3FN, mCache.iterator.toint() + elem_offset, cute.AddressSpace.gmem,
+                        assumed_align=8)
+    atom = cute.make_copy_atom(cpasync.CopyG2SOp(), cutlass.Float8E4M3FN, num_bits_per_copy=64)
+    cute.copy(atom, cute.make_tensor(ptr, dst.layout), dst)
 
 
 class KeySource:
@@ -112,8 +154,12 @@ class KeySource:
 
     def __init__(self, rows, cache, smem, tma_atom, mX_tma, kv_head, row_offset, tile_n: int, head_dim: int):
         self.rows, self.cache, self.smem, self.tma_atom = rows, cache, smem, tma_atom
+        self.scale, self.raw = None, None  # an e4m3 prefix: its KV head's scale and the raw staging tile
         head = mX_tma[None, None, kv_head]
         tiles = cute.local_tile(cute.domain_offset((row_offset, 0), head), (tile_n, head_dim), (None, 0))
         # ((atom, rest), STAGE) and ((atom, rest), N): one TMA copy per stage / key tile
         self.tma_smem, self.tma_gmem = cute.nvgpu.cpasync.tma_partition(
             tma_atom, 0, cute.make_layout(1), cute.group_modes(smem, 0, 2), cute.group_modes(tiles, 0, 2))
+
+    def dequant(self, scale: Float32, raw: cute.Tensor) -> None:
+        self.scale, self.raw = scale, raw

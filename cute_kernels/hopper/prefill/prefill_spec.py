@@ -12,6 +12,8 @@ from cute_kernels.paged_tables import KV_BLOCK_SIZE  # noqa: F401  (its kernels'
 
 from ..common.attention_spec import SUPPORTED_DTYPES, SUPPORTED_HEAD_DIMS
 
+FP8_KV = "float8_e4m3fn"  # a paged prefix in an e4m3 cache (per-head scales), dequantized as it is gathered
+
 
 @dataclass(frozen=True)
 class PrefillSpec:
@@ -21,8 +23,11 @@ class PrefillSpec:
     head_dim: int  # 64 | 128
     qheads_per_kvhead: int  # GQA group size; the query heads of one KV head share a CTA
     causal: bool = True
+    kv_dtype: str | None = None  # FP8_KV: the paged prefix is e4m3 (new keys stay 16-bit)
 
     def __post_init__(self) -> None:
+        if self.kv_dtype not in (None, FP8_KV):
+            raise ValueError(f"prefill attention: kv_dtype {self.kv_dtype!r} not in (None, {FP8_KV!r})")
         if self.dtype not in SUPPORTED_DTYPES:
             raise ValueError(f"prefill attention: dtype {self.dtype!r} not in {SUPPORTED_DTYPES}")
         if self.head_dim not in SUPPORTED_HEAD_DIMS:
@@ -33,7 +38,12 @@ class PrefillSpec:
     @property
     def name(self) -> str:
         mask = "causal" if self.causal else "full"
-        return f"prefill_{self.dtype}_d{self.head_dim}_g{self.qheads_per_kvhead}_{mask}"
+        kv = "_kv_e4m3" if self.fp8_kv else ""
+        return f"prefill_{self.dtype}_d{self.head_dim}_g{self.qheads_per_kvhead}_{mask}{kv}"
+
+    @property
+    def fp8_kv(self) -> bool:
+        return self.kv_dtype == FP8_KV
 
     @property
     def tile(self) -> "TileConfig":
@@ -79,7 +89,8 @@ RUNTIME_GROUP_SIZES = (1, 3, 4, 8)
 
 def runtime_variants() -> list[PrefillSpec]:
     return [
-        PrefillSpec(dtype, d, g, causal=True)
+        PrefillSpec(dtype, d, g, causal=True, kv_dtype=kv)
+        for kv in (None, FP8_KV)
         for dtype in SUPPORTED_DTYPES
         for d in SUPPORTED_HEAD_DIMS
         for g in RUNTIME_GROUP_SIZES

@@ -1,6 +1,6 @@
 /* Public C ABI of the ahead-of-time exported decode-attention kernels (hopper/decode/decode_aot.py).
  *
- * Two kernels per (dtype, head_dim): cute_aot_decode_<dtype>_d<d>_launch takes cute_aot_decode_args_t
+ * Two kernels per (dtype, head_dim) (and an e4m3 cache: decode_<dtype>_d<d>_kv_e4m3): cute_aot_decode_<dtype>_d<d>_launch takes cute_aot_decode_args_t
  * (with one split it writes out/lse; with several, the fp32 partials), and
  * cute_aot_decode_merge_<dtype>_d<d>_launch takes cute_aot_decode_merge_args_t (partials -> out/lse).
  * Raw device pointers, runtime sizes, and strides in elements for the modes whose stride is not fixed
@@ -20,6 +20,7 @@ typedef struct {
     void *lse;                      /* fp32 [total_q, heads] */
     void *out_partial;              /* fp32 [partial_splits, partial_rows, heads, d] */
     void *lse_partial;              /* fp32 [partial_splits, partial_rows, heads] */
+    void *k_scale, *v_scale;        /* fp32 [kv_heads]: an e4m3 cache's dequant scales (_kv_e4m3 variants) */
     int32_t total_q, heads, num_blocks, kv_heads;
     int32_t batch, max_blocks, num_splits, partial_splits, partial_rows;
     int64_t q_stride, out_stride;                     /* elements between token rows */

@@ -11,6 +11,7 @@
 _Static_assert(sizeof(DSL(_Tensor_mQ_t)) == 24, "q descriptor: 2 dynamic shapes, 1 dynamic stride");
 _Static_assert(sizeof(DSL(_Tensor_mKCache_t)) == 32, "cache descriptor: 2 shapes, 2 strides");
 _Static_assert(sizeof(DSL(_Tensor_mContextLens_t)) == 16, "context lens: 1 shape, no stride");
+_Static_assert(sizeof(DSL(_Tensor_mKScale_t)) == 16, "k scale: 1 shape, no stride");
 _Static_assert(sizeof(DSL(_Tensor_mOPartial_t)) == 40, "partial output: 3 shapes, 2 strides");
 _Static_assert(sizeof(DSL(_Tensor_mLSEPartial_t)) == 40, "partial lse: 3 shapes, 2 strides");
 
@@ -30,6 +31,8 @@ EXPORT int32_t API(_launch)(const cute_aot_decode_args_t *a, void *stream) {
                                    {a->out_partial_strides[0], a->out_partial_strides[1]}};
     DSL(_Tensor_mLSEPartial_t) lp = {a->lse_partial, {a->partial_splits, a->partial_rows, a->heads},
                                      {a->lse_partial_strides[0], a->lse_partial_strides[1]}};
+    DSL(_Tensor_mKScale_t) ks = {a->k_scale, {a->kv_heads}};
+    DSL(_Tensor_mVScale_t) vs = {a->v_scale, {a->kv_heads}};
     return CAT(CAT(cute_dsl_, CUTE_AOT_PREFIX), _wrapper)(&module_, &q, &kc, &vc, &bt, &cl, &cq, &o, &lse, &op, &lp,
-                                                          a->softmax_scale_log2, a->num_splits, (cudaStream_t)stream);
+                                                          &ks, &vs, a->softmax_scale_log2, a->num_splits, (cudaStream_t)stream);
 }

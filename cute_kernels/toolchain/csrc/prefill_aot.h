@@ -26,4 +26,5 @@ typedef struct {
     float softmax_scale_log2;
     void *tile_order;             /* int32 [num_tiles]: linear tile ids, longest first */
     int32_t num_tiles, num_ctas;  /* the persistent grid: num_ctas CTAs walk the list */
+    void *k_scale, *v_scale;      /* fp32 [kv_heads]: an e4m3 prefix's dequant scales (_kv_e4m3 variants) */
 } cute_aot_prefill_args_t;

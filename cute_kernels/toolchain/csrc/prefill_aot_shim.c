@@ -16,6 +16,7 @@ _Static_assert(sizeof(DSL(_Tensor_mBlockTables_t)) == 24, "block tables: 2 shape
 _Static_assert(sizeof(DSL(_Tensor_mPrefixLens_t)) == 16, "prefix lens: 1 shape, no stride");
 _Static_assert(sizeof(DSL(_Tensor_mLSE_t)) == 24, "lse: 2 shapes, 1 stride");
 _Static_assert(sizeof(DSL(_Tensor_mTileOrder_t)) == 16, "tile order: 1 shape, no stride");
+_Static_assert(sizeof(DSL(_Tensor_mKScale_t)) == 16, "k scale: 1 shape, no stride");
 
 EXPORT int32_t API(_launch)(const cute_aot_prefill_args_t *a, void *stream) {
     CUTE_AOT_REQUIRE_LOADED();
@@ -33,7 +34,9 @@ EXPORT int32_t API(_launch)(const cute_aot_prefill_args_t *a, void *stream) {
     DSL(_Tensor_mO_t) o = {a->out, {a->total_q, a->heads}, {a->out_stride}};
     DSL(_Tensor_mLSE_t) lse = {a->lse, {a->total_q, a->heads}, {a->lse_stride}};
     DSL(_Tensor_mTileOrder_t) tiles = {a->tile_order, {a->num_tiles}};
+    DSL(_Tensor_mKScale_t) ks = {a->k_scale, {a->kv_heads}};
+    DSL(_Tensor_mVScale_t) vs = {a->v_scale, {a->kv_heads}};
     return CAT(CAT(cute_dsl_, CUTE_AOT_PREFIX), _wrapper)(&module_, &q, &k, &v, &kc, &vc, &bt, &pl, &cq, &ck, &o,
-                                                          &lse, &tiles, a->softmax_scale_log2, a->max_seqlen_q,
+                                                          &lse, &tiles, &ks, &vs, a->softmax_scale_log2, a->max_seqlen_q,
                                                           a->num_ctas, (cudaStream_t)stream);
 }

@@ -172,20 +172,20 @@ _MOCK_DSL = r"""
 #include <string.h>
 #include <cuda_runtime.h>
 #define EXPORT __attribute__((visibility("default")))
-EXPORT unsigned char mock_desc[12][32];
+EXPORT unsigned char mock_desc[14][32];
 EXPORT int32_t mock_nargs, mock_max_seqlen, mock_num_ctas, mock_init_calls, mock_load_calls;
 EXPORT float mock_scale;
 EXPORT void *mock_stream;
-static const int sizes[12] = {24, 24, 24, 32, 32, 24, 16, 16, 16, 24, 24, 16};
+static const int sizes[14] = {24, 24, 24, 32, 32, 24, 16, 16, 16, 24, 24, 16, 16, 16};
 void _mlir_PREFIX_cuda_init(void **a) { mock_init_calls++; *((struct { void *l; cudaError_t *ret; } *)a)->ret = cudaSuccess; }
 void _mlir_PREFIX_cuda_load_to_device(void **a) {
     mock_load_calls++; *((struct { void *l; int32_t *d; cudaError_t *ret; } *)a)->ret = cudaSuccess; }
 void CIFACE(void **args, int32_t n) {
     mock_nargs = n;
-    for (int i = 0; i < 12; i++) memcpy(mock_desc[i], args[i], sizes[i]);
-    mock_scale = *(float *)args[12]; mock_max_seqlen = *(int32_t *)args[13]; mock_num_ctas = *(int32_t *)args[14];
-    mock_stream = *(void **)args[15];
-    *(int32_t *)args[16] = 0;
+    for (int i = 0; i < 14; i++) memcpy(mock_desc[i], args[i], sizes[i]);
+    mock_scale = *(float *)args[14]; mock_max_seqlen = *(int32_t *)args[15]; mock_num_ctas = *(int32_t *)args[16];
+    mock_stream = *(void **)args[17];
+    *(int32_t *)args[18] = 0;
 }
 cudaError_t cudaGetDeviceCount(int *n) { *n = 1; return cudaSuccess; }
 const char *cudaGetErrorName(cudaError_t e) { return "mockError"; }
@@ -214,12 +214,12 @@ def test_shim_packs_the_dsl_descriptors(built, toolkit, tmp_path):
     lib = kernels.lib
     value = lambda ctype, sym: ctype.in_dll(lib, sym).value  # noqa: E731
     assert value(ctypes.c_int32, "mock_init_calls") == 1 and value(ctypes.c_int32, "mock_load_calls") == 1
-    assert value(ctypes.c_int32, "mock_nargs") == 17
+    assert value(ctypes.c_int32, "mock_nargs") == 19
     assert value(ctypes.c_void_p, "mock_stream") == 0x5EED
     assert value(ctypes.c_int32, "mock_max_seqlen") == 7
     assert value(ctypes.c_int32, "mock_num_ctas") == 4  # 4 tiles (2 sequences x 2 KV heads), one CTA each
     assert value(ctypes.c_float, "mock_scale") == pytest.approx(args.softmax_scale_log2)
-    desc = [bytes(row) for row in (ctypes.c_ubyte * 32 * 12).in_dll(lib, "mock_desc")]
+    desc = [bytes(row) for row in (ctypes.c_ubyte * 32 * 14).in_dll(lib, "mock_desc")]
     rows = lambda i: struct.unpack_from("<Qiiq", desc[i])  # noqa: E731
     cache = lambda i: struct.unpack_from("<Qiiqq", desc[i])  # noqa: E731
     vec = lambda i: struct.unpack_from("<Qi", desc[i])  # noqa: E731
@@ -234,6 +234,8 @@ def test_shim_packs_the_dsl_descriptors(built, toolkit, tmp_path):
     assert vec(7) == (args.cu_seqlens_q.data_ptr(), 3) and vec(8) == (args.cu_seqlens_k.data_ptr(), 3)
     assert rows(9) == (args.out.data_ptr(), total, 8, 8 * 64) and rows(10) == (args.lse.data_ptr(), total, 8, 8)
     assert vec(11) == (args.tile_order.data_ptr(), 4)
+    # the e4m3 prefix's scales [kv_heads]; a 16-bit variant gets a placeholder it never reads
+    assert vec(12) == (args.k_scale.data_ptr(), 2) and vec(13) == (args.v_scale.data_ptr(), 2)
 
 
 # ----------------------------------------------------------------------------- loader (no DSL needed)

@@ -76,18 +76,18 @@ _MOCK_DSL = r"""
 #include <string.h>
 #include <cuda_runtime.h>
 #define EXPORT __attribute__((visibility("default")))
-EXPORT unsigned char mock_desc[10][40];
+EXPORT unsigned char mock_desc[12][40];
 EXPORT int32_t mock_nargs, mock_splits;
 EXPORT float mock_scale;
 EXPORT void *mock_stream;
-static const int sizes[10] = {24, 32, 32, 24, 16, 16, 24, 24, 40, 40};
+static const int sizes[12] = {24, 32, 32, 24, 16, 16, 24, 24, 40, 40, 16, 16};
 void _mlir_PREFIX_cuda_init(void **a) { *((struct { void *l; cudaError_t *ret; } *)a)->ret = cudaSuccess; }
 void _mlir_PREFIX_cuda_load_to_device(void **a) { *((struct { void *l; int32_t *d; cudaError_t *ret; } *)a)->ret = cudaSuccess; }
 void CIFACE(void **args, int32_t n) {
     mock_nargs = n;
-    int tensors = n == 14 ? 10 : 4;
-    for (int i = 0; i < tensors; i++) memcpy(mock_desc[i], args[i], n == 14 ? sizes[i] : (i < 2 ? 40 : 24));
-    if (n == 14) { mock_scale = *(float *)args[10]; mock_splits = *(int32_t *)args[11]; }
+    int tensors = n == 16 ? 12 : 4;
+    for (int i = 0; i < tensors; i++) memcpy(mock_desc[i], args[i], n == 16 ? sizes[i] : (i < 2 ? 40 : 24));
+    if (n == 16) { mock_scale = *(float *)args[12]; mock_splits = *(int32_t *)args[13]; }
     mock_stream = *(void **)args[n - 2];
     *(int32_t *)args[n - 1] = 0;
 }
@@ -114,7 +114,7 @@ def _mock_shim(built, toolkit, tmp_path, family, spec) -> ctypes.CDLL:
 
 
 def _descriptors(kernels, count):
-    raw = [bytes(row) for row in (ctypes.c_ubyte * 40 * 10).in_dll(kernels.lib, "mock_desc")][:count]
+    raw = [bytes(row) for row in (ctypes.c_ubyte * 40 * 12).in_dll(kernels.lib, "mock_desc")][:count]
     return raw, lambda ctype, sym: ctype.in_dll(kernels.lib, sym).value
 
 
@@ -122,8 +122,8 @@ def test_decode_shim_packs_the_dsl_descriptors(built, toolkit, tmp_path):
     kernels = _mock_shim(built, toolkit, tmp_path, DECODE, SPEC)
     args = launch_args(splits=3)
     kernels.launch_struct(SPEC.name, decode_c_args(args), 0x5EED)
-    desc, value = _descriptors(kernels, 10)
-    assert value(ctypes.c_int32, "mock_nargs") == 14 and value(ctypes.c_int32, "mock_splits") == 3
+    desc, value = _descriptors(kernels, 12)
+    assert value(ctypes.c_int32, "mock_nargs") == 16 and value(ctypes.c_int32, "mock_splits") == 3
     assert value(ctypes.c_void_p, "mock_stream") == 0x5EED
     assert value(ctypes.c_float, "mock_scale") == pytest.approx(args.softmax_scale_log2)
     rows = lambda i: struct.unpack_from("<Qiiq", desc[i])  # noqa: E731
@@ -139,6 +139,8 @@ def test_decode_shim_packs_the_dsl_descriptors(built, toolkit, tmp_path):
     assert rows(6) == (args.out.data_ptr(), 4, 8, 8 * 64) and rows(7) == (args.lse.data_ptr(), 4, 8, 8)
     assert three(8) == (args.out_partial.data_ptr(), 3, 4, 8, 4 * 8 * 64, 8 * 64)
     assert three(9) == (args.lse_partial.data_ptr(), 3, 4, 8, 4 * 8, 8)
+    # the e4m3 scales [kv_heads]; a 16-bit cache's kernel gets a placeholder it never reads
+    assert vec(10) == (args.k_scale.data_ptr(), 2) and vec(11) == (args.v_scale.data_ptr(), 2)
 
 
 def test_merge_shim_packs_the_dsl_descriptors(built, toolkit, tmp_path):

@@ -185,7 +185,7 @@ def test_prepare_args_without_prefix():
     assert args.max_seqlen_q == 7
     # ceil(7 / 32) query tiles of 32 tokens x 4 heads, 2 KV heads, 2 sequences: 4 tiles, 4 persistent CTAs
     assert args.tile_order.dtype == torch.int32 and sorted(args.tile_order.tolist()) == [0, 1, 2, 3]
-    assert args.num_ctas == 4 and args.kernel_tensors()[-1] is args.tile_order
+    assert args.num_ctas == 4 and args.kernel_tensors()[-3] is args.tile_order  # then the e4m3 scales
     assert args.prefix_lens.tolist() == [0, 0] and args.prefix_lens.dtype == torch.int32
     assert args.cu_seqlens_q.dtype == torch.int32 and args.block_tables.shape == (2, 1)
     assert args.k_cache.shape == (1, KV_BLOCK_SIZE, 2, 128)

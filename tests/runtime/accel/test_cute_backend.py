@@ -3,6 +3,7 @@ CUDA graph, over the static buffers with a fixed split count), and the reference
 takes."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from cute_kernels import reference
@@ -61,3 +62,39 @@ def test_deterministic_decode_takes_one_split_whatever_the_batch():
     assert batch.decode_plan.num_splits == 1
     inputs = StaticDecodeInputs.allocate(rows=4, width=8, scratch_block=9, block_size=16, device=torch.device("cpu"))
     assert backend.graph_decode_plan(inputs.batch(4, num_blocks=10, num_kv_heads=2), max_context=128).num_splits == 1
+
+
+def test_an_e4m3_cache_reaches_the_kernels_with_its_scales(monkeypatch):
+    """Through AttentionBackend.attention: the quantizing write gets the layer's scales, decode and
+    prefill args carry them, and the prefill's new keys are rounded as the cache stores them."""
+    from types import SimpleNamespace
+
+    from cute_kernels.kv_e4m3 import dequantize_e4m3, quantize_e4m3
+    from cute_kernels.kv_quant import KVScales
+
+    seen = {}
+    backend = CuteBackend()
+    backend._fused = SimpleNamespace(write_kv=lambda *a: seen.setdefault("write", a))
+    backend._decode_host = SimpleNamespace(decode_attention=lambda args: seen.setdefault("decode", args).q)
+    monkeypatch.setattr(backend, "prefill", lambda args: seen.setdefault("prefill", args).q)
+    k_cache, v_cache = (torch.zeros(8, 16, 2, 64, dtype=torch.float8_e4m3fn) for _ in range(2))
+    ks, vs = torch.tensor([0.01, 0.02]), torch.tensor([0.03, 0.04])
+    batch = AttentionBatch(torch.arange(3), 8, 16, num_kv_heads=2, num_decode_tokens=1,
+                           decode_block_tables=torch.tensor([[3]], dtype=torch.int32),
+                           decode_context_lens=torch.tensor([5], dtype=torch.int32),
+                           cu_seqlens_q=torch.tensor([0, 2], dtype=torch.int32), max_seqlen_q=2)
+    q, k, v = torch.randn(3, 4, 64), torch.randn(3, 2, 64), torch.randn(3, 2, 64)
+    backend.attention(q, k, v, k_cache, v_cache, batch, 0.125, KVScales(ks, vs))
+    assert seen["write"][-2:] == (ks, vs)
+    assert seen["decode"].kv_scales.k is ks and seen["prefill"].kv_scales.v is vs
+    torch.testing.assert_close(seen["prefill"].k, dequantize_e4m3(quantize_e4m3(k[1:], ks), ks))
+
+
+def test_an_e4m3_write_never_falls_back_to_a_reference():
+    from cute_kernels.kv_quant import KVScales
+
+    k_cache = torch.zeros(2, 16, 2, 64, dtype=torch.float8_e4m3fn)
+    k = torch.randn(1, 2, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="CUDA"):  # refused on the CPU, not done by a reference
+        CuteBackend().write_kv(k, k, k_cache, k_cache, torch.zeros(1, dtype=torch.int64),
+                               KVScales(torch.ones(2), torch.ones(2)))
