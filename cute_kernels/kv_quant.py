@@ -43,3 +43,15 @@ def dequantize(stored: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dt
 def round_trip(x: torch.Tensor, cache_dtype: torch.dtype, scale: torch.Tensor | None) -> torch.Tensor:
     """x as a cache of cache_dtype holds it, back in x's dtype."""
     return dequantize(quantize(x, cache_dtype, scale), scale, x.dtype)
+
+
+def checked_scales(scales: KVScales | None, kv_heads: int, device: torch.device,
+                   what: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(k, v) scales as a kernel reads them: contiguous fp32 [kv_heads] on device; ValueError naming `what`."""
+    for name, s in (("k_scale", None if scales is None else scales.k), ("v_scale", None if scales is None else scales.v)):
+        if s is None or s.dtype != torch.float32 or s.shape != (kv_heads,) or not s.is_contiguous() \
+                or s.device != device:
+            got = "None" if s is None else f"{s.dtype} {tuple(s.shape)} on {s.device}"
+            raise ValueError(f"{what}: an fp8_e4m3 cache needs {name} as contiguous fp32 [{kv_heads}] on {device}, "
+                             f"got {got}")
+    return scales.k, scales.v

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from cute_kernels.attention_args import DecodeArgs
+from cute_kernels.kv_quant import checked_scales
 from cute_kernels.paged_tables import KV_BLOCK_SIZE, as_int32, check_block_ids
 
 from .decode_spec import FP8_KV, H100_SMS, MAX_SPLITS, QUERY_ROWS, DecodeMergeSpec, DecodeSpec, num_splits
@@ -127,18 +128,9 @@ def _spec(args: DecodeArgs) -> DecodeSpec:
 
 def _scales(args: DecodeArgs, spec: DecodeSpec, placeholder: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """An e4m3 cache's fp32 [kv_heads] scales, checked; a 16-bit cache passes `placeholder` (never read)."""
-    kv_heads = args.k_cache.shape[2]
     if not spec.fp8_kv:
         return placeholder, placeholder
-    scales = args.kv_scales
-    for name in ("k_scale", "v_scale"):
-        s = None if scales is None else (scales.k if name == "k_scale" else scales.v)
-        if s is None or s.dtype != torch.float32 or s.shape != (kv_heads,) or not s.is_contiguous() \
-                or s.device != args.q.device:
-            got = "None" if s is None else f"{s.dtype} {tuple(s.shape)} on {s.device}"
-            raise ValueError(f"decode attention: an fp8_e4m3 cache needs {name} as contiguous fp32 [{kv_heads}] "
-                             f"on {args.q.device}, got {got}")
-    return scales.k, scales.v
+    return checked_scales(args.kv_scales, args.k_cache.shape[2], args.q.device, "decode attention")
 
 
 def _compact(x: torch.Tensor, name: str) -> torch.Tensor:

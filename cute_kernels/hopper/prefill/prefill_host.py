@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from cute_kernels.attention_args import PrefillArgs, check_queries_see_keys
+from cute_kernels.kv_quant import checked_scales
 from cute_kernels.paged_tables import as_int32, check_block_ids
 
 from .prefill_spec import FP8_KV, KV_BLOCK_SIZE, PrefillSpec
@@ -125,16 +126,7 @@ def _scales(args: PrefillArgs, spec: PrefillSpec, placeholder: torch.Tensor) -> 
     """An e4m3 prefix's fp32 [kv_heads] scales, checked; otherwise `placeholder` (never read)."""
     if not spec.fp8_kv:
         return placeholder, placeholder
-    kv_heads = args.k.shape[1]
-    scales = args.kv_scales
-    for name in ("k_scale", "v_scale"):
-        s = None if scales is None else (scales.k if name == "k_scale" else scales.v)
-        if s is None or s.dtype != torch.float32 or s.shape != (kv_heads,) or not s.is_contiguous() \
-                or s.device != args.q.device:
-            got = "None" if s is None else f"{s.dtype} {tuple(s.shape)} on {s.device}"
-            raise ValueError(f"prefill attention: an fp8_e4m3 cache needs {name} as contiguous fp32 [{kv_heads}] "
-                             f"on {args.q.device}, got {got}")
-    return scales.k, scales.v
+    return checked_scales(args.kv_scales, args.k.shape[1], args.q.device, "prefill attention")
 
 
 def _paged_prefix(args: PrefillArgs, batch: int) -> tuple[torch.Tensor, ...]:
