@@ -164,7 +164,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--chat-rate", type=float, default=1.0)
     p.add_argument("--chat-words", type=int, default=30)
     p.add_argument("--chat-tokens", type=int, default=48)
-    p.add_argument("--long-rate", type=float, default=0.25)
+    p.add_argument("--long-rate", type=float, default=1.0)  # a flood: one 700-word prompt a second
     p.add_argument("--long-words", type=int, default=700)
     p.add_argument("--long-tokens", type=int, default=4)
     p.add_argument("--chunk-tokens", type=int, default=256, help="colocated: --max-num-batched-tokens")
