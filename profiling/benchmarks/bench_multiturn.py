@@ -89,7 +89,7 @@ def run(engine, convos, args) -> dict:
 def engine_for(model, args, extra_blocks: int = 0, **tiers):
     cfg, tensors, tok, _ = model
     config = EngineConfig(kv_cache_memory=(args.pool_blocks + extra_blocks) * args.block_bytes, log_ledger=False,
-                          max_num_seqs=args.concurrency, **tiers)
+                          max_num_seqs=args.concurrency, deterministic=args.deterministic, **tiers)
     return build_engine(config, cfg, dict(tensors), tok)
 
 
@@ -102,6 +102,9 @@ def main() -> int:
     p.add_argument("--answer-tokens", type=int, default=16)
     p.add_argument("--concurrency", type=int, default=2, help="requests in flight at once")
     p.add_argument("--smoke", action="store_true", help="the tests' tiny random model, a few turns")
+    p.add_argument("--deterministic", action="store_true", help="batch-invariant engines: the greedy-identity "
+                   "line then holds whatever came from a tier (without it a cached prefix and a fresh prefill "
+                   "reduce in other orders and may part at a near tie)")
     p.add_argument("--json", help="also write the rows (ratios included) to this file")
     args = p.parse_args()
     if args.smoke:
