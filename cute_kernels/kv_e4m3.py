@@ -8,18 +8,19 @@ from __future__ import annotations
 
 import torch
 
-E4M3_MAX = 448.0
+from cute_kernels.kv_quant import QMAX, dequantize, quantize
+
+E4M3_MAX = QMAX[torch.float8_e4m3fn]  # 448: e4m3's largest finite value
 
 
 def quantize_e4m3(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """x [..., kv_heads, d] / scale [kv_heads] in fp32, saturated, rounded to e4m3 (nearest even)."""
-    y = x.float() / scale.float().view(-1, 1)
-    return y.clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return quantize(x, torch.float8_e4m3fn, scale.float())
 
 
 def dequantize_e4m3(stored: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """stored [..., kv_heads, d] * scale [kv_heads], as dtype."""
-    return (stored.float() * scale.float().view(-1, 1)).to(dtype)
+    return dequantize(stored, scale.float(), dtype)
 
 
 def write_kv_e4m3_ref(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
