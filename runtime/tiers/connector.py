@@ -48,6 +48,18 @@ class Tier(Protocol):
     def describe(self) -> str: ...
 
 
+def drain(done: queue.Queue, wait: float = 0.0) -> list:
+    """What a loader queue holds now, after waiting up to `wait` seconds for the first item."""
+    out = []
+    try:
+        out.append(done.get(timeout=wait) if wait else done.get_nowait())
+        while True:
+            out.append(done.get_nowait())
+    except queue.Empty:
+        pass
+    return out
+
+
 @dataclass
 class _Load:
     key: Hashable
@@ -108,13 +120,7 @@ class TieredConnector:
         return None  # the tiers keep blocks by their prefix, not by request
 
     def finished(self, wait: float = 0.0) -> list[tuple[Hashable, int]]:
-        done = []
-        try:
-            done.append(self._done.get(timeout=wait) if wait else self._done.get_nowait())
-            while True:
-                done.append(self._done.get_nowait())
-        except queue.Empty:
-            pass
+        done = drain(self._done, wait)
         now = time.perf_counter()
         for job in list(self._loads.values()):
             if job not in done and now - job.started > LOAD_TIMEOUT_S:

@@ -26,6 +26,7 @@ from runtime.engine_stats import EngineStats
 from runtime.kv.connector import BlockLoad
 from runtime.tiers.block_file import CorruptBlock, decode
 from runtime.tiers.block_io import BlockIO
+from runtime.tiers.connector import drain
 from runtime.tiers.kv_transfer.block_server import BlockServer
 from runtime.tiers.kv_transfer.held import HeldBlocks
 from runtime.tiers.kv_transfer.wire import TransferError, recv_frame, request_line
@@ -83,14 +84,7 @@ class TransferConnector:
         self._loader.submit(self._run_fetch, _Fetch(key, blocks, source))
 
     def finished(self, wait: float = 0.0) -> list[tuple[Hashable, int]]:
-        done = []
-        try:
-            done.append(self._done.get(timeout=wait) if wait else self._done.get_nowait())
-            while True:
-                done.append(self._done.get_nowait())
-        except queue.Empty:
-            pass
-        return [(job.key, job.intact) for job in done]
+        return [(job.key, job.intact) for job in drain(self._done, wait)]
 
     def request_finished(self, transfer: dict, blocks: list[BlockLoad]) -> dict | None:
         source = _source(transfer)
