@@ -62,8 +62,9 @@ def build_engine(config: EngineConfig, model_config: ModelConfig, tensors: dict[
         device = local_device(launch, device)
         set_threads(launch)
     if ranks > 1 and kv_dtype != dtype:
-        raise UserError(f"--kv-cache-dtype {config.kv_cache_dtype} differs from the compute dtype ({dtype}): tensor-"
-                        "parallel ranks do not shard a cache of another type yet (use --kv-cache-dtype auto)")
+        split = "tensor-parallel ranks" if layout.tp > 1 else "pipeline stages"
+        raise UserError(f"--kv-cache-dtype {config.kv_cache_dtype} differs from the compute dtype ({dtype}): {split} "
+                        "do not shard a cache of another type yet (use --kv-cache-dtype auto)")
     calibration = calibration_ids(tokenizer.encode) if is_quantized(kv_dtype) else None
     if (reason := quantization_unavailable(config.quantization, device)) is not None:
         raise UserError(reason)

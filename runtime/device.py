@@ -30,14 +30,22 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
+GPU_E4M3_COMPUTE = (torch.bfloat16, torch.float16)  # what the e4m3 variants dequantize to
 KV_DTYPES = {"float32": torch.float32, "bf16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn, "int8": torch.int8}
 
 
 def resolve_kv_dtype(name: str, dtype: torch.dtype, device: torch.device) -> torch.dtype:
-    """The KV cache's element type for --kv-cache-dtype; UserError where no kernel reads that cache."""
+    """The KV cache's element type for --kv-cache-dtype; UserError where no kernel reads that cache: on the CPU
+    float32 compute reads every type; on CUDA, bf16 / fp16 compute reads its own type and fp8_e4m3 (the
+    Hopper kernels' e4m3 variants; cute_backend.py)."""
     kv_dtype = dtype if name == "auto" else KV_DTYPES[name]
     if kv_dtype == dtype:
         return kv_dtype
+    if device.type == "cuda" and kv_dtype == torch.float8_e4m3fn and dtype in GPU_E4M3_COMPUTE:
+        return kv_dtype
+    if device.type == "cuda":
+        raise UserError(f"--kv-cache-dtype {name} differs from the compute dtype ({dtype}): on CUDA only fp8_e4m3 "
+                        "under bfloat16 or float16 compute is read by a kernel (use --kv-cache-dtype auto or fp8_e4m3)")
     if device.type != "cpu" or dtype != torch.float32:
         raise UserError(f"--kv-cache-dtype {name} differs from the compute dtype ({dtype}): only float32 compute "
                         "on the CPU reads a cache of another type (use --kv-cache-dtype auto)")

@@ -63,7 +63,8 @@ class EngineConfig:
     kv_cache_dtype: str = flag("auto", "KV cache element type (auto: the compute dtype); on the CPU bf16 halves the "
                                "bytes a token takes (twice the tokens per budget), int8 and fp8_e4m3 quarter them "
                                "(an fp32 scale per layer and KV head; quality: docs/serving.md); the C attention "
-                               "kernels widen every type to fp32 on load", choices=KV_CACHE_DTYPES)
+                               "kernels widen every type to fp32 on load; on CUDA, fp8_e4m3 halves bf16's "
+                               "bytes (the cute backend's kernels)", choices=KV_CACHE_DTYPES)
     calculate_kv_scales: bool = flag(False, "with --kv-cache-dtype int8 or fp8_e4m3: compute the scales by a "
                                      "calibration pass over a shipped text at start even when the checkpoint "
                                      "carries k_scale / v_scale (without it the checkpoint's are used; a checkpoint "

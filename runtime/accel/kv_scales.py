@@ -5,9 +5,9 @@ the backend's kernels read the cache (one line of UserError otherwise, never a s
 In order: a calibration pass at start when asked (--calculate-kv-scales, vLLM's flag), else the
 checkpoint's own (vLLM-style `model.layers.N.self_attn.k_scale` / `v_scale`, one per tensor or one per
 KV head), else the calibration pass all the same: no fixed scale fits int8's range, and the pass costs
-one prefill. The pass runs the model over a shipped text (CALIBRATION_FILE) with a float32 cache and
-takes each head's absolute maximum, scale = amax / the type's largest value (127, 448), so the text's
-values never saturate.
+one prefill. The pass runs the model over a shipped text (CALIBRATION_FILE) with a cache of the compute
+dtype and takes each head's absolute maximum, scale = amax / the type's largest value (127, 448), so the
+text's values never saturate.
 """
 from __future__ import annotations
 
@@ -65,12 +65,15 @@ def calibration_ids(encode) -> list[int]:
 
 
 def calibrate(model: LlamaModel, ids: list[int], dtype: torch.dtype, device: torch.device) -> list[KVScales]:
-    """Per layer: amax / QMAX[dtype] of each KV head's K and V over one prefill of ids, float32 cache."""
+    """Per layer: amax / QMAX[dtype] of each KV head's K and V over one prefill of ids, in a cache of the
+    compute dtype (the model's norms'; float32 on the CPU, bf16 / fp16 on a GPU, whose kernels read no other)."""
     cfg = model.cfg
     ids = list(ids)[:cfg.max_position_embeddings]
     blocks = math.ceil(len(ids) / BLOCK)
     shape = (blocks, BLOCK, cfg.num_kv_heads, cfg.head_dim)
-    caches = [(torch.zeros(shape, device=device), torch.zeros(shape, device=device)) for _ in model.layers]
+    compute = model.norm.dtype
+    caches = [(torch.zeros(shape, device=device, dtype=compute), torch.zeros(shape, device=device, dtype=compute))
+              for _ in model.layers]
     ModelRunner(model, caches, BLOCK, device).run([SeqChunk(ids, 0, list(range(blocks)))])
     scales = []
     for k, v in caches:  # unwritten slots are zeros: they cannot raise a maximum
@@ -93,12 +96,23 @@ class KVScaleSource:
     calculate: bool = False
 
 
-def check_reader(backend: AttentionBackend, kv_dtype: torch.dtype) -> None:
+def check_reader(backend: AttentionBackend, kv_dtype: torch.dtype, device: torch.device) -> None:
     """UserError unless the backend's kernels read an 8-bit cache: on the CPU, its C attention kernels
-    (the torch reference reads it as well, at a fraction of their speed)."""
+    (the torch reference reads it as well, at a fraction of their speed); on CUDA, the cute backend's
+    e4m3 variants (the decode, paged-prefill and quantizing KV-write kernels)."""
+    name = _name(kv_dtype)
+    if device.type == "cuda":
+        if backend.name == "cute" and kv_dtype == torch.float8_e4m3fn:
+            return
+        if backend.name == "cute":
+            raise UserError(f"the cute backend does not read a {name} KV cache (fp8_e4m3 it does)")
+        from runtime.accel.cute_backend import unavailable_reason
+
+        reason = unavailable_reason(device) or f"--backend {backend.name} was asked for"
+        raise UserError(f"a {name} KV cache on CUDA is read by the cute backend's kernels only, not by the "
+                        f"{backend.name} backend here: {reason}")
     if isinstance(backend, CpuBackend) and backend.c_decode and backend.c_prefill:
         return
-    name = _name(kv_dtype)
     if backend.name in ("cpu", "torch"):
         reason = decode_attention.unavailable_reason() or prefill_attention.unavailable_reason() or "turned off"
         raise UserError(f"a {name} KV cache is read by the CPU C attention kernels, unavailable here: {reason}")
@@ -108,7 +122,7 @@ def check_reader(backend: AttentionBackend, kv_dtype: torch.dtype) -> None:
 def set_kv_scales(model: LlamaModel, kv_dtype: torch.dtype, source: KVScaleSource,
                   checkpoint: list[KVScales] | None, device: torch.device) -> None:
     """Every layer's scales for a kv_dtype cache, once the backend is known to read it."""
-    check_reader(model.backend, kv_dtype)
+    check_reader(model.backend, kv_dtype, device)
     scales = checkpoint
     if scales is None or source.calculate:
         if not source.calibration:

@@ -105,23 +105,36 @@ def test_the_cpu_never_captures():
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
-def gpu_tiny_engine(backend: str, enforce_eager: bool):
+def gpu_tiny_engine(backend: str, enforce_eager: bool, kv_cache_dtype: str = "auto"):
     """A random 2-layer bf16 model in shapes the kernels take (head_dim 64, GQA 2:1), on CUDA."""
     from runtime.build import build_engine
 
     hf = tiny_hf_model("llama", seed=0, vocab_size=TINY_VOCAB, hidden_size=256, intermediate_size=512,
                        num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=256)
     config = EngineConfig(device="cuda", dtype="bfloat16", backend=backend, enforce_eager=enforce_eager,
-                          max_num_seqs=8, kv_cache_memory=64 << 20, log_ledger=False)
+                          max_num_seqs=8, kv_cache_memory=64 << 20, log_ledger=False, kv_cache_dtype=kv_cache_dtype)
     return build_engine(config, our_config(hf), state_dict(hf), byte_tokenizer())
+
+
+def assert_e4m3_cache(engine) -> None:
+    """Every layer's caches float8_e4m3fn on CUDA, its scales fp32 [kv_heads] there, the ledger's tokens
+    twice a bf16 cache's under the same budget."""
+    for layer, caches in zip(engine.model_runner.model.layers, engine.model_runner.kv_caches):
+        assert all(c.dtype == torch.float8_e4m3fn and c.is_cuda for c in caches)
+        for s in (layer.kv_scales.k, layer.kv_scales.v):
+            assert s.dtype == torch.float32 and s.is_cuda and s.shape == (2,) and bool((s > 0).all())
+    bf16_bytes = 2 * 2 * 64 * 2 * 2  # K and V, 2 KV heads, d 64, 2 bytes, 2 layers
+    assert engine.ledger.kv_dtype == "float8_e4m3fn" and engine.ledger.bytes_per_token * 2 == bf16_bytes
 
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("backend", ["torch", "cute"])
-def test_graph_replay_equals_eager_gpu(backend):
+@pytest.mark.parametrize("backend,kv_cache_dtype", [("torch", "auto"), ("cute", "auto"), ("cute", "fp8_e4m3")])
+def test_graph_replay_equals_eager_gpu(backend, kv_cache_dtype):
     """Same tiny bf16 model and prompts, graphs vs --enforce-eager: identical greedy tokens, and the
-    replayed logits of one decode step equal the eager ones (same kernels; only padding rows differ)."""
+    replayed logits of one decode step equal the eager ones (same kernels; only padding rows differ).
+    fp8_e4m3: the cache is e4m3 at half bf16's bytes, written by the quantizing kernel and read by the
+    e4m3 decode / prefill variants with each layer's calibrated scales, in the graphs as eagerly."""
     if backend == "cute":
         from runtime.accel.cute_backend import unavailable_reason
 
@@ -130,8 +143,10 @@ def test_graph_replay_equals_eager_gpu(backend):
     prompts = [[72, 105, 33] * (i + 1) for i in range(5)]
 
     def run(enforce_eager: bool):
-        engine = gpu_tiny_engine(backend, enforce_eager)
+        engine = gpu_tiny_engine(backend, enforce_eager, kv_cache_dtype)
         assert isinstance(engine.runner, GraphedRunner) != enforce_eager
+        if kv_cache_dtype == "fp8_e4m3":
+            assert_e4m3_cache(engine)
         params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
         for i, p in enumerate(prompts):
             engine.add_request(str(i), p, params)

@@ -82,8 +82,8 @@ def test_a_checkpoints_scales_are_used_unless_calculate_is_set():
 def test_refused_combinations_are_one_line_errors(name, monkeypatch):
     with pytest.raises(UserError, match="tensor-parallel ranks do not shard"):
         tiny_engine(kv_cache_dtype=name, tensor_parallel_size=2)
-    with pytest.raises(UserError, match=f"--kv-cache-dtype {name} differs"):  # no GPU kernel reads it yet
-        resolve_kv_dtype(name, torch.bfloat16, torch.device("cuda"))
+    with pytest.raises(UserError, match=f"--kv-cache-dtype {name} differs"):  # float32 compute: no GPU kernel's
+        resolve_kv_dtype(name, torch.float32, torch.device("cuda"))
     monkeypatch.setattr(decode_attention, "unavailable_reason", lambda: "no C compiler")
     with pytest.raises(UserError, match="read by the CPU C attention kernels, unavailable here: no C compiler") as e:
         tiny_engine(kv_cache_dtype=name)  # the reference would read it, far slower: refused, not a fallback
