@@ -137,6 +137,17 @@ def test_kv_cache_quality_smoke_scores_every_kv_dtype_in_every_case(tmp_path):
         assert all(r["perplexity"] > 1 and abs(r["ppl_change"]) < 0.05 for r in rows.values())
 
 
+def test_kv_scale_granularity_smoke_simulates_the_static_cache_exactly(tmp_path):
+    """The per-token figures come from a simulation: its static rows must be the engine's 8-bit caches'."""
+    out = tmp_path / "granularity.json"
+    proc = run_script("profiling/quality/kv_scale_granularity.py", "--smoke", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    for rows in json.loads(out.read_text())["cases"].values():
+        for dtype in ("int8", "fp8_e4m3"):
+            assert rows[f"{dtype} static (sim)"] == rows[f"{dtype} static (engine)"]
+            assert {f"{dtype} per-token", f"{dtype} per-token fp16"} <= set(rows)
+
+
 def test_fp8_quality_sweep_smoke_swaps_only_the_layers_a_configuration_names():
     proc = run_script("profiling/quality/fp8_quality_sweep.py", "--smoke", "--positions", "64",
                       "--only", "kernel rowwise", "first and last")
