@@ -174,16 +174,29 @@ def main() -> None:
         base = compare(ref, ref)["perplexity"]
         report["cases"][case] = {}
         for label in CACHES:
-            row = compare(results[label][case], ref)
-            row["ppl_change"] = row["perplexity"] / base - 1
-            report["cases"][case][label] = row
+            row = report["cases"][case][label] = scored_row(results[label][case], ref, base)
             verdict = "" if label == REFERENCE else ("met" if abs(row["ppl_change"]) <= PPL_TARGET else "MISSED")
-            print(f"{case:<16}{label:<15}{row['perplexity']:>11.3f}{row['ppl_change']:>+9.2%}"
-                  f"{row['top1_agreement']:>14.1%}{row['top1_agreement_clear']:>9.1%}   {verdict}")
-    make_parents(args.json)
-    with open(args.json, "w") as f:
+            print_row(case, label, row, 15, f"   {verdict}")
+    write_report(args.json, report)
+
+
+def scored_row(scores: Scores, ref: Scores, base: float) -> dict:
+    """compare's row and its perplexity change against base (the reference's)."""
+    row = compare(scores, ref)
+    row["ppl_change"] = row["perplexity"] / base - 1
+    return row
+
+
+def print_row(case: str, label: str, row: dict, width: int, tail: str = "") -> None:
+    print(f"{case:<16}{label:<{width}}{row['perplexity']:>11.3f}{row['ppl_change']:>+9.2%}"
+          f"{row['top1_agreement']:>14.1%}{row['top1_agreement_clear']:>9.1%}{tail}")
+
+
+def write_report(path: str, report: dict) -> None:
+    make_parents(path)
+    with open(path, "w") as f:
         json.dump(report, f, indent=2)
-    print(f"wrote {args.json}")
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

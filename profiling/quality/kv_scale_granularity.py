@@ -17,7 +17,6 @@ runs the per-layer path (the fused C decode step writes its K/V itself). Rows:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -26,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import torch  # noqa: E402
 
 from cute_kernels.kv_quant import QMAX, round_trip  # noqa: E402
-from profiling.common.report_files import OUT, make_parents  # noqa: E402
+from profiling.common.report_files import OUT  # noqa: E402
 from profiling.quality import kv_cache_quality as kvq  # noqa: E402
 from runtime.accel.kv_scales import TINY, KVScaleSource, calibrate, calibration_ids  # noqa: E402
 from runtime.build import make_runner  # noqa: E402
@@ -106,16 +105,9 @@ def main() -> None:
         base = kvq.compare(ref_scores, ref_scores)["perplexity"]
         report["cases"][case] = {}
         for label, got in rows.items():
-            row = kvq.compare(got[case], ref_scores)
-            row["ppl_change"] = row["perplexity"] / base - 1
-            report["cases"][case][label] = row
-            print(f"{case:<16}{label:<26}{row['perplexity']:>11.3f}{row['ppl_change']:>+9.2%}"
-                  f"{row['top1_agreement']:>14.1%}{row['top1_agreement_clear']:>9.1%}")
-    make_parents(args.json)
-    with open(args.json, "w") as f:
-        json.dump(report, f, indent=2)
-    print(f"wrote {args.json}")
-
+            row = report["cases"][case][label] = kvq.scored_row(got[case], ref_scores, base)
+            kvq.print_row(case, label, row, 26)
+    kvq.write_report(args.json, report)
 
 if __name__ == "__main__":
     main()
