@@ -61,10 +61,10 @@ def build_engine(config: EngineConfig, model_config: ModelConfig, tensors: dict[
     if launch is not None:
         device = local_device(launch, device)
         set_threads(launch)
-    if ranks > 1 and kv_dtype != dtype:
+    if ranks > 1 and is_quantized(kv_dtype):
         split = "tensor-parallel ranks" if layout.tp > 1 else "pipeline stages"
-        raise UserError(f"--kv-cache-dtype {config.kv_cache_dtype} differs from the compute dtype ({dtype}): {split} "
-                        "do not shard a cache of another type yet (use --kv-cache-dtype auto)")
+        raise UserError(f"--kv-cache-dtype {config.kv_cache_dtype}: {split} do not shard an 8-bit cache's "
+                        "scales yet (use --kv-cache-dtype auto, bf16 or float32)")
     calibration = calibration_ids(tokenizer.encode) if is_quantized(kv_dtype) else None
     if (reason := quantization_unavailable(config.quantization, device)) is not None:
         raise UserError(reason)
@@ -89,7 +89,8 @@ def build_engine(config: EngineConfig, model_config: ModelConfig, tensors: dict[
         spec = (group_spec(launch, layout, device, config.distributed_timeout) if launch else
                 GroupSpec.create(layout, device, config.distributed_timeout))
         runner, ledger = make_parallel_runner(model_config, tensors, budget, config.block_size, device, dtype,
-                                              config.backend, spec, make_runner, config.quantization, launch is not None)
+                                              config.backend, spec, make_runner, config.quantization, launch is not None,
+                                              kv_dtype)
         local = runner.local
     ledger.require_blocks()
     heads = config.speculative in HEAD_KINDS  # they read the target's hidden states, which a replayed graph keeps to itself

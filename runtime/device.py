@@ -34,11 +34,23 @@ GPU_E4M3_COMPUTE = (torch.bfloat16, torch.float16)  # what the e4m3 variants deq
 KV_DTYPES = {"float32": torch.float32, "bf16": torch.bfloat16, "fp8_e4m3": torch.float8_e4m3fn, "int8": torch.int8}
 
 
+def default_kv_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """--kv-cache-dtype auto: bf16 for float32 compute on the CPU (the C attention kernels built), else the
+    compute dtype. Long-context decode reads the cache at memory bandwidth, and bf16 halves its
+    bytes for a perplexity change within noise of float32's (docs/serving.md, KV cache dtypes). Widening
+    bf16 is a 16-bit shift, so every CPU (AVX2, AVX-512, portable C) takes it and gives the same tokens."""
+    from cute_kernels.cpu.decode_attention import unavailable_reason  # builds the kernel on first use
+
+    if device.type == "cpu" and dtype == torch.float32 and unavailable_reason() is None:
+        return torch.bfloat16
+    return dtype
+
+
 def resolve_kv_dtype(name: str, dtype: torch.dtype, device: torch.device) -> torch.dtype:
     """The KV cache's element type for --kv-cache-dtype; UserError where no kernel reads that cache: on the CPU
     float32 compute reads every type; on CUDA, bf16 / fp16 compute reads its own type and fp8_e4m3 (the
     Hopper kernels' e4m3 variants; cute_backend.py)."""
-    kv_dtype = dtype if name == "auto" else KV_DTYPES[name]
+    kv_dtype = default_kv_dtype(dtype, device) if name == "auto" else KV_DTYPES[name]
     if kv_dtype == dtype:
         return kv_dtype
     if device.type == "cuda" and kv_dtype == torch.float8_e4m3fn and dtype in GPU_E4M3_COMPUTE:

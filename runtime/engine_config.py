@@ -60,8 +60,9 @@ class EngineConfig:
         None, "how linear weights are held (default: a GGUF's Q4_0/Q4_1/Q8_0 weights stay quantized on the CPU, "
         f"float checkpoints stay float); {FLOAT_MODE}: dequantize everything to float; "
         + "; ".join(f"{k}: {v}" for k, v in QUANTIZATION_MODES.items()), choices=QUANTIZATION_CHOICES)
-    kv_cache_dtype: str = flag("auto", "KV cache element type (auto: the compute dtype); on the CPU bf16 halves the "
-                               "bytes a token takes (twice the tokens per budget), int8 and fp8_e4m3 quarter them "
+    kv_cache_dtype: str = flag("auto", "KV cache element type (auto: bf16 for float32 compute on the CPU, else the "
+                               "compute dtype); on the CPU bf16 halves float32's bytes a token takes (twice the "
+                               "tokens per budget, quality: docs/serving.md), int8 and fp8_e4m3 quarter them "
                                "(an fp32 scale per layer and KV head; quality: docs/serving.md); the C attention "
                                "kernels widen every type to fp32 on load; on CUDA, fp8_e4m3 halves bf16's "
                                "bytes (the cute backend's kernels)", choices=KV_CACHE_DTYPES)

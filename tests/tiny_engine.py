@@ -1,10 +1,12 @@
 """Tiny random-weight engines for fast unit tests: a byte-level tokenizer and a 2-layer model."""
 from __future__ import annotations
 
+import torch
 from tokenizers import AddedToken, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
 from runtime.build import build_engine
+from runtime.device import default_kv_dtype
 from runtime.engine import LLMEngine
 from runtime.engine_config import EngineConfig
 from runtime.tokenizer.tokenizer import Tokenizer
@@ -56,7 +58,10 @@ def tiny_engine(arch: str = "llama", seed: int = 0, num_blocks: int = 256, logit
     config.setdefault("block_size", 16)
     rank_kv_heads = max(1, cfg.num_kv_heads // config.get("tensor_parallel_size", 1))
     stage0_layers = -(-cfg.num_layers // max(1, config.get("pipeline_parallel_size", 1)))  # rank 0's stage holds these
-    per_block = config["block_size"] * 2 * rank_kv_heads * cfg.head_dim * 4 * stage0_layers
+    # num_blocks counts blocks of the default cache (bf16 on the CPU); a named dtype's budget is float32's
+    auto = config.get("kv_cache_dtype", "auto") == "auto"
+    element = default_kv_dtype(torch.float32, torch.device("cpu")).itemsize if auto else 4
+    per_block = config["block_size"] * 2 * rank_kv_heads * cfg.head_dim * element * stage0_layers
     econf = EngineConfig(device="cpu", backend="torch", kv_cache_memory=num_blocks * per_block,
                          log_ledger=False, **config)
     return build_engine(econf, cfg, tensors, tokenizer.with_chat_template(chat_template) if chat_template else tokenizer)

@@ -4,9 +4,14 @@ this Python imports it) on the same GGUF, and vLLM's CPU build (in the Python --
 same weights in fp32, after the others); same model and prompt, one run.
 
     python profiling/benchmarks/bench_generate.py [--model PATH] [--new-tokens 128] [--repeats 3] [--vllm-python PY]
+        [--long-context 2048] [--llama-bench PATH]
 
 Prints TTFT and decode tokens/s of each and the ratios against our quantized path ("per-layer": the
-same weights without the fused decode step, runtime/accel/cpu_decode_step.py).
+same weights without the fused decode step, runtime/accel/cpu_decode_step.py). The long-context row
+decodes after a --long-context-token prompt (the shipped text, repeated), with the default bf16 KV
+cache and with --kv-cache-dtype float32. --llama-bench: llama.cpp's C++ benchmark on the same GGUF and
+threads, run after ours (`-p 0 -n 128 -d 0,N`), and our decode rates as ratios of its tg128 and
+tg128 @ dN (targets: 1.5x and 1.3x). Prefix caching is off: the prompts repeat.
 With `--device cuda`:
 an 8B-shaped random model on the GPU instead, TPOT against its weight-bandwidth floor and batch-64
 throughput (profiling/gpu/bench_generate_gpu.py); `--dry-run` lists those cases without a GPU.
@@ -126,12 +131,14 @@ ENGINES = {"ours q (shipped)": (None, True), "ours q per-layer": (None, False), 
 DETERMINISTIC = {"ours q determ.": (None, True, True), "ours fp32 determ.": ("none", True, True)}
 
 
-def our_engine(cfg, tensors, tok, quantization: str | None, fused: bool, deterministic: bool = False):
+def our_engine(cfg, tensors, tok, quantization: str | None, fused: bool, deterministic: bool = False,
+               kv_dtype: str = "auto"):
     from runtime.build import build_engine
     from runtime.engine_config import EngineConfig
 
     engine = build_engine(EngineConfig(device="cpu", backend="torch", kv_cache_memory=256 << 20, log_ledger=False,
-                                    quantization=quantization, deterministic=deterministic), cfg, dict(tensors), tok)
+                                       quantization=quantization, deterministic=deterministic, kv_cache_dtype=kv_dtype,
+                                       enable_prefix_caching=False), cfg, dict(tensors), tok)
     if not fused:
         engine.model_runner.model.decode_step = None
     return engine
@@ -149,6 +156,8 @@ def main() -> None:
                     "imports vllm); vLLM runs after the others, in its own process, on the fp32 weights")
     ap.add_argument("--deterministic", action="store_true", help="also our engines with --deterministic")
     ap.add_argument("--no-peers", action="store_true", help="our engines only (no transformers, llama.cpp)")
+    ap.add_argument("--long-context", type=int, default=2048, help="the long-context row's prompt tokens (0: none)")
+    ap.add_argument("--llama-bench", default=None, help="a llama-bench binary: its tg128 rows beside ours")
     args = ap.parse_args()
     if args.device == "cuda":
         return gpu_main(args)
@@ -192,9 +201,61 @@ def main() -> None:
           + ("; ours q and ours q determ.: " + str(rows["ours q (shipped)"][0][2] == rows["ours q determ."][0][2])
              if args.deterministic else "")
           + ("" if vllm_same else "; vLLM: not installed here (--vllm-python PATH)"))
+    long_rows = long_context_rows(cfg, tensors, tok, args.long_context, n, args.repeats)
+    peer = llama_bench_rows(args, path, args.long_context, res, long_rows)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({**res, "identical_tokens_fp32": same, "prompt_tokens": len(ids), "new_tokens": n}, f, indent=2)
+            json.dump({**res, "identical_tokens_fp32": same, "prompt_tokens": len(ids), "new_tokens": n,
+                       "long_context": long_rows, "llama_bench": peer}, f, indent=2)
+
+
+# label -> --kv-cache-dtype of the long-context rows (the weights as shipped, the fused step)
+LONG = {"ours q, bf16 KV (default)": "auto", "ours q, float32 KV": "float32"}
+
+
+def long_context_rows(cfg, tensors, tok, tokens: int, n: int, repeats: int) -> dict[str, dict]:
+    """TTFT and decode tok/s after a `tokens`-token prompt, per LONG row (median of repeats, interleaved)."""
+    if tokens <= 0:
+        return {}
+    from profiling.quality.quant_quality import TEXT
+
+    with open(TEXT) as f:
+        text_ids = tok.encode(f.read())
+    ids = (text_ids * (tokens // len(text_ids) + 1))[:tokens]
+    engines = {label: our_engine(cfg, tensors, tok, None, True, kv_dtype=kv) for label, kv in LONG.items()}
+    for engine in engines.values():
+        ours(engine, ids[:64], 8)  # warm-up
+    runs: dict[str, list] = {label: [] for label in engines}
+    for _ in range(repeats):
+        for label, engine in engines.items():
+            runs[label].append(ours(engine, ids, n))
+    rows = {label: {"ttft_ms": 1000 * statistics.median(r[0] for r in v), "decode_tok_s": statistics.median(r[1] for r in v)}
+            for label, v in runs.items()}
+    print(f"long context: prompt {tokens} tokens, then {n} new tokens, median of {repeats}")
+    for label, row in rows.items():
+        print(f"{label:<28}{row['ttft_ms']:>10.1f} ms TTFT{row['decode_tok_s']:>10.1f} decode tok/s")
+    return rows
+
+
+def llama_bench_rows(args: argparse.Namespace, path: str, depth: int, short: dict, long_rows: dict) -> dict[str, float]:
+    """llama-bench's tg rows (at depth 0 and `depth`) and our decode rates as ratios of them."""
+    if args.llama_bench is None:
+        return {}
+    import torch
+
+    from profiling.common.llama_bench_peer import llama_bench
+
+    rows = {r.name: r.tok_s for r in llama_bench(args.llama_bench, path, [0, depth] if depth else [0],
+                                                 torch.get_num_threads(), args.new_tokens, args.repeats)}
+    ours_short = short["ours q (shipped)"]["decode_tok_s"]
+    print(f"llama-bench ({torch.get_num_threads()} threads): " + ", ".join(f"{k} {v:.1f} tok/s" for k, v in rows.items()))
+    tg = f"tg{args.new_tokens}"
+    print(f"ours q short-context decode / llama-bench {tg}: {ours_short / rows[tg]:.2f}x (target 1.5x)")
+    if long_rows:
+        ours_long = long_rows["ours q, bf16 KV (default)"]["decode_tok_s"]
+        print(f"ours q decode at {depth} context / llama-bench {tg} @ d{depth}: "
+              f"{ours_long / rows[f'{tg} @ d{depth}']:.2f}x (target 1.3x)")
+    return rows
 
 
 def gpu_main(args: argparse.Namespace) -> int:

@@ -233,7 +233,7 @@ def agreed_blocks(group: ParallelGroup, mine: int) -> int:
 def make_parallel_runner(cfg: ModelConfig, tensors: dict[str, torch.Tensor], kv_budget: Callable[[], int],
                          block_size: int, device: torch.device, dtype: torch.dtype, backend: str, spec: GroupSpec,
                          make_runner: Callable, quantization: str | None = None, launched: bool = False,
-                         ) -> tuple[ParallelRunner, KVLedger]:
+                         kv_dtype: torch.dtype | None = None) -> tuple[ParallelRunner, KVLedger]:
     """Rank 0's runner over spec's ranks (spawned here, or `launched` elsewhere); consumes `tensors`. The
     ledger is rank 0's. make_runner builds a rank's ModelRunner (runtime.build.make_runner; pickled by
     reference to the workers)."""
@@ -241,7 +241,7 @@ def make_parallel_runner(cfg: ModelConfig, tensors: dict[str, torch.Tensor], kv_
     threads = threads_per_rank(spec.world_size) if not launched else threads_before
     torch.set_num_threads(threads)
     common = dict(config=cfg, block_size=block_size, dtype=dtype, backend=backend, threads=threads, group=spec,
-                  make_runner=make_runner, quantization=quantization)
+                  make_runner=make_runner, quantization=quantization, kv_dtype=kv_dtype)
     try:
         specs = (RankSpec(r, tensors=rank_tensors(cfg, tensors, spec, r), device=str(rank_device(device, r)),
                           **common) for r in range(1, spec.world_size))  # one rank's copy at a time

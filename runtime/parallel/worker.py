@@ -42,6 +42,7 @@ class RankSpec:
     group: GroupSpec
     make_runner: Callable  # runtime.build.make_runner: what builds the rank's ModelRunner
     quantization: str | None = None  # --quantization, applied to this rank's float shard
+    kv_dtype: torch.dtype | None = None  # the KV cache's element type (None: dtype); a float type
 
     @property
     def stage(self) -> int:
@@ -62,7 +63,8 @@ class RankSpec:
 
     def block_bytes(self) -> int:
         """What one KV block costs this rank (its KV heads, its stage's layers)."""
-        return plan_kv_cache(self.local_config(), 0, self.block_size, self.dtype).bytes_per_token * self.block_size
+        kv_dtype = self.kv_dtype or self.dtype
+        return plan_kv_cache(self.local_config(), 0, self.block_size, kv_dtype).bytes_per_token * self.block_size
 
 
 def rank_tensors(cfg: ModelConfig, tensors: dict[str, torch.Tensor], group: GroupSpec,
@@ -78,7 +80,7 @@ def build_rank_runner(spec: RankSpec, blocks: int | Callable[[], int]) -> tuple[
     its weights are resident); it joins the others in connect()."""
     budget = (lambda: blocks() * spec.block_bytes()) if callable(blocks) else blocks * spec.block_bytes()
     runner, ledger = spec.make_runner(spec.local_config(), spec.tensors, budget, spec.block_size, spec.device,
-                                      spec.dtype, spec.backend, spec.quantization)
+                                      spec.dtype, spec.backend, spec.quantization, spec.kv_dtype)
     trim_to_stage(runner.model, spec.first, spec.last)
     ledger.weight_bytes = runner.model.weight_bytes()
     return runner, ledger

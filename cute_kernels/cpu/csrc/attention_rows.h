@@ -1,7 +1,18 @@
-/* Paged decode attention over one task's heads, shared by cpu_decode_attention.c and the fused decode
- * step (cpu_decode_step.c): scores of a GQA group's query heads against the paged K rows, softmax,
- * weighted sum of the V rows. Layouts: k/v cache [num_blocks, BS, HKV, D], a sequence's block table
- * of int32 block ids. */
+/* Paged decode attention, shared by cpu_decode_attention.c and the fused decode step (cpu_decode_step.c):
+ * scores of a GQA group's query heads against the paged K rows, softmax, weighted sum of the V rows.
+ * Layouts: k/v cache [num_blocks, BS, HKV, D], a sequence's block table of int32 block ids.
+ *
+ * Split-KV: a (sequence, KV head) pair's context is cut into chunks of KV_CHUNK tokens (whole blocks),
+ * each a task of its own that leaves its partial (unnormalized sum, max, sum of exps); merge_chunks
+ * combines them by log-sum-exp. So both cores share one long sequence, and since the cut depends on the
+ * context length alone, a row's bits do not depend on its batch or on the thread count.
+ *
+ * Blocking: within a block every query head of the group is scored against 4 K rows at once (each K
+ * element loaded once for all heads), and V rows are weighed into every head's accumulators in
+ * registers. A bf16 cache is widened in registers on load (a 16-bit shift, no AVX-512 BF16 needed);
+ * fp32 and bf16 thus run the same fp32 arithmetic in the same order, so a bf16 cache gives bit for bit
+ * the fp32 result on its widened copy. 8-bit rows (and every row on the portable route) are widened
+ * into per-thread scratch first. */
 #ifndef ATTENTION_ROWS_H
 #define ATTENTION_ROWS_H
 #include <float.h>
@@ -10,6 +21,16 @@
 #include <string.h>
 
 #include "kv_elem.h"
+
+#define KV_CHUNK 256 /* tokens per split-KV chunk, rounded up to whole blocks */
+
+/* Tokens in one chunk for block size bs. */
+static inline int64_t chunk_tokens(int64_t bs) { return (KV_CHUNK + bs - 1) / bs * bs; }
+
+static inline int64_t num_chunks(int64_t len, int64_t bs) { return (len + chunk_tokens(bs) - 1) / chunk_tokens(bs); }
+
+/* Floats of one (sequence, KV head, chunk) partial: per head, its d sums, then max and sum of exps. */
+static inline int64_t partial_floats(int64_t g_n, int64_t d) { return g_n * (d + 2); }
 
 static inline float dot(const float *restrict a, const float *restrict b, int64_t d) {
     float s = 0.f;
@@ -23,7 +44,21 @@ static inline void axpy(float *restrict y, float a, const float *restrict x, int
     for (int64_t i = 0; i < d; i++) y[i] += a * x[i];
 }
 
+/* A block's rows of one KV head: fp32 or (SIMD routes) bf16 elements, stride elements apart. */
+typedef struct {
+    const void *p;
+    int64_t stride;
+    int bf16;
+} Rows;
+
 #ifdef CPU_AVX2
+
+static inline __m256 load8_f32(const float *p) { return _mm256_loadu_ps(p); }
+
+static inline __m256 load8_bf16(const uint16_t *p) {
+    const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
 
 /* The four sums of s0..s3's lanes, in order. */
 static inline __m128 hsum4(__m256 s0, __m256 s1, __m256 s2, __m256 s3) {
@@ -31,50 +66,100 @@ static inline __m128 hsum4(__m256 s0, __m256 s1, __m256 s2, __m256 s3) {
     return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
-/* out[j] = scale * q . k_j for n rows k_j = k + j * stride (d % 8 == 0): four rows share each
- * horizontal reduction, and q's chunks are loaded once per four rows. */
-static inline void dot_rows_avx2(const float *q, const float *k, int64_t stride, int64_t n, int64_t d, float scale,
-                          float *out) {
-    int64_t j = 0;
-    for (; j + 4 <= n; j += 4) {
-        const float *k0 = k + j * stride;
-        __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-        for (int64_t i = 0; i < d; i += 8) {
-            const __m256 qv = _mm256_loadu_ps(q + i);
-            s0 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + i), s0);
-            s1 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + stride + i), s1);
-            s2 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 2 * stride + i), s2);
-            s3 = _mm256_fmadd_ps(qv, _mm256_loadu_ps(k0 + 3 * stride + i), s3);
-        }
-        _mm_storeu_ps(out + j, _mm_mul_ps(hsum4(s0, s1, s2, s3), _mm_set1_ps(scale)));
+/* out[g * os + r] = scale * q_g . k_r for G query heads (q [G][d]) and the 4 rows k_r (d % 8 == 0). A
+ * row's sum runs in the same order wherever it sits among the four, so a tail repeats rows freely. */
+#define SCORE4(SUF, T, G)                                                                                    \
+    static inline void score4_##SUF##_##G(const float *q, int64_t d, const T *const *k, float scale, float *out, \
+                                          int64_t os) {                                                      \
+        __m256 a[G][4];                                                                                      \
+        for (int g = 0; g < G; g++) a[g][0] = a[g][1] = a[g][2] = a[g][3] = _mm256_setzero_ps();             \
+        for (int64_t i = 0; i < d; i += 8) {                                                                 \
+            const __m256 k0 = load8_##SUF(k[0] + i), k1 = load8_##SUF(k[1] + i);                             \
+            const __m256 k2 = load8_##SUF(k[2] + i), k3 = load8_##SUF(k[3] + i);                             \
+            for (int g = 0; g < G; g++) {                                                                    \
+                const __m256 qv = _mm256_loadu_ps(q + g * d + i);                                            \
+                a[g][0] = _mm256_fmadd_ps(qv, k0, a[g][0]);                                                  \
+                a[g][1] = _mm256_fmadd_ps(qv, k1, a[g][1]);                                                  \
+                a[g][2] = _mm256_fmadd_ps(qv, k2, a[g][2]);                                                  \
+                a[g][3] = _mm256_fmadd_ps(qv, k3, a[g][3]);                                                  \
+            }                                                                                                \
+        }                                                                                                    \
+        for (int g = 0; g < G; g++)                                                                          \
+            _mm_storeu_ps(out + g * os, _mm_mul_ps(hsum4(a[g][0], a[g][1], a[g][2], a[g][3]), _mm_set1_ps(scale))); \
     }
-    for (; j < n; j++) out[j] = scale * dot(q, k + j * stride, d);
-}
 
-/* acc[0:W*8] += sum_j p[j] * v_j[0:W*8] with the W accumulators in registers. */
-#define WEIGH_CHUNK(W)                                                                               \
-    static inline void weigh_chunk_##W(float *acc, const float *p, const float *v, int64_t stride, int64_t n) { \
-        __m256 a[W];                                                                                 \
-        for (int r = 0; r < W; r++) a[r] = _mm256_loadu_ps(acc + 8 * r);                             \
-        for (int64_t j = 0; j < n; j++, v += stride) {                                               \
-            const __m256 pj = _mm256_set1_ps(p[j]);                                                  \
-            for (int r = 0; r < W; r++) a[r] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 8 * r), a[r]); \
-        }                                                                                            \
-        for (int r = 0; r < W; r++) _mm256_storeu_ps(acc + 8 * r, a[r]);                             \
+/* acc[g][0:d] += sum_j p[g * ps + j] * v_j for G heads over n rows v_j = v + j * stride, with every
+ * head's accumulators for 32 (then 8) columns in registers. */
+#define WEIGH(SUF, T, G)                                                                                     \
+    static inline void weigh_##SUF##_##G(float *acc, int64_t d, const float *p, int64_t ps, const T *v,      \
+                                         int64_t stride, int64_t n) {                                        \
+        int64_t i0 = 0;                                                                                      \
+        for (; i0 + 32 <= d; i0 += 32) {                                                                     \
+            __m256 a[G][4];                                                                                  \
+            for (int g = 0; g < G; g++)                                                                      \
+                for (int c = 0; c < 4; c++) a[g][c] = _mm256_loadu_ps(acc + g * d + i0 + 8 * c);             \
+            for (int64_t j = 0; j < n; j++) {                                                                \
+                const T *vj = v + j * stride + i0;                                                           \
+                for (int c = 0; c < 4; c++) {                                                                \
+                    const __m256 vc = load8_##SUF(vj + 8 * c);                                               \
+                    for (int g = 0; g < G; g++) a[g][c] = _mm256_fmadd_ps(_mm256_set1_ps(p[g * ps + j]), vc, a[g][c]); \
+                }                                                                                            \
+            }                                                                                                \
+            for (int g = 0; g < G; g++)                                                                      \
+                for (int c = 0; c < 4; c++) _mm256_storeu_ps(acc + g * d + i0 + 8 * c, a[g][c]);             \
+        }                                                                                                    \
+        for (; i0 < d; i0 += 8) {                                                                            \
+            __m256 a[G];                                                                                     \
+            for (int g = 0; g < G; g++) a[g] = _mm256_loadu_ps(acc + g * d + i0);                            \
+            for (int64_t j = 0; j < n; j++) {                                                                \
+                const __m256 vc = load8_##SUF(v + j * stride + i0);                                          \
+                for (int g = 0; g < G; g++) a[g] = _mm256_fmadd_ps(_mm256_set1_ps(p[g * ps + j]), vc, a[g]);  \
+            }                                                                                                \
+            for (int g = 0; g < G; g++) _mm256_storeu_ps(acc + g * d + i0, a[g]);                            \
+        }                                                                                                    \
     }
-WEIGH_CHUNK(8)
-WEIGH_CHUNK(1)
 
-static inline void weigh_rows_avx2(float *acc, const float *p, const float *v, int64_t stride, int64_t n, int64_t d) {
-    int64_t i = 0;
-    for (; i + 64 <= d; i += 64) weigh_chunk_8(acc + i, p, v + i, stride, n);
-    for (; i < d; i += 8) weigh_chunk_1(acc + i, p, v + i, stride, n);
-}
+#define KERNELS(SUF, T) SCORE4(SUF, T, 1) SCORE4(SUF, T, 2) SCORE4(SUF, T, 3) WEIGH(SUF, T, 1) WEIGH(SUF, T, 2) WEIGH(SUF, T, 3)
+KERNELS(f32, float)
+KERNELS(bf16, uint16_t)
+
+/* scores[g * ss + j] = scale * q_g . k_j for the g_n heads and the n rows of one block. */
+#define SCORE_BLOCK(SUF, T)                                                                                  \
+    static inline void score_block_##SUF(const float *q, int64_t g_n, int64_t d, const T *k, int64_t stride,  \
+                                         int64_t n, float scale, float *scores, int64_t ss) {                \
+        for (int64_t j = 0; j < n; j += 4) {                                                                 \
+            const T *rows[4];                                                                                \
+            for (int r = 0; r < 4; r++) rows[r] = k + (j + r < n ? j + r : n - 1) * stride;                  \
+            float tail[3 * 4];                                                                               \
+            for (int64_t g = 0; g < g_n; g += 3) {                                                           \
+                const int64_t gn = g_n - g < 3 ? g_n - g : 3;                                                \
+                float *out = j + 4 <= n ? scores + g * ss + j : tail;                                        \
+                const int64_t os = j + 4 <= n ? ss : 4;                                                      \
+                if (gn == 3) score4_##SUF##_3(q + g * d, d, rows, scale, out, os);                           \
+                else if (gn == 2) score4_##SUF##_2(q + g * d, d, rows, scale, out, os);                      \
+                else score4_##SUF##_1(q + g * d, d, rows, scale, out, os);                                   \
+                if (j + 4 > n)                                                                               \
+                    for (int64_t h = 0; h < gn; h++)                                                         \
+                        for (int64_t r = 0; r < n - j; r++) scores[(g + h) * ss + j + r] = tail[h * 4 + r];  \
+            }                                                                                                \
+        }                                                                                                    \
+    }                                                                                                        \
+    static inline void weigh_block_##SUF(float *acc, int64_t g_n, int64_t d, const float *p, int64_t ps,     \
+                                         const T *v, int64_t stride, int64_t n) {                            \
+        for (int64_t g = 0; g < g_n; g += 3) {                                                               \
+            const int64_t gn = g_n - g < 3 ? g_n - g : 3;                                                    \
+            if (gn == 3) weigh_##SUF##_3(acc + g * d, d, p + g * ps, ps, v, stride, n);                      \
+            else if (gn == 2) weigh_##SUF##_2(acc + g * d, d, p + g * ps, ps, v, stride, n);                 \
+            else weigh_##SUF##_1(acc + g * d, d, p + g * ps, ps, v, stride, n);                              \
+        }                                                                                                    \
+    }
+SCORE_BLOCK(f32, float)
+SCORE_BLOCK(bf16, uint16_t)
 #endif
 
 /* A layer's K and V caches of one element type; k_scale / v_scale: an 8-bit cache's fp32 scale per KV
  * head (NULL for the float types); stage: the calling thread's scratch of block_size * head_dim floats,
- * into which a bf16 or 8-bit block's rows of one KV head are widened. */
+ * into which a block's rows of one KV head are widened where they are not read in place. */
 typedef struct {
     const void *k, *v;
     int kind; /* KV_F32, KV_BF16, KV_I8 or KV_E4M3 */
@@ -82,94 +167,121 @@ typedef struct {
     const float *k_scale, *v_scale;
 } KVCache;
 
-/* KV head kvh's first n rows of block blk as fp32, *row apart: in place for fp32 (row hkv * d),
- * widened into kc->stage otherwise (row d; once per block and head, reused by the group's heads). */
-static inline const float *block_rows_f32(const KVCache *kc, const void *cache, const float *scales, int32_t blk,
-                                          int64_t kvh, int64_t n, int64_t hkv, int64_t d, int64_t bs, int64_t *row) {
+/* The stage a KVCache needs (floats; 0: none): every kind but fp32 may be widened there. */
+static inline int64_t stage_floats(int kind, int64_t bs, int64_t d) { return kind == KV_F32 ? 0 : bs * d; }
+
+/* KV head kvh's first n rows of block blk: in place for fp32 (and bf16 where the SIMD loads widen
+ * it), else widened into kc->stage. */
+static inline Rows block_rows(const KVCache *kc, const void *cache, const float *scales, int32_t blk, int64_t kvh,
+                              int64_t n, int64_t hkv, int64_t d, int64_t bs) {
     const int64_t at = ((int64_t)blk * bs * hkv + kvh) * d;
-    if (kc->kind == KV_F32) {
-        *row = hkv * d;
-        return (const float *)cache + at;
-    }
-    *row = d;
+    if (kc->kind == KV_F32) return (Rows){(const float *)cache + at, hkv * d, 0};
+#ifdef CPU_AVX2
+    if (kc->kind == KV_BF16 && d % 8 == 0) return (Rows){(const uint16_t *)cache + at, hkv * d, 1};
+#endif
     const float scale = kv_quantized(kc->kind) ? scales[kvh] : 1.f;
     for (int64_t j = 0; j < n; j++) kv_row_f32(cache, kc->kind, at + j * hkv * d, d, scale, kc->stage + j * d);
-    return kc->stage;
+    return (Rows){kc->stage, d, 0};
 }
 
-/* scores[h * len + t] = scale * q_h . k_t for the task's query heads h (those of KV heads kv0..kv1)
- * over its whole context. Blocks are the outer loop, so each block's K rows are streamed from
- * memory once, contiguously, and reused from cache by every head of the task. */
-static inline void score_rows(const float *q, const KVCache *kc, const int32_t *table, int64_t len, int64_t g_n,
-                       int64_t kv0, int64_t kv1, int64_t hkv, int64_t d, int64_t bs, float scale, float *scores) {
-    for (int64_t t0 = 0, blk = 0; t0 < len; t0 += bs, blk++) {
-        const int64_t n = len - t0 < bs ? len - t0 : bs;
-        for (int64_t kvh = kv0; kvh < kv1; kvh++) {
-            int64_t row;
-            const float *k = block_rows_f32(kc, kc->k, kc->k_scale, table[blk], kvh, n, hkv, d, bs, &row);
-            for (int64_t g = 0; g < g_n; g++) {
-                const int64_t h = (kvh - kv0) * g_n + g;
+static inline void score_block(const float *q, int64_t g_n, int64_t d, Rows k, int64_t n, float scale, float *scores,
+                               int64_t ss) {
 #ifdef CPU_AVX2
-                if (d % 8 == 0) {
-                    dot_rows_avx2(q + h * d, k, row, n, d, scale, scores + h * len + t0);
-                    continue;
-                }
-#endif
-                for (int64_t j = 0; j < n; j++) scores[h * len + t0 + j] = scale * dot(q + h * d, k + j * row, d);
-            }
-        }
+    if (d % 8 == 0) {
+        if (k.bf16) score_block_bf16(q, g_n, d, k.p, k.stride, n, scale, scores, ss);
+        else score_block_f32(q, g_n, d, k.p, k.stride, n, scale, scores, ss);
+        return;
     }
+#endif
+    for (int64_t g = 0; g < g_n; g++)
+        for (int64_t j = 0; j < n; j++) scores[g * ss + j] = scale * dot(q + g * d, (const float *)k.p + j * k.stride, d);
 }
 
-/* In place: each of the n rows of scores becomes exp(s - max); inv_sum gets the rows' 1 / sum. */
-static inline void softmax_rows(float *scores, int64_t len, int64_t n, float *inv_sum) {
-    for (int64_t g = 0; g < n; g++) {
-        float *s = scores + g * len, m = -FLT_MAX, sum = 0.f;
+static inline void weigh_block(float *acc, int64_t g_n, int64_t d, const float *p, int64_t ps, Rows v, int64_t n) {
+#ifdef CPU_AVX2
+    if (d % 8 == 0) {
+        if (v.bf16) weigh_block_bf16(acc, g_n, d, p, ps, v.p, v.stride, n);
+        else weigh_block_f32(acc, g_n, d, p, ps, v.p, v.stride, n);
+        return;
+    }
+#endif
+    for (int64_t g = 0; g < g_n; g++)
+        for (int64_t j = 0; j < n; j++) axpy(acc + g * d, p[g * ps + j], (const float *)v.p + j * v.stride, d);
+}
+
+/* The partial of the g_n query heads q [g_n][d] of KV head kvh over tokens t_begin..t_end (block
+ * aligned at t_begin): part[g] = (sum_t exp(s_t - max) v_t [d], max, sum_t exp(s_t - max)).
+ * scores: work space of g_n * chunk_tokens(bs) floats. */
+static inline void attend_chunk(const float *q, const KVCache *kc, const int32_t *table, int64_t t_begin,
+                                int64_t t_end, int64_t g_n, int64_t kvh, int64_t hkv, int64_t d, int64_t bs,
+                                float scale, float *scores, float *part) {
+    const int64_t ss = t_end - t_begin, pf = d + 2;
+    for (int64_t t0 = t_begin; t0 < t_end; t0 += bs) {
+        const int64_t n = t_end - t0 < bs ? t_end - t0 : bs;
+        const Rows k = block_rows(kc, kc->k, kc->k_scale, table[t0 / bs], kvh, n, hkv, d, bs);
+        score_block(q, g_n, d, k, n, scale, scores + t0 - t_begin, ss);
+    }
+    float acc[g_n * d];
+    for (int64_t g = 0; g < g_n; g++) {
+        float *s = scores + g * ss, m = -FLT_MAX, sum = 0.f;
 #pragma omp simd reduction(max : m)
-        for (int64_t t = 0; t < len; t++) m = s[t] > m ? s[t] : m;
-#pragma omp simd reduction(+ : sum)  /* vector expf from glibc's libmvec */
-        for (int64_t t = 0; t < len; t++) {
+        for (int64_t t = 0; t < ss; t++) m = s[t] > m ? s[t] : m;
+#pragma omp simd reduction(+ : sum) /* vector expf from glibc's libmvec */
+        for (int64_t t = 0; t < ss; t++) {
             s[t] = expf(s[t] - m);
             sum += s[t];
         }
-        inv_sum[g] = 1.f / sum;
+        part[g * pf + d] = m;
+        part[g * pf + d + 1] = sum;
     }
+    memset(acc, 0, sizeof acc);
+    for (int64_t t0 = t_begin; t0 < t_end; t0 += bs) {
+        const int64_t n = t_end - t0 < bs ? t_end - t0 : bs;
+        const Rows v = block_rows(kc, kc->v, kc->v_scale, table[t0 / bs], kvh, n, hkv, d, bs);
+        weigh_block(acc, g_n, d, scores + t0 - t_begin, ss, v, n);
+    }
+    for (int64_t g = 0; g < g_n; g++) memcpy(part + g * pf, acc + g * d, sizeof(float) * d);
 }
 
-/* acc[h] = sum_t probs[h, t] * v_t for the task's heads, blocks outermost as in score_rows. */
-static inline void weigh_values(const KVCache *kc, const int32_t *table, const float *probs, int64_t len,
-                         int64_t g_n, int64_t kv0, int64_t kv1, int64_t hkv, int64_t d, int64_t bs, float *acc) {
-    memset(acc, 0, sizeof(float) * (kv1 - kv0) * g_n * d);
-    for (int64_t t0 = 0, blk = 0; t0 < len; t0 += bs, blk++) {
-        const int64_t n = len - t0 < bs ? len - t0 : bs;
-        for (int64_t kvh = kv0; kvh < kv1; kvh++) {
-            int64_t row;
-            const float *v = block_rows_f32(kc, kc->v, kc->v_scale, table[blk], kvh, n, hkv, d, bs, &row);
-            for (int64_t g = 0; g < g_n; g++) {
-                const int64_t h = (kvh - kv0) * g_n + g;
-#ifdef CPU_AVX2
-                if (d % 8 == 0) {
-                    weigh_rows_avx2(acc + h * d, probs + h * len + t0, v, row, n, d);
-                    continue;
-                }
-#endif
-                for (int64_t j = 0; j < n; j++) axpy(acc + h * d, probs[h * len + t0 + j], v + j * row, d);
-            }
+/* out[g][0:d] = softmax-weighted sum of the g_n heads over nch chunk partials part [nch][g_n][d + 2]:
+ * each chunk's sums rescaled by exp(its max - the overall max). */
+static inline void merge_chunks(const float *part, int64_t nch, int64_t g_n, int64_t d, float *out) {
+    const int64_t pf = d + 2, stride = g_n * pf;
+    for (int64_t g = 0; g < g_n; g++) {
+        float m = -FLT_MAX, l = 0.f, *o = out + g * d;
+        for (int64_t c = 0; c < nch; c++) m = fmaxf(m, part[c * stride + g * pf + d]);
+        memset(o, 0, sizeof(float) * d);
+        for (int64_t c = 0; c < nch; c++) {
+            const float *pc = part + c * stride + g * pf, w = expf(pc[d] - m);
+            l += w * pc[d + 1];
+            axpy(o, w, pc, d);
         }
+        const float inv = 1.f / l;
+        for (int64_t i = 0; i < d; i++) o[i] *= inv;
     }
 }
 
-/* out[h] = softmax(scale * q_h . K) V for the task's query heads (those of KV heads kv0..kv1) over the
- * first len cached tokens; scores [heads * len], acc [heads * d] and inv_sum [heads] are work space. */
-static inline void attend_heads(const float *q, const KVCache *kc, const int32_t *table,
-                                int64_t len, int64_t g_n, int64_t kv0, int64_t kv1, int64_t hkv, int64_t d,
-                                int64_t bs, float scale, float *scores, float *acc, float *inv_sum, float *out) {
-    const int64_t task_heads = (kv1 - kv0) * g_n;
-    score_rows(q, kc, table, len, g_n, kv0, kv1, hkv, d, bs, scale, scores);
-    softmax_rows(scores, len, task_heads, inv_sum);
-    weigh_values(kc, table, scores, len, g_n, kv0, kv1, hkv, d, bs, acc);
-    for (int64_t h = 0; h < task_heads; h++)
-        for (int64_t i = 0; i < d; i++) out[h * d + i] = acc[h * d + i] * inv_sum[h];
+/* Task `task` of a decode attention over rows of lengths lens (one task per row, KV head and chunk; a
+ * chunk past its row's length does nothing): its partial into parts [rows][hkv][max_chunks][partial].
+ * q: the rows' queries [rows][q_stride], heads of a group adjacent. */
+static inline void attend_task(int64_t task, const float *q, int64_t q_stride, const KVCache *kc,
+                               const int32_t *tables, int64_t max_blocks, const int32_t *lens, int64_t max_chunks,
+                               int64_t g_n, int64_t hkv, int64_t d, int64_t bs, float scale, float *scores,
+                               float *parts) {
+    const int64_t c = task % max_chunks, kvh = task / max_chunks % hkv, r = task / max_chunks / hkv;
+    const int64_t t_begin = c * chunk_tokens(bs), len = lens[r];
+    if (t_begin >= len) return;
+    const int64_t t_end = t_begin + chunk_tokens(bs) < len ? t_begin + chunk_tokens(bs) : len;
+    attend_chunk(q + r * q_stride + kvh * g_n * d, kc, tables + r * max_blocks, t_begin, t_end, g_n, kvh, hkv, d, bs,
+                 scale, scores, parts + task * partial_floats(g_n, d));
+}
+
+/* out [rows][out_stride] of (row, KV head) pair `pair` from its chunks' partials, as attend_task left them. */
+static inline void merge_pair(int64_t pair, const float *parts, const int32_t *lens, int64_t max_chunks, int64_t g_n,
+                              int64_t hkv, int64_t d, int64_t bs, float *out, int64_t out_stride) {
+    const int64_t r = pair / hkv, kvh = pair % hkv;
+    merge_chunks(parts + pair * max_chunks * partial_floats(g_n, d), num_chunks(lens[r], bs), g_n, d,
+                 out + r * out_stride + kvh * g_n * d);
 }
 
 #endif

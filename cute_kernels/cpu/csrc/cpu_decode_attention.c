@@ -8,7 +8,7 @@
  *
  * Layouts (as cute_kernels/reference.py): q/out [B, H, D]; k/v cache [num_blocks, BS, HKV, D];
  * block_tables [B, max_blocks] int32; context_lens [B] int32 (tokens to attend, >= 1).
- * Threads: OpenMP over B * HKV tasks; it shares the one libgomp torch has loaded.
+ * Threads: OpenMP over B * HKV * chunks split-KV tasks (attention_rows.h); it shares the one libgomp torch has loaded.
  */
 #include <omp.h>
 #include <stdint.h>
@@ -17,8 +17,8 @@
 #include "attention_rows.h"
 
 /* Returns 0 on success, 1 on bad sizes, 2 when a work buffer could not be allocated.
- * A task is one sequence (all its KV heads: whole blocks stream contiguously), or, for batches too
- * small to keep every thread busy, one (sequence, KV head) pair. */
+ * Tasks: one per (sequence, KV head, chunk of KV_CHUNK tokens), attention_rows.h's split-KV; then one
+ * merge per (sequence, KV head). */
 int paged_decode_attention_f32(const float *q, const void *k_cache, const void *v_cache,
                                const int32_t *block_tables, const int32_t *context_lens, float *out,
                                int64_t batch, int64_t heads, int64_t hkv, int64_t d, int64_t bs,
@@ -27,40 +27,34 @@ int paged_decode_attention_f32(const float *q, const void *k_cache, const void *
     if (hkv <= 0 || heads % hkv || d <= 0 || bs <= 0 || !kv_kind_known(kv_kind)) return 1;
     if (kv_quantized(kv_kind) && (k_scale == NULL || v_scale == NULL)) return 1;
     const int64_t g_n = heads / hkv;
-    const int64_t kv_per_task = batch >= 4 * omp_get_max_threads() ? hkv : 1;
-    const int64_t tasks_per_seq = hkv / kv_per_task, task_heads = kv_per_task * g_n;
+    int64_t max_len = 1;
+    for (int64_t b = 0; b < batch; b++) max_len = context_lens[b] > max_len ? context_lens[b] : max_len;
+    const int64_t max_chunks = num_chunks(max_len, bs), tasks = batch * hkv * max_chunks;
+    float *parts = malloc(sizeof(float) * (tasks ? tasks : 1) * partial_floats(g_n, d));
+    if (parts == NULL) return 2;
     int status = 0;
 #pragma omp parallel
     {
-        float *scores = NULL, *acc = malloc(sizeof(float) * task_heads * d);
-        float *inv_sum = malloc(sizeof(float) * task_heads);
-        KVCache kc = {k_cache, v_cache, kv_kind, kv_kind == KV_F32 ? NULL : malloc(sizeof(float) * bs * d),
-                      k_scale, v_scale};
-        int64_t capacity = 0;
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t task = 0; task < batch * tasks_per_seq; task++) {
-            const int64_t b = task / tasks_per_seq, kv0 = task % tasks_per_seq * kv_per_task;
-            const int64_t kv1 = kv0 + kv_per_task, len = context_lens[b];
-            if (len > capacity) {
-                free(scores);
-                capacity = len + 1024;
-                scores = malloc(sizeof(float) * task_heads * capacity);
-            }
-            if (scores == NULL || acc == NULL || inv_sum == NULL || (kv_kind != KV_F32 && kc.stage == NULL)) {
-                capacity = 0;
+        float *scores = malloc(sizeof(float) * g_n * chunk_tokens(bs));
+        const int64_t staged = stage_floats(kv_kind, bs, d);
+        KVCache kc = {k_cache, v_cache, kv_kind, staged ? malloc(sizeof(float) * staged) : NULL, k_scale, v_scale};
+        const int ok = scores != NULL && (staged == 0 || kc.stage != NULL);
+        if (!ok) {
 #pragma omp atomic write
-                status = 2;
-                continue;
-            }
-            const int64_t at = (b * heads + kv0 * g_n) * d;
-            attend_heads(q + at, &kc, block_tables + b * max_blocks, len, g_n, kv0, kv1, hkv, d, bs,
-                         scale, scores, acc, inv_sum, out + at);
+            status = 2;
         }
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < tasks; task++)
+            if (ok)
+                attend_task(task, q, heads * d, &kc, block_tables, max_blocks, context_lens, max_chunks, g_n, hkv, d,
+                            bs, scale, scores, parts);
+#pragma omp for schedule(static)
+        for (int64_t pair = 0; pair < batch * hkv; pair++)
+            if (!status) merge_pair(pair, parts, context_lens, max_chunks, g_n, hkv, d, bs, out, heads * d);
         free(scores);
-        free(acc);
-        free(inv_sum);
         free(kc.stage);
     }
+    free(parts);
     return status;
 }
 

@@ -45,6 +45,7 @@ typedef struct { /* the model, as decode_step.py's DecodeModel; built once */
 
 typedef struct { /* the step's activations, one allocation */
     float *res, *h, *qkv, *attn, *gate_up, *d, *s;
+    float *parts; /* the attention's split-KV partials */
     int8_t *q8;
 } Work;
 
@@ -111,18 +112,20 @@ static void rope_and_write_kv(const DecodeModel *md, const DecodeLayer *L, const
     }
 }
 
-/* attn[r] = decode attention of row r's query heads, one task per (row, KV head). */
+/* attn[r] = decode attention of row r's query heads: split-KV tasks (row, KV head, chunk), then a merge
+ * per (row, KV head) (attention_rows.h); parts: their partials, scratch: the thread's scores, then its stage. */
 static void attend(const DecodeModel *md, const DecodeLayer *L, const Work *wk, int64_t m, const int32_t *tables,
-                   int64_t max_blocks, const int32_t *lens, float *scores, float *acc, float *inv_sum) {
-    const int64_t d = md->head_dim, g_n = md->heads / md->kv_heads, width = (md->heads + 2 * md->kv_heads) * d;
-    const KVCache kc = {L->k_cache, L->v_cache, md->kv_kind, inv_sum + g_n, L->k_scale, L->v_scale}; /* stage: after inv_sum */
+                   int64_t max_blocks, const int32_t *lens, int64_t max_chunks, float *parts, float *scratch) {
+    const int64_t d = md->head_dim, g_n = md->heads / md->kv_heads, hkv = md->kv_heads, bs = md->block_size;
+    float *stage = scratch + g_n * chunk_tokens(bs);
+    const KVCache kc = {L->k_cache, L->v_cache, md->kv_kind, stage, L->k_scale, L->v_scale};
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t task = 0; task < m * md->kv_heads; task++) {
-        const int64_t r = task / md->kv_heads, kvh = task % md->kv_heads, at = kvh * g_n * d;
-        attend_heads(wk->qkv + r * width + at, &kc, tables + r * max_blocks, lens[r], g_n, kvh,
-                     kvh + 1, md->kv_heads, d, md->block_size, md->scale, scores, acc, inv_sum,
-                     wk->attn + r * md->heads * d + at);
-    }
+    for (int64_t task = 0; task < m * hkv * max_chunks; task++)
+        attend_task(task, wk->qkv, (md->heads + 2 * hkv) * d, &kc, tables, max_blocks, lens, max_chunks, g_n, hkv, d,
+                    bs, md->scale, scratch, parts);
+#pragma omp for schedule(static)
+    for (int64_t pair = 0; pair < m * hkv; pair++)
+        merge_pair(pair, parts, lens, max_chunks, g_n, hkv, d, bs, wk->attn, md->heads * d);
 }
 
 /* act = silu(gate) * up, quantized block by block (act itself is never stored). */
@@ -139,12 +142,12 @@ static void silu_mul_quantize(const DecodeModel *md, const Work *wk, int64_t m) 
 
 static void layer_step(const DecodeModel *md, const DecodeLayer *L, int first, float *x, const Work *wk, int64_t m,
                        const int64_t *positions, const int64_t *slots, const int32_t *tables, int64_t max_blocks,
-                       const int32_t *lens, float *scores, float *acc, float *inv_sum) {
+                       const int32_t *lens, int64_t max_chunks, float *scratch) {
     const int64_t h = md->hidden, q_size = md->heads * md->head_dim, kv = md->kv_heads * md->head_dim;
     norm_and_quantize(md, x, L->input_norm, first, wk, m);
     gemv(L->weight[QKV], L->type[QKV], wk, L->qkv_bias, wk->qkv, m, q_size + 2 * kv, h);
     rope_and_write_kv(md, L, wk, m, positions, slots);
-    attend(md, L, wk, m, tables, max_blocks, lens, scores, acc, inv_sum);
+    attend(md, L, wk, m, tables, max_blocks, lens, max_chunks, wk->parts, scratch);
     quantize(wk->attn, wk, m, q_size);
     gemv(L->weight[O_PROJ], L->type[O_PROJ], wk, NULL, x, m, h, q_size);
     norm_and_quantize(md, x, L->post_norm, 0, wk, m);
@@ -177,19 +180,21 @@ int decode_step_f32(const DecodeModel *md, float *x, float *out, int64_t m, cons
     const int64_t k_max = md->inter > h ? (md->inter > q_size ? md->inter : q_size) : (h > q_size ? h : q_size);
     int64_t max_len = 0;
     for (int64_t r = 0; r < m; r++) max_len = context_lens[r] > max_len ? context_lens[r] : max_len;
-    const size_t floats = (size_t)m * (2 * h + width + q_size + 2 * md->inter + 2 * k_max / QK);
+    const int64_t g_n = md->heads / md->kv_heads, max_chunks = num_chunks(max_len, md->block_size);
+    const int64_t part_floats = m * md->kv_heads * max_chunks * partial_floats(g_n, d);
+    const size_t floats = (size_t)m * (2 * h + width + q_size + 2 * md->inter + 2 * k_max / QK) + part_floats;
     float *buf = malloc(sizeof(float) * floats + (size_t)m * k_max);
     if (buf == NULL) return 2;
     Work wk = {.res = buf};
     wk.h = wk.res + m * h, wk.qkv = wk.h + m * h, wk.attn = wk.qkv + m * width, wk.gate_up = wk.attn + m * q_size;
-    wk.d = wk.gate_up + m * 2 * md->inter, wk.s = wk.d + m * k_max / QK, wk.q8 = (int8_t *)(wk.s + m * k_max / QK);
-    const int64_t g_n = md->heads / md->kv_heads;
+    wk.d = wk.gate_up + m * 2 * md->inter, wk.s = wk.d + m * k_max / QK, wk.parts = wk.s + m * k_max / QK;
+    wk.q8 = (int8_t *)(wk.parts + part_floats);
     int failed = 0;
 #pragma omp parallel num_threads(nthreads)
     {
-        /* scores, acc, inv_sum, then a bf16 or 8-bit cache's stage of block_size rows */
-        float *scores = malloc(sizeof(float) * (g_n * max_len + g_n * d + g_n + md->block_size * d));
-        if (scores == NULL) {
+        /* the attention's scores for one chunk, then a bf16 or 8-bit cache's stage of block_size rows */
+        float *scratch = malloc(sizeof(float) * (g_n * chunk_tokens(md->block_size) + md->block_size * d));
+        if (scratch == NULL) {
 #pragma omp atomic write
             failed = 1;
         }
@@ -197,12 +202,12 @@ int decode_step_f32(const DecodeModel *md, float *x, float *out, int64_t m, cons
         if (!failed) { /* read after the barrier: every thread takes the same branch, the loops' barriers match */
             for (int64_t l = 0; l < md->num_layers; l++)
                 layer_step(md, &md->layers[l], l == 0, x, &wk, m, positions, slots, block_tables, max_blocks,
-                           context_lens, scores, scores + g_n * max_len, scores + g_n * max_len + g_n * d);
+                           context_lens, max_chunks, scratch);
 #pragma omp for schedule(static)
             for (int64_t r = 0; r < m; r++)
                 add_rms_norm_row(x + r * h, wk.res + r * h, md->final_norm, wk.res + r * h, out + r * h, h, md->eps);
         }
-        free(scores);
+        free(scratch);
     }
     free(buf);
     return failed ? 2 : 0;

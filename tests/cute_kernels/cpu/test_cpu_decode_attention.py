@@ -201,3 +201,34 @@ def test_an_8bit_cache_without_scales_is_refused(cpu_route):
         decode_attention_cpu(DecodeArgs(q, k8, k8, tables, ctx, 0.125))
     with pytest.raises(ValueError, match="shape \\(2,\\)"):
         decode_attention_cpu(DecodeArgs(q, k8, k8, tables, ctx, 0.125, kv_scales=KVScales(ks[:1], ks[:1])))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_long_contexts_split_into_chunks_merge_to_the_reference(dtype, cpu_route):
+    """Past 256 tokens a row's context is cut into chunks (split-KV) merged by log-sum-exp: contexts of 1-9
+    chunks, with one key made to dominate in a late chunk of one row and an early chunk of another, so
+    a wrong rescale of any chunk's sums moves the output by O(1). Tolerance as above (fp32 either way)."""
+    lens = [2100, 257, 256, 600, 1]
+    q, k_cache, v_cache, tables, ctx = paged_case(lens, 9, 3, 64)
+    for row, t in ((0, 1900), (3, 5)):  # key t of row `row` aligned with its queries: a sharp peak
+        blk, off = tables[row, t // 16], t % 16
+        k_cache[blk, off] = q[row].view(3, 3, 64)[:, 0] * 4
+    k_cache, v_cache = k_cache.to(dtype), v_cache.to(dtype)
+    want = decode_attention_ref(DecodeArgs(q, k_cache.float(), v_cache.float(), tables, ctx, 0.125))
+    got = decode_attention_cpu(DecodeArgs(q, k_cache, v_cache, tables, ctx, 0.125))
+    torch.testing.assert_close(got, want, rtol=0, atol=2e-5)
+
+
+def test_a_rows_bits_depend_on_neither_its_batch_nor_the_thread_count(cpu_route):
+    """The split depends on the context length alone: a row alone, in a batch, on one or two threads."""
+    q, k_cache, v_cache, tables, ctx = paged_case([1500, 40, 700], 9, 3, 64)
+    k16, v16 = k_cache.bfloat16(), v_cache.bfloat16()
+    batch = decode_attention_cpu(DecodeArgs(q, k16, v16, tables, ctx, 0.125))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        for b in range(3):
+            alone = decode_attention_cpu(DecodeArgs(q[b:b + 1], k16, v16, tables[b:b + 1], ctx[b:b + 1], 0.125))
+            assert torch.equal(alone[0], batch[b])
+    finally:
+        torch.set_num_threads(threads)

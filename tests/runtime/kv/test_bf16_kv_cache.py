@@ -1,5 +1,5 @@
-"""--kv-cache-dtype bf16 on the CPU: the flag's checks (before any model is loaded), the ledger, and
-greedy decoding close to the float32 cache's. The kernels' own bf16 tests sit beside their fp32 ones
+"""--kv-cache-dtype bf16 on the CPU (the default there: auto): the flag's checks (before any model is
+loaded), the ledger, and greedy decoding close to the float32 cache's. The kernels' own bf16 tests sit beside their fp32 ones
 (tests/test_cpu_*attention.py, tests/runtime/accel/test_cpu_decode_step.py)."""
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import argparse
 import pytest
 import torch
 
+from cute_kernels.cpu import decode_attention
 from runtime.device import resolve_kv_dtype
 from runtime.engine_config import EngineConfig, add_engine_args
 from runtime.errors import UserError
@@ -34,13 +35,26 @@ def test_a_cache_no_kernel_reads_is_refused(dtype, device):
     assert resolve_kv_dtype("auto", dtype, torch.device(device)) == dtype
 
 
-def test_a_bf16_cache_under_tensor_parallelism_is_refused_before_anything_loads():
-    with pytest.raises(UserError, match="--kv-cache-dtype bf16 differs"):
-        tiny_engine(kv_cache_dtype="bf16", tensor_parallel_size=2)
+def test_auto_is_bf16_for_float32_compute_on_the_cpu(monkeypatch):
+    cpu = torch.device("cpu")
+    assert resolve_kv_dtype("auto", torch.float32, cpu) == torch.bfloat16
+    assert resolve_kv_dtype("float32", torch.float32, cpu) == torch.float32
+    assert tiny_engine().model_runner.kv_caches[0][0].dtype == torch.bfloat16
+    monkeypatch.setattr(decode_attention, "unavailable_reason", lambda: "no C compiler")
+    assert resolve_kv_dtype("auto", torch.float32, cpu) == torch.float32  # the reference reads float32 fastest
+
+
+def test_tensor_parallel_ranks_hold_a_bf16_cache_and_follow_one_rank():
+    params = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
+    prompts = [list(b"hello bf16"), list(range(40, 90))]
+    one, two = tiny_engine(kv_heads=4), tiny_engine(kv_heads=4, tensor_parallel_size=2)
+    assert two.model_runner.kv_caches[0][0].dtype == torch.bfloat16
+    assert ([o.outputs[0].token_ids for o in LLM.from_engine(two).generate(prompts, params, use_tqdm=False)]
+            == [o.outputs[0].token_ids for o in LLM.from_engine(one).generate(prompts, params, use_tqdm=False)])
 
 
 def test_bf16_doubles_the_blocks_of_a_budget():
-    fp32, bf16 = tiny_engine(), tiny_engine(kv_cache_dtype="bf16")
+    fp32, bf16 = tiny_engine(kv_cache_dtype="float32"), tiny_engine(kv_cache_dtype="bf16")
     assert bf16.ledger.num_blocks == 2 * fp32.ledger.num_blocks == 512
     assert bf16.model_runner.kv_caches[0][0].dtype == torch.bfloat16 and "(bfloat16, 2.0x float32's tokens per byte)" in bf16.ledger.describe()
     assert fp32.model_runner.kv_caches[0][0].dtype == torch.float32 and "(float32)" in fp32.ledger.describe()
@@ -52,7 +66,7 @@ def test_greedy_decoding_follows_the_float32_cache_up_to_a_near_tie():
     params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True, logprobs=2)
     prompts = [list(b"hello bf16"), list(b"the quick brown fox jumps over"), list(range(40, 90))]
     runs = [LLM.from_engine(tiny_engine(logit_scale=20.0, **kw)).generate(prompts, params, use_tqdm=False)
-            for kw in ({}, {"kv_cache_dtype": "bf16"})]
+            for kw in ({"kv_cache_dtype": "float32"}, {})]
     compared = 0
     for want, got in zip(*runs):
         for (token, other), (chosen, top), (chosen_bf16, _) in zip(

@@ -22,7 +22,7 @@ QUANTIZED = {"int8": torch.int8, "fp8_e4m3": torch.float8_e4m3fn}
 @pytest.fixture(scope="module")
 def engines():
     """A float32-cache engine and one per 8-bit dtype, over the same tiny model and KV budget."""
-    return {name: tiny_engine(logit_scale=20.0, **({"kv_cache_dtype": name} if name != "float32" else {}))
+    return {name: tiny_engine(logit_scale=20.0, kv_cache_dtype=name)
             for name in ("float32", *QUANTIZED)}
 
 

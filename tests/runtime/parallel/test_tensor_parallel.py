@@ -50,8 +50,11 @@ def tokens(engine, prompts, params) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def kv4_pair():
-    """One process and two ranks over the same random model with 4 KV heads (2 per rank)."""
-    one, two = tiny_engine(kv_heads=4), tiny_engine(kv_heads=4, tensor_parallel_size=2)
+    """One process and two ranks over the same random model with 4 KV heads (2 per rank), float32 caches: the
+    seeded comparison is exact, and rounding K/V to bf16 turns the shards' last-bit differences into whole bf16
+    steps (the default bf16 cache under TP is compared greedily in tests/runtime/kv/test_bf16_kv_cache.py)."""
+    one, two = (tiny_engine(kv_heads=4, kv_cache_dtype="float32"),
+                tiny_engine(kv_heads=4, tensor_parallel_size=2, kv_cache_dtype="float32"))
     yield one, two
     one.close()
     two.close()
