@@ -18,7 +18,14 @@ from runtime.accel.kv_scales import KVScaleSource, calibration_ids, pop_kv_scale
 from runtime.accel.linears import QuantizedLinears
 from runtime.accel.quantization import unavailable_reason as quantization_unavailable
 from runtime.accel.select_backend import select_backend
-from runtime.device import default_dtype, kv_budget, resolve_device, resolve_dtype, resolve_kv_dtype, resolve_weight_dtype
+from runtime.device import (
+    default_dtype,
+    kv_budget,
+    resolve_device,
+    resolve_dtype,
+    resolve_kv_dtype,
+    resolve_weight_dtype,
+)
 from runtime.engine import LLMEngine
 from runtime.engine_config import EngineConfig
 from runtime.errors import UserError
