@@ -18,7 +18,14 @@ from runtime.accel.kv_scales import KVScaleSource, calibration_ids, pop_kv_scale
 from runtime.accel.linears import QuantizedLinears
 from runtime.accel.quantization import unavailable_reason as quantization_unavailable
 from runtime.accel.select_backend import select_backend
-from runtime.device import default_dtype, kv_budget, resolve_device, resolve_dtype, resolve_kv_dtype
+from runtime.device import (
+    default_dtype,
+    kv_budget,
+    resolve_device,
+    resolve_dtype,
+    resolve_kv_dtype,
+    resolve_weight_dtype,
+)
 from runtime.engine import LLMEngine
 from runtime.engine_config import EngineConfig
 from runtime.errors import UserError
@@ -61,8 +68,13 @@ def build_engine(config: EngineConfig, model_config: ModelConfig, tensors: dict[
     if launch is not None:
         device = local_device(launch, device)
         set_threads(launch)
+    split = "tensor-parallel ranks" if layout.tp > 1 else "pipeline stages"
+    weight_dtype = resolve_weight_dtype(config.dtype, device, tensors)
+    if ranks > 1 and weight_dtype is not None:
+        if config.dtype != "auto":
+            raise UserError(f"--dtype {config.dtype}: {split} hold float weights in float32 only (use --dtype float32)")
+        weight_dtype = None  # the start-up log's "float32 x N" says so
     if ranks > 1 and is_quantized(kv_dtype):
-        split = "tensor-parallel ranks" if layout.tp > 1 else "pipeline stages"
         raise UserError(f"--kv-cache-dtype {config.kv_cache_dtype}: {split} do not shard an 8-bit cache's "
                         "scales yet (use --kv-cache-dtype auto, bf16 or float32)")
     calibration = calibration_ids(tokenizer.encode) if is_quantized(kv_dtype) else None
@@ -83,7 +95,7 @@ def build_engine(config: EngineConfig, model_config: ModelConfig, tensors: dict[
     if ranks == 1:
         local, ledger = make_runner(model_config, tensors, budget, config.block_size, device, dtype, config.backend,
                                     config.quantization, kv_dtype, config.deterministic,
-                                    KVScaleSource(calibration, config.calculate_kv_scales))
+                                    KVScaleSource(calibration, config.calculate_kv_scales), weight_dtype)
         runner: Runner = local
     else:
         spec = (group_spec(launch, layout, device, config.distributed_timeout) if launch else
@@ -168,16 +180,17 @@ def make_runner(cfg: ModelConfig, tensors: dict[str, torch.Tensor], kv_budget_by
                 block_size: int = 16, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
                 backend: str = "auto", quantization: str | None = None, kv_dtype: torch.dtype | None = None,
                 deterministic: bool = False, kv_scale_source: KVScaleSource = KVScaleSource(),
-                ) -> tuple[ModelRunner, KVLedger]:
+                weight_dtype: torch.dtype | None = None) -> tuple[ModelRunner, KVLedger]:
     """This process's model, its kernel backend and paged KV cache. A callable budget is asked only once
     the weights are in place, so free memory it reads excludes them. quantization: see
     runtime/accel/quantization.py (None: a GGUF's quantized weights as shipped). kv_dtype: the KV cache's
-    element type (None: dtype). deterministic: batch-invariant linears and attention (every row as a decode row)."""
+    element type (None: dtype). deterministic: batch-invariant linears and attention (every row as a decode row).
+    weight_dtype: bfloat16 holds float linear weights in bf16 on the CPU (runtime/accel/bf16_linear.py)."""
     device = torch.device(device)
     dtype = dtype or default_dtype(device)
     kv_dtype = kv_dtype or dtype
     checkpoint_scales = pop_kv_scales(cfg, tensors) if is_quantized(kv_dtype) else None
-    linears = QuantizedLinears(quantization, device, dtype, cfg.fp8_weight_block == 128, deterministic)
+    linears = QuantizedLinears(quantization, device, dtype, cfg.fp8_weight_block == 128, deterministic, weight_dtype)
     attention = select_backend(backend, device, dtype)
     attention.batch_invariant = deterministic
     model = build_model(cfg, tensors, attention, device, dtype, linears)

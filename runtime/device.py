@@ -24,10 +24,39 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+DTYPES = {"float32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+          "half": torch.float16}  # --dtype's values, as vLLM spells them
+
+
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """The compute (activation) dtype. On the CPU it is float32 whatever --dtype says: there bfloat16 is
+    how float weights are held (resolve_weight_dtype), and float16 has no kernel (UserError)."""
+    if name != "auto" and name not in DTYPES:
+        raise UserError(f"unknown dtype {name!r} (choose from auto, {', '.join(DTYPES)})")
+    if device.type == "cpu":
+        if DTYPES.get(name) == torch.float16:
+            raise UserError(f"--dtype {name}: no CPU kernel runs float16; use bfloat16, float32 or auto")
+        return torch.float32
+    return default_dtype(device) if name == "auto" else DTYPES[name]
+
+
+def _bf16_checkpoint(tensors: dict[str, torch.Tensor]) -> bool:
+    """Whether the checkpoint's matrices are stored in bf16 (a GGUF's quantized blocks are no float tensors)."""
+    matrices = [t for t in tensors.values() if isinstance(t, torch.Tensor) and t.dim() == 2]
+    return bool(matrices) and all(t.dtype == torch.bfloat16 for t in matrices)
+
+
+def resolve_weight_dtype(name: str, device: torch.device, tensors: dict[str, torch.Tensor]) -> torch.dtype | None:
+    """bfloat16 where float linear weights are held in bf16 on the CPU (cute_kernels/cpu/bf16_gemm.py), None
+    for the compute dtype. auto: bf16 for a bf16 checkpoint on a CPU with AVX-512 BF16 (vdpbf16ps),
+    as loaded; float32 elsewhere (no native bf16 product, or a float32 / float16 checkpoint)."""
+    from cute_kernels.cpu.bf16_gemm import native_bf16
+
+    if device.type != "cpu":
+        return None
     if name == "auto":
-        return default_dtype(device)
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+        return torch.bfloat16 if _bf16_checkpoint(tensors) and native_bf16() else None
+    return torch.bfloat16 if DTYPES[name] == torch.bfloat16 else None
 
 
 GPU_E4M3_COMPUTE = (torch.bfloat16, torch.float16)  # what the e4m3 variants dequantize to

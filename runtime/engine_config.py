@@ -50,8 +50,11 @@ GENERATION_CONFIGS = ("auto", "vllm")
 class EngineConfig:
     model: str | None = flag(None, "a .gguf file or a Hugging Face folder (default: SmolLM2-135M-Instruct)")
     device: str = flag("auto", "cpu, cuda, cuda:N or auto (default: %(default)s)")
-    dtype: str = flag("auto", "compute dtype (auto: float32 on cpu, bfloat16 on gpu)",
-                      choices=("auto", "float32", "bfloat16", "float16"))
+    dtype: str = flag("auto", "weight and compute dtype, as vLLM spells it. GPU: the compute dtype (auto: bfloat16). "
+                      "CPU: activations stay float32 and bfloat16 holds float weights in bf16 (vdpbf16ps on "
+                      "AVX-512 BF16, widened to fp32 elsewhere); auto: bf16 for a bf16 checkpoint where the CPU "
+                      "has AVX-512 BF16, else float32; float16 / half: GPU only",
+                      choices=("auto", "half", "float16", "bfloat16", "float", "float32"))
     backend: str = flag("auto", "kernel backend (auto: CuTe kernels on an sm_90 GPU, torch reference otherwise; on the "
                         "CPU the torch backend runs fp32 attention (prefill and paged decode) and the fused "
                         "norm/rope/silu ops in C kernels unless CUTE_SERVE_CPU_KERNELS=0)",

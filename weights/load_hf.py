@@ -1,4 +1,5 @@
-"""Load a Hugging Face model folder (config.json + *.safetensors) into float32 tensors."""
+"""Load a Hugging Face model folder (config.json + *.safetensors) into float tensors: bf16 ones as stored
+(the CPU holds them so with --dtype bfloat16 / auto; the model build widens them otherwise), the rest as float32."""
 from __future__ import annotations
 
 import glob
@@ -135,7 +136,7 @@ def load_hf(path: str) -> Checkpoint:
                 for name in f.keys():
                     if name in wanted:  # skip extras such as rotary inv_freq or a tied lm_head copy
                         t = f.get_tensor(name)
-                        tensors[name] = t if fp8 else t.to(torch.float32)
+                        tensors[name] = t if fp8 or t.dtype == torch.bfloat16 else t.to(torch.float32)
                     elif name in wanted_scales:
                         scales[name] = f.get_tensor(name)
                     elif name in kv_scales:  # kept as they are: runtime/model/kv_scales.py reads them

@@ -1,4 +1,4 @@
-"""A whole decode step in one C call: csrc/cpu_decode_step.c over block-quantized weights (quant_blocks.py),
+"""A whole decode step in one C call: csrc/cpu_decode_step.c over block-quantized (quant_blocks.py) or bf16 weights,
 fp32 activations and fp32, bf16, int8 or e4m3 paged KV caches (kv_elem.py), for up to max_rows() rows of one new
 token each.
 
@@ -22,6 +22,7 @@ from cute_kernels.kv_quant import KVScales
 
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 LINEARS = ("qkv", "o_proj", "gate_up", "down")
+BF16 = "BF16"  # a weight type beside the block types: a [rows, cols] bfloat16 tensor (the C enum's 16)
 
 
 class _Layer(ctypes.Structure):
@@ -65,7 +66,8 @@ class DecodeShape:
 
 @dataclass(frozen=True)
 class LayerTensors:
-    """One layer: (blocks, type name) of qkv [q + 2 kv, hidden], o_proj, gate_up [2 inter, hidden], down;
+    """One layer: (blocks, type name) of qkv [q + 2 kv, hidden], o_proj, gate_up [2 inter, hidden], down (or
+    (a bfloat16 [rows, cols] weight, BF16));
     fp32 norms, the qkv bias (or None), the layer's K and V caches [blocks, block size, kv heads, d] and,
     for an int8 / e4m3 cache, their scales."""
 
@@ -86,6 +88,9 @@ def _fp32(t: torch.Tensor, shape: tuple[int, ...], what: str, dtype: torch.dtype
 
 
 def _blocks(blocks: torch.Tensor, type_name: str, rows: int, cols: int, what: str) -> int:
+    if type_name == BF16 and not cols % QK:  # the step rounds activations in blocks of QK as it quantizes them
+        _fp32(blocks, (rows, cols), what, torch.bfloat16)
+        return 16
     if type_name not in TYPE_IDS or cols % QK:
         raise ValueError(f"{what}: {type_name} blocks of {cols} columns are not a block format the kernel reads")
     if (blocks.dtype != torch.uint8 or blocks.device.type != "cpu" or not blocks.is_contiguous()

@@ -63,6 +63,7 @@ np.save(sys.argv[3], np.array(llm.scores[:len(ids)], dtype=np.float32))
 
 
 BF16_KV = "as shipped + bf16 KV"
+BF16_WEIGHTS = "bf16 weights"  # --dtype bfloat16 on the CPU: float weights held in bf16 (runtime/accel/bf16_linear.py)
 
 
 def paths(tensors: dict, device: torch.device) -> list[tuple[str, str | None, torch.dtype | None]]:
@@ -70,11 +71,12 @@ def paths(tensors: dict, device: torch.device) -> list[tuple[str, str | None, to
     out = [("float", FLOAT_MODE, None)]
     if any(isinstance(t, QuantizedTensor) for t in tensors.values()):
         out += [("as shipped", None, None), (BF16_KV, None, torch.bfloat16)]
-    return out + [(m, m, None) for m in QUANTIZATION_MODES if unavailable_reason(m, device) is None]
+    bf16 = [(BF16_WEIGHTS, FLOAT_MODE, None)] if device.type == "cpu" else []
+    return out + bf16 + [(m, m, None) for m in QUANTIZATION_MODES if unavailable_reason(m, device) is None]
 
 
 def all_logits(cfg, tensors: dict, quantization: str | None, ids: list[int], edit=None,
-               kv_dtype: torch.dtype | None = None) -> torch.Tensor:
+               kv_dtype: torch.dtype | None = None, weight_dtype: torch.dtype | None = None) -> torch.Tensor:
     """Every position's logits, fed CHUNK tokens per step: below the quantized linear's
     DEQUANT_MIN_ROWS, so each product takes its decode path (int8 activations), the one that differs
     most from float; a long prefill would take the dequantized-weight path instead. edit(model), when
@@ -82,7 +84,8 @@ def all_logits(cfg, tensors: dict, quantization: str | None, ids: list[int], edi
     the KV cache's (None: float32), read by the chunks' prefill attention over the cached prefix."""
     blocks = math.ceil(len(ids) / BLOCK)
     budget = blocks * BLOCK * 2 * cfg.num_kv_heads * cfg.head_dim * 4 * cfg.num_layers
-    runner, _ = make_runner(cfg, dict(tensors), budget, BLOCK, quantization=quantization, kv_dtype=kv_dtype)
+    runner, _ = make_runner(cfg, dict(tensors), budget, BLOCK, quantization=quantization, kv_dtype=kv_dtype,
+                            weight_dtype=weight_dtype)
     if edit is not None:
         edit(runner.model)
     table = list(range(blocks))
@@ -156,7 +159,8 @@ def main() -> None:
     cfg, tensors, ids, path = load(args)
     print(f"{os.path.basename(path)}; {len(ids)} positions of {os.path.basename(TEXT)} in {CHUNK}-token steps (the "
           f"int8-activation path); torch threads: {torch.get_num_threads()}")
-    logits = {label: all_logits(cfg, tensors, q, ids, kv_dtype=kv)
+    logits = {label: all_logits(cfg, tensors, q, ids, kv_dtype=kv,
+                                weight_dtype=torch.bfloat16 if label == BF16_WEIGHTS else None)
               for label, q, kv in paths(tensors, torch.device("cpu"))}
     base = logits["float"]
     base_ppl = perplexity(base, ids)

@@ -56,6 +56,8 @@ def batch_invariant(linear: Linear) -> Linear:
     for part in parts:
         if isinstance(part, BlockQuantLinear):
             part.allow_dequant = False
+    if hasattr(linear, "invariant"):  # bf16 weights: no switch to the packed GEMM by row count
+        linear.invariant = True
     if hasattr(linear, "k_splits"):  # the CuTe FP8 GEMM: no split-K (its tile order is fixed)
         linear.k_splits = 1
     if isinstance(linear, DenseLinear) and linear.weight.device.type == "cpu":

@@ -1,6 +1,6 @@
 """The fused CPU decode step (cute_kernels/cpu/decode_step.py) behind LlamaModel.forward: a decode-only
 step of at most decode_step.max_rows() rows runs every layer in one C call, when every linear holds
-block-quantized weights (BlockQuantLinear) and the KV caches are fp32, bf16, int8 or e4m3 on the CPU. Anything else
+block-quantized (BlockQuantLinear) or bf16 (Bf16Linear) weights and the KV caches are fp32, bf16, int8 or e4m3 on the CPU. Anything else
 (prefill or mixed steps, more rows, Qwen3's qk_norm, float or fp8 weights, tensor-parallel ranks,
 whose linears are wrapped in collectives) takes the per-layer path.
 """
@@ -10,6 +10,7 @@ import torch
 
 from cute_kernels.cpu import decode_step
 from cute_kernels.cpu.decode_attention import DecodeTables, prepare_tables
+from runtime.accel.bf16_linear import Bf16Linear
 from runtime.accel.block_linear import BlockQuantLinear
 from runtime.model.attention_batch import AttentionBatch
 from runtime.model.llama import LlamaModel
@@ -19,9 +20,11 @@ KVCaches = list[tuple[torch.Tensor, torch.Tensor]]
 
 def _layer_tensors(layer, caches: tuple[torch.Tensor, torch.Tensor]) -> decode_step.LayerTensors | None:
     linears = layer.linears()
-    if not all(type(linear) is BlockQuantLinear for linear in linears):
+    if not all(type(linear) in (BlockQuantLinear, Bf16Linear) for linear in linears):
         return None
-    return decode_step.LayerTensors(tuple((linear.blocks, linear.type_name) for linear in linears), layer.qkv.bias,
+    weights = tuple((linear.weight, decode_step.BF16) if type(linear) is Bf16Linear else (linear.blocks, linear.type_name)
+                    for linear in linears)
+    return decode_step.LayerTensors(weights, layer.qkv.bias,
                                     layer.input_norm.data, layer.post_norm.data, *caches, layer.kv_scales)
 
 

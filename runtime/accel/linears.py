@@ -6,6 +6,7 @@ from itertools import accumulate
 import torch
 
 from runtime.accel.batch_invariant import batch_invariant
+from runtime.accel.bf16_linear import Bf16Linear
 from runtime.accel.block_linear import BlockQuantEmbedding, BlockQuantLinear, BlockQuantParts, block_linear_supports
 from runtime.accel.cpu_linear import PackedCpuLinear, pack_linear_weight
 from runtime.accel.quantization import head_mode, quantize_linear
@@ -33,11 +34,14 @@ def make_linear(weight: torch.Tensor, bias: torch.Tensor | None = None, quantiza
 class QuantizedLinears:
     """The Linears the engine builds with (runtime/model/build.py's seam): a GGUF's blocks kept where the
     quantized kernel runs them (no --quantization), float weights quantized at load (a QUANTIZATION_MODES
-    mode), else float (oneDNN-packed where that applies)."""
+    mode), else float: bf16 where weight_dtype says so (the CPU's bf16 GEMM), else the compute dtype
+    (oneDNN-packed where that applies)."""
 
     def __init__(self, quantization: str | None, device: torch.device, dtype: torch.dtype,
-                 fp8_block: bool = False, deterministic: bool = False) -> None:
+                 fp8_block: bool = False, deterministic: bool = False,
+                 weight_dtype: torch.dtype | None = None) -> None:
         self.quantization, self.device, self.dtype = quantization, device, dtype
+        self.bf16 = weight_dtype == torch.bfloat16 and device.type == "cpu"  # float weights held in bf16
         self.fp8_block = fp8_block  # an FP8 checkpoint's 128x128 block scales
         self.deterministic = deterministic  # batch-invariant linears (batch_invariant.py)
 
@@ -62,13 +66,19 @@ class QuantizedLinears:
                                     for p, a, b in zip(weight.parts, bounds, bounds[1:])])
         if self.keeps(weight):
             return BlockQuantLinear(weight.type_name, weight.blocks, bias)
-        weight = self.float(weight)
         if self.quantization == "fp8":  # the LM head stays in the compute dtype
+            weight = self.float(weight)
             return make_linear(weight, bias) if head else make_linear(weight, bias, "fp8", self.fp8_block)
         if self.quantization in QUANTIZATION_MODES and block_linear_supports("Q8_0", *weight.shape, self.device,
                                                                              self.dtype):
-            return quantize_linear(head_mode(self.quantization) if head else self.quantization, weight, bias)
-        return make_linear(weight, bias)
+            mode = head_mode(self.quantization) if head else self.quantization
+            return quantize_linear(mode, self.float(weight), bias)
+        return self._float_linear(weight, bias)
+
+    def _float_linear(self, weight: Weight, bias: torch.Tensor | None) -> Linear:
+        if self.bf16:  # as loaded: a bf16 checkpoint's weight is never widened to fp32
+            return Bf16Linear(as_float(weight).to(self.device), bias)
+        return make_linear(self.float(weight), bias)
 
     def embedding(self, table: Weight) -> Embedding:
         if self.keeps(table):

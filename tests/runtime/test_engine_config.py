@@ -34,7 +34,7 @@ def test_flags_are_exactly_the_cli_contract():
     assert actions["kv_cache_memory"].type is parse_bytes
     assert actions["kv_offload_bytes"].type is parse_bytes and actions["kv_disk_bytes"].type is parse_bytes
     assert actions["engine_seed"].option_strings == ["--engine-seed"]
-    assert list(actions["dtype"].choices) == ["auto", "float32", "bfloat16", "float16"]
+    assert list(actions["dtype"].choices) == ["auto", "half", "float16", "bfloat16", "float", "float32"]  # vLLM's spelling
     assert list(actions["backend"].choices) == ["auto", "torch", "cute"]
     assert list(actions["scheduler"].choices) == ["continuous", "static"]
     assert list(actions["speculative"].choices) == ["ngram", "suffix", "draft", "medusa", "eagle"]

@@ -12,6 +12,8 @@
  * order of runtime/model/llama.py's DecoderLayer: add+RMSNorm, q8 activations, qkv (+ bias), RoPE
  * (rotate-half), KV write at the step's slots, paged GQA decode attention, o_proj, add+RMSNorm,
  * gate_up, silu*mul, down; then the final add+RMSNorm. Python wrapper: cute_kernels/cpu/decode_step.py.
+ * A linear may instead hold bf16 weights (type BF16, bf16_dot.h): its input is then rounded to bf16 where
+ * another would be quantized to q8 blocks, and its GEMV is bf16 dot products with fp32 sums.
  */
 #include <omp.h>
 #include <stdint.h>
@@ -19,16 +21,18 @@
 #include <string.h>
 
 #include "attention_rows.h"
+#include "bf16_dot.h"
 #include "fused_rows.h"
 #include "quant_dot.h"
 
 #define MAX_ROWS 8 /* rows per step this path takes; more go to the per-op path's GEMM */
 
 enum { QKV = 0, O_PROJ = 1, GATE_UP = 2, DOWN = 3 };
+enum { BF16 = 16 }; /* a weight type beside quant_dot.h's block types: [rows, cols] bf16, as decode_step.py says */
 
 typedef struct { /* one decoder layer, as decode_step.py's DecodeLayer */
     const uint8_t *weight[4]; /* blocks of qkv [q + 2 kv, hidden], o_proj, gate_up [2 inter, hidden], down */
-    int32_t type[4];          /* Q4_0 / Q4_1 / Q8_0 */
+    int32_t type[4];          /* Q4_0 / Q4_1 / Q8_0 / BF16 */
     const float *qkv_bias;    /* NULL: none */
     const float *input_norm, *post_norm;
     void *k_cache, *v_cache;  /* [num_blocks, block_size, kv_heads, head_dim] of the model's kv_kind */
@@ -47,14 +51,37 @@ typedef struct { /* the step's activations, one allocation */
     float *res, *h, *qkv, *attn, *gate_up, *d, *s;
     float *parts; /* the attention's split-KV partials */
     int8_t *q8;
+    uint16_t *xb; /* a bf16 linear's input */
 } Work;
 
 int decode_step_max_rows(void) { return MAX_ROWS; }
 
 /* y[m, n] = x @ W^T (+ bias) from quantized activations; groups of 8 output rows split over the team,
  * in cpu_quant_gemm.c's order (dot_tile8, dot_tile for the last n % 8), so a row gets its bits. */
+/* The same for bf16 weights [n, k] against wk->xb: groups of 4 output rows over the team. */
+static void gemv_bf16(const uint16_t *w, const Work *wk, const float *bias, float *y, int64_t m, int64_t n,
+                      int64_t k) {
+#pragma omp for schedule(static)
+    for (int64_t g = 0; g < (n + BF16_TILE - 1) / BF16_TILE; g++) {
+        const int64_t c0 = g * BF16_TILE;
+        const int cols = (int)(n - c0 < BF16_TILE ? n - c0 : BF16_TILE);
+        for (int64_t r0 = 0; r0 < m; r0 += BF16_TILE) {
+            const int nr = (int)(m - r0 < BF16_TILE ? m - r0 : BF16_TILE);
+            float out[BF16_TILE * BF16_TILE];
+            bf16_tile(wk->xb + r0 * k, k, nr, w + c0 * k, k, cols, k, out, BF16_TILE);
+            for (int r = 0; r < nr; r++)
+                for (int l = 0; l < cols; l++)
+                    y[(r0 + r) * n + c0 + l] = out[r * BF16_TILE + l] + (bias != NULL ? bias[c0 + l] : 0.f);
+        }
+    }
+}
+
 static void gemv(const uint8_t *w, int type, const Work *wk, const float *bias, float *y, int64_t m, int64_t n,
                  int64_t k) {
+    if (type == BF16) {
+        gemv_bf16((const uint16_t *)w, wk, bias, y, m, n, k);
+        return;
+    }
     const int64_t nb = k / QK, row_bytes = nb * BLOCK_BYTES[type];
 #pragma omp for schedule(static)
     for (int64_t g = 0; g < (n + 7) / 8; g++) {
@@ -79,15 +106,21 @@ static void gemv(const uint8_t *w, int type, const Work *wk, const float *bias, 
     }
 }
 
-/* The q8 blocks of x [m, k], blocks split over the team. */
-static void quantize(const float *x, const Work *wk, int64_t m, int64_t k) {
+/* x [m, k] as the linear of weight type `type` reads it: q8 blocks, or bf16 rows for a BF16 weight;
+ * blocks (rows) split over the team. */
+static void quantize(const float *x, int type, const Work *wk, int64_t m, int64_t k) {
+    if (type == BF16) {
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < m; r++) to_bf16_row(x + r * k, wk->xb + r * k, k);
+        return;
+    }
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < m * (k / QK); i++) quantize_block_q8(x + i * QK, wk->q8 + i * QK, wk->d + i, wk->s + i);
 }
 
-/* res = x + res (x alone at the first layer), h = rms_norm(res) * w, then h's q8 blocks. */
-static void norm_and_quantize(const DecodeModel *md, const float *x, const float *w, int first, const Work *wk,
-                              int64_t m) {
+/* res = x + res (x alone at the first layer), h = rms_norm(res) * w, then h as a `type` linear reads it. */
+static void norm_and_quantize(const DecodeModel *md, const float *x, const float *w, int first, int type,
+                              const Work *wk, int64_t m) {
     const int64_t dim = md->hidden;
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < m; r++) {
@@ -95,7 +128,7 @@ static void norm_and_quantize(const DecodeModel *md, const float *x, const float
                          md->eps);
         if (first) memcpy(wk->res + r * dim, x + r * dim, sizeof(float) * dim);
     }
-    quantize(wk->h, wk, m, dim);
+    quantize(wk->h, type, wk, m, dim);
 }
 
 /* RoPE on q and k of each row, then k and v into the layer's cache at the row's slot. */
@@ -128,15 +161,18 @@ static void attend(const DecodeModel *md, const DecodeLayer *L, const Work *wk, 
         merge_pair(pair, parts, lens, max_chunks, g_n, hkv, d, bs, wk->attn, md->heads * d);
 }
 
-/* act = silu(gate) * up, quantized block by block (act itself is never stored). */
-static void silu_mul_quantize(const DecodeModel *md, const Work *wk, int64_t m) {
+/* act = silu(gate) * up, quantized block by block, or rounded to bf16 for a BF16 down (act itself is never stored). */
+static void silu_mul_quantize(const DecodeModel *md, int type, const Work *wk, int64_t m) {
     const int64_t inter = md->inter, nb = inter / QK;
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < m * nb; i++) {
         const float *g = wk->gate_up + (i / nb) * 2 * inter + (i % nb) * QK;
         float act[QK];
         silu_mul_row(g, g + inter, act, QK);
-        quantize_block_q8(act, wk->q8 + i * QK, wk->d + i, wk->s + i);
+        if (type == BF16)
+            to_bf16_row(act, wk->xb + i * QK, QK);
+        else
+            quantize_block_q8(act, wk->q8 + i * QK, wk->d + i, wk->s + i);
     }
 }
 
@@ -144,15 +180,15 @@ static void layer_step(const DecodeModel *md, const DecodeLayer *L, int first, f
                        const int64_t *positions, const int64_t *slots, const int32_t *tables, int64_t max_blocks,
                        const int32_t *lens, int64_t max_chunks, float *scratch) {
     const int64_t h = md->hidden, q_size = md->heads * md->head_dim, kv = md->kv_heads * md->head_dim;
-    norm_and_quantize(md, x, L->input_norm, first, wk, m);
+    norm_and_quantize(md, x, L->input_norm, first, L->type[QKV], wk, m);
     gemv(L->weight[QKV], L->type[QKV], wk, L->qkv_bias, wk->qkv, m, q_size + 2 * kv, h);
     rope_and_write_kv(md, L, wk, m, positions, slots);
     attend(md, L, wk, m, tables, max_blocks, lens, max_chunks, wk->parts, scratch);
-    quantize(wk->attn, wk, m, q_size);
+    quantize(wk->attn, L->type[O_PROJ], wk, m, q_size);
     gemv(L->weight[O_PROJ], L->type[O_PROJ], wk, NULL, x, m, h, q_size);
-    norm_and_quantize(md, x, L->post_norm, 0, wk, m);
+    norm_and_quantize(md, x, L->post_norm, 0, L->type[GATE_UP], wk, m);
     gemv(L->weight[GATE_UP], L->type[GATE_UP], wk, NULL, wk->gate_up, m, 2 * md->inter, h);
-    silu_mul_quantize(md, wk, m);
+    silu_mul_quantize(md, L->type[DOWN], wk, m);
     gemv(L->weight[DOWN], L->type[DOWN], wk, NULL, x, m, h, md->inter);
 }
 
@@ -183,12 +219,13 @@ int decode_step_f32(const DecodeModel *md, float *x, float *out, int64_t m, cons
     const int64_t g_n = md->heads / md->kv_heads, max_chunks = num_chunks(max_len, md->block_size);
     const int64_t part_floats = m * md->kv_heads * max_chunks * partial_floats(g_n, d);
     const size_t floats = (size_t)m * (2 * h + width + q_size + 2 * md->inter + 2 * k_max / QK) + part_floats;
-    float *buf = malloc(sizeof(float) * floats + (size_t)m * k_max);
+    float *buf = malloc(sizeof(float) * floats + (size_t)m * k_max * (1 + sizeof(uint16_t)));
     if (buf == NULL) return 2;
     Work wk = {.res = buf};
     wk.h = wk.res + m * h, wk.qkv = wk.h + m * h, wk.attn = wk.qkv + m * width, wk.gate_up = wk.attn + m * q_size;
     wk.d = wk.gate_up + m * 2 * md->inter, wk.s = wk.d + m * k_max / QK, wk.parts = wk.s + m * k_max / QK;
     wk.q8 = (int8_t *)(wk.parts + part_floats);
+    wk.xb = (uint16_t *)(wk.q8 + m * k_max); /* after q8's m * k_max bytes (k_max is a multiple of QK: aligned) */
     int failed = 0;
 #pragma omp parallel num_threads(nthreads)
     {

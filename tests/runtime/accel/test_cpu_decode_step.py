@@ -30,7 +30,8 @@ TOL = dict(rtol=1e-4, atol=1e-4)
 BLOCKS_PER_SEQ = 6
 
 
-def tiny_runner(quantization: str, arch: str = "llama", fused: bool = True, kv_dtype: torch.dtype | None = None):
+def tiny_runner(quantization: str | None, arch: str = "llama", fused: bool = True, kv_dtype: torch.dtype | None = None,
+                weight_dtype: torch.dtype | None = None):
     if arch == "llama":
         cfg, tensors = tiny_weights(arch)
     else:
@@ -38,7 +39,7 @@ def tiny_runner(quantization: str, arch: str = "llama", fused: bool = True, kv_d
         cfg, tensors = our_config(hf, arch), state_dict(hf)
     calibration = KVScaleSource(list(range(3, 250)))  # read by an int8 / e4m3 cache only
     runner = make_runner(cfg, tensors, 4 << 20, backend="torch", quantization=quantization, kv_dtype=kv_dtype,
-                         kv_scale_source=calibration)[0]
+                         kv_scale_source=calibration, weight_dtype=weight_dtype)[0]
     if not fused:
         runner.model.decode_step = None
     return runner
@@ -85,6 +86,19 @@ def test_fused_step_matches_the_per_layer_path(quantization, arch, rows, fused_s
         torch.testing.assert_close(g, w, **TOL)
     for (k, v), (k2, v2) in zip(fused.kv_caches, per_layer.kv_caches):
         assert torch.equal(k, k2) and torch.equal(v, v2)
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_fused_step_over_bf16_weights_matches_the_per_layer_path(rows, fused_steps, cpu_route):
+    """bf16 weights (Bf16Linear): both paths round each linear's input to bf16 and run bf16_dot.h's tiles."""
+    fused, per_layer = (tiny_runner(None, weight_dtype=torch.bfloat16, fused=f) for f in (True, False))
+    assert fused.model.quantization() == "bf16 x 9"  # 2 layers x 4 linears and the head
+    got, got_tokens = greedy(fused, PROMPTS[rows], 32)
+    assert fused_steps == [rows] * 32
+    want, want_tokens = greedy(per_layer, PROMPTS[rows], 32)
+    assert got_tokens == want_tokens
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, **TOL)
 
 
 @pytest.mark.parametrize("rows", [1, 3])
