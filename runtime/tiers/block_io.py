@@ -21,10 +21,11 @@ class Snapshot:
     data: torch.Tensor  # uint8, on the host
     done: torch.cuda.Event | None = None
 
-    def bytes(self) -> bytearray:
+    def bytes(self) -> memoryview:
+        """The bytes in place (no copy: the snapshot owns them, nothing else writes them)."""
         if self.done is not None:
             self.done.synchronize()  # the writer thread waits, not the step
-        return bytearray(self.data.numpy())  # one copy (tobytes() made a second)
+        return memoryview(self.data.numpy()).cast("B")
 
 
 class BlockIO:

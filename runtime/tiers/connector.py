@@ -9,6 +9,7 @@ that block, logged and counted, and the scheduler recomputes the rest: a miss, n
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
@@ -37,6 +38,7 @@ class Tier(Protocol):
     used: int  # bytes held
     budget: int  # bytes it may hold
     inline: bool  # a read never waits on a device (host memory): a CPU engine may load from it at once
+    checksummed: bool  # its bytes can change outside this process (a file): a read rechecks the payload's CRC
 
     def __len__(self) -> int: ...  # blocks held
     def contains(self, block_hash: int) -> bool: ...
@@ -181,7 +183,7 @@ class TieredConnector:
             if data is None:
                 continue
             try:
-                record = decode(data, self.fingerprint, block_hash, tokens)
+                record = decode(data, self.fingerprint, block_hash, tokens, tier.checksummed)
             except CorruptBlock as exc:
                 log.warning("KV %s tier: block %032x %s; recomputing it", tier.name, block_hash, exc)
                 tier.drop(block_hash)
@@ -193,6 +195,7 @@ class TieredConnector:
         return None
 
     def _write_loop(self) -> None:
+        _lower_priority()  # on a CPU engine the step's threads own the cores: write in their gaps
         while (item := self._writes.get()) is not None:
             try:
                 self._encode_and_store(*item)
@@ -238,3 +241,12 @@ class TieredConnector:
         self._loader.shutdown(wait=True)
         for tier in self.tiers:
             tier.close()
+
+
+def _lower_priority() -> None:
+    """The calling thread at the lowest CPU priority (nice 19; Linux sets it per thread). Evictions queue
+    up meanwhile (WRITE_QUEUE_BLOCKS); a platform that cannot lower it just writes at the usual priority."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (AttributeError, OSError):
+        pass

@@ -21,6 +21,7 @@ log = logging.getLogger("cute_serve")
 class DiskTier:
     name = "disk"
     inline = False
+    checksummed = True
 
     def __init__(self, root: str, budget_bytes: int, fingerprint: bytes) -> None:
         self.dir = Path(root) / fingerprint.hex()
@@ -61,8 +62,9 @@ class DiskTier:
     def read(self, block_hash: int) -> bytearray | None:
         path = self._path(block_hash)
         try:
-            with open(path, "rb") as f:
-                data = bytearray(f.read())
+            with open(path, "rb", buffering=0) as f:  # one read into one buffer (read() then a copy: 10x slower)
+                data = bytearray(os.fstat(f.fileno()).st_size)
+                del data[f.readinto(data) or 0:]  # shorter if it shrank meanwhile: decode() says truncated
             os.utime(path)  # most recently used: the LRU order survives a restart
         except OSError:
             self.drop(block_hash)

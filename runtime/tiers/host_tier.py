@@ -11,6 +11,7 @@ from collections import OrderedDict
 class HostTier:
     name = "host"
     inline = True
+    checksummed = False  # its bytes never leave this process's memory
 
     def __init__(self, budget_bytes: int) -> None:
         self.budget = budget_bytes

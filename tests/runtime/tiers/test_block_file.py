@@ -34,3 +34,12 @@ def test_another_model_block_or_prefix_is_refused():
         decode(bytearray(stored()), FP, H + 1, TOKENS)
     with pytest.raises(CorruptBlock, match="other tokens"):
         decode(bytearray(stored()), FP, H, (99,) + TOKENS[1:])
+
+
+def test_without_the_checksum_every_other_check_still_holds():
+    flipped = stored()[:-5] + b"XXXXX"  # bytes kept in this process's memory: the CRC is not rechecked
+    assert bytes(decode(bytearray(flipped), FP, H, TOKENS, checksum=False).payload).endswith(b"XXXXX")
+    for data, fp, h, tokens in [(stored()[:-1], FP, H, TOKENS), (stored(), b"g" * 16, H, TOKENS),
+                                (stored(), FP, H + 1, TOKENS), (stored(), FP, H, (99,) + TOKENS[1:])]:
+        with pytest.raises(CorruptBlock):
+            decode(bytearray(data), fp, h, tokens, checksum=False)

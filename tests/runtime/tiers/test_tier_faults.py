@@ -83,7 +83,7 @@ def test_a_slow_disk_times_out_into_recomputing(tmp_path, want, monkeypatch):
 
 class GatedTier:
     """A tier whose reads wait until the test lets each block through."""
-    name, inline = "gated", False  # its reads wait: never loaded inline
+    name, inline, checksummed = "gated", False, True  # its reads wait: never loaded inline
 
     def __init__(self, blocks: dict[int, bytes]) -> None:
         self.blocks, self.gates = blocks, {h: threading.Event() for h in blocks}

@@ -1,6 +1,10 @@
 """KV tiers below the pool (runtime/tiers/): evicted prefix blocks come back from host memory or disk
 with greedy outputs identical to recomputing them, across a restart too; refused settings are one-line
 errors before any model loads."""
+import os
+import sys
+import threading
+
 import numpy as np
 import pytest
 
@@ -47,6 +51,15 @@ def test_host_memory_loads_on_the_cpu_are_copied_at_once(want):
     with engine(kv_offload_bytes=1 << 30) as e:
         assert run_rounds(e) == want
         assert e.stats.tiers["inline_loads"] == e.stats.tiers["loads"] > 0 and not e.scheduler.loading
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a thread's own nice value is Linux's")
+def test_the_writer_thread_yields_the_cores_to_the_step(tmp_path, want):
+    with engine(kv_disk_path=str(tmp_path)) as e:
+        assert run_rounds(e) == want  # the writer has started and written
+        writer = e.scheduler.connector._writer
+        assert os.getpriority(os.PRIO_PROCESS, writer.native_id) == 19
+        assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) < 19  # the step thread's is untouched
 
 
 def test_a_restart_keeps_what_host_memory_held(tmp_path, want):
