@@ -94,7 +94,7 @@ def main() -> None:
                 print(f"{type_name:5} {shape_name:8} {rows:5} | {' '.join(cells)} {r['fp32']:7.1f} | {share} | "
                       f"{qg.choose_path(type_name, rows)}", flush=True)
     if args.prefill_split:
-        prefill_split(args.prefill_split, args.repeat, peak)
+        prefill_split(args.prefill_split, args.repeat, peak, CLOCKS[args.clock])
 
 
 if __name__ == "__main__":
