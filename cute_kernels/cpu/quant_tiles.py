@@ -4,6 +4,7 @@ on here; quant_reference.quant_linear_ref is the oracle for both."""
 from __future__ import annotations
 
 import ctypes
+import time
 
 import torch
 
@@ -16,7 +17,8 @@ TILE_TYPES = ("Q4_0", "Q4_1", "Q8_0")
 
 def _library() -> tuple[ctypes.CDLL | None, str | None]:
     return build.load_with_signatures("cpu_quant_tiles", {
-        "quant_gemm_tiles": ([_P, _C, _P, _P, _P, _P, _P, _I, _I, _I, _C], _C)})
+        "quant_gemm_tiles": ([_P, _C, _P, _P, _P, _P, _P, _I, _I, _I, _C], _C),
+        "int8_peak": ([_I, _C], _I)})
 
 
 def available(type_name: str) -> bool:
@@ -45,3 +47,22 @@ def tiles_gemm(blocks: torch.Tensor, type_name: str, q: torch.Tensor, d: torch.T
     if rc != 0:
         raise MemoryError("quant_gemm_tiles could not allocate its weight panel")
     return y
+
+
+def int8_peak_gops(threads: int, seconds: float = 0.3, clock=time.perf_counter) -> float | None:
+    """This route's int8 multiply-add peak in GOP/s (2 ops per multiply-add) on `threads` threads, from
+    csrc/cpu_quant_tiles.c's int8_peak (12 independent vpdpbusd / maddubs per round); None where the
+    route has no such instruction (portable C). clock: time.process_time counts CPU time, steadier on
+    a shared machine (then the figure is per CPU-second, as bench_quant_gemm.py's --clock cpu rates)."""
+    lib = _library()[0]
+    if lib is None or lib.int8_peak(1, 1) < 0:
+        return None
+    iters, best = 1 << 16, 0.0
+    while True:
+        t0 = clock()
+        macs = lib.int8_peak(iters, threads)
+        dt = clock() - t0
+        best = max(best, 2 * macs / dt / 1e9)
+        if dt >= seconds:
+            return best
+        iters *= 2

@@ -4,10 +4,12 @@ continuous batching, with the weights as loaded (a GGUF's quantized blocks) or, 
 dequantized to fp32 (continuous-int8 / -q4: those --quantization modes), (d) llama.cpp one request at a
 time (engine llama.cpp, llama-cpp-python in this Python), and (e) vLLM's CPU build when it is installed
 (in this Python, or the one --vllm-python names: vLLM pins its own torch, so it usually lives in a
-separate virtual environment).
+separate virtual environment), once per --vllm-dtypes (float32 and bfloat16, its CPU default here).
+--ttft-prompt N adds one N-token prompt's TTFT, ours and each vLLM run's, prefix caching off.
 
     python profiling/benchmarks/bench_offline.py [--engines continuous,continuous-fp32,static,transformers] [--hf-batch 16]
-        [--vllm-python /path/to/venv/bin/python] [--kv-bytes N] [--temperature T --top-p P] [--json out.json]
+        [--vllm-python /path/to/venv/bin/python] [--vllm-dtypes float32,bfloat16] [--ttft-prompt 2000]
+        [--kv-bytes N] [--temperature T --top-p P] [--json out.json]
 
 Prints useful output tokens/s (requested tokens only), TTFT/TPOT P50/P99, ratios, and where a step's
 time goes in the continuous engine. A smaller --kv-bytes shows the two schedulers under memory
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -119,7 +122,7 @@ def run_llama_cpp(model_path, workload) -> dict:
 
 
 VLLM_SCRIPT = r"""
-import json, sys, time
+import json, statistics, sys, time
 
 
 def main():  # vLLM starts its engine core with spawn: everything runs under the main guard
@@ -127,7 +130,9 @@ def main():  # vLLM starts its engine core with spawn: everything runs under the
     from vllm.inputs import TokensPrompt
 
     spec = json.load(open(sys.argv[1]))
-    llm = LLM(model=spec["model"], dtype="float32", max_model_len=2048, seed=0)
+    long_ids = spec["ttft_prompt"]
+    llm = LLM(model=spec["model"], dtype=spec["dtype"], max_model_len=max(2048, len(long_ids) + 16), seed=0,
+              enforce_eager=spec["eager"], enable_prefix_caching=False)
     prompts = [TokensPrompt(prompt_token_ids=r[0]) for r in spec["requests"]]
     # no per-request seeds: vLLM's CPU sampler fails on them ("CPU Generator does not use offset");
     # LLM(seed=0) seeds the run instead
@@ -138,8 +143,17 @@ def main():  # vLLM starts its engine core with spawn: everything runs under the
     outs = llm.generate(prompts, params)
     wall = time.perf_counter() - t0
     useful = sum(len(o.outputs[0].token_ids) for o in outs)
-    json.dump({"engine": "vllm-cpu", "wall_s": wall, "useful_tok_s": useful / wall, "useful_tokens": useful},
-              open(sys.argv[2], "w"))
+    result = {"engine": "vllm-cpu:" + spec["dtype"], "wall_s": wall, "useful_tok_s": useful / wall,
+              "useful_tokens": useful}
+    if long_ids:  # TTFT of one long prompt: one output token, prefix caching off, the median of the repeats
+        one = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+        times = []
+        for _ in range(spec["ttft_repeats"]):
+            t0 = time.perf_counter()
+            llm.generate([TokensPrompt(prompt_token_ids=long_ids)], one)
+            times.append(time.perf_counter() - t0)
+        result["long_ttft_s"] = statistics.median(times)
+    json.dump(result, open(sys.argv[2], "w"))
 
 
 if __name__ == "__main__":
@@ -147,9 +161,29 @@ if __name__ == "__main__":
 """
 
 
-def run_vllm(python: str, model_path: str, workload, temperature: float, top_p: float) -> dict:
-    spec = {"requests": [[r.prompt_ids, r.max_tokens] for r in workload], "temperature": temperature, "top_p": top_p}
+def run_vllm(python: str, model_path: str, workload, dtype: str, long_ids: list[int], args) -> dict:
+    spec = {"requests": [[r.prompt_ids, r.max_tokens] for r in workload], "temperature": args.temperature,
+            "top_p": args.top_p, "dtype": dtype, "eager": args.vllm_eager, "ttft_prompt": long_ids,
+            "ttft_repeats": args.repeats}
     return run_vllm_script(python, model_path, VLLM_SCRIPT, spec)
+
+
+def long_prompt_ttft(model_path: str, long_ids: list[int], args) -> float:
+    """Our default engine's TTFT for one long prompt (one output token, prefix caching off): the median of
+    --repeats after a warm-up."""
+    cfg, tensors, tok, _ = load_model(model_path)
+    engine = build_engine(EngineConfig(device="cpu", backend="torch", kv_cache_memory=args.kv_bytes,
+                                       max_num_batched_tokens=args.max_num_batched_tokens, log_ledger=False,
+                                       enable_prefix_caching=False, deterministic=args.deterministic),
+                          cfg, tensors, tok)
+    times = []
+    for i in range(args.repeats + 1):
+        engine.add_request(f"long{i}", long_ids, SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
+        t0 = time.perf_counter()
+        while engine.has_unfinished_requests():
+            engine.step()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[1:])
 
 
 def print_table(results: list[dict], base: dict | None) -> None:
@@ -197,6 +231,13 @@ def main() -> None:
                     help="our engines with --deterministic (batch-invariant; README, Deterministic inference)")
     ap.add_argument("--vllm-python", default=None,
                     help="a Python interpreter that has vLLM's CPU build (default: this one, if it has vLLM)")
+    ap.add_argument("--vllm-dtypes", default="float32,bfloat16",
+                    help="vLLM runs once per dtype (bfloat16: its CPU default on AVX-512 BF16 machines)")
+    ap.add_argument("--vllm-eager", action=argparse.BooleanOptionalAction, default=True,
+                    help="vLLM with enforce_eager (starts in ~20 s instead of compiling for 70-100 s)")
+    ap.add_argument("--ttft-prompt", type=int, default=0, metavar="TOKENS",
+                    help="also the TTFT of one prompt of TOKENS random token ids, ours and vLLM's (0: skip)")
+    ap.add_argument("--repeats", type=int, default=3, help="--ttft-prompt: the median of this many")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     from weights.default import resolve_model_path
@@ -217,13 +258,24 @@ def main() -> None:
         extra = (f" ({r['preemptions']} preemptions, {r['computed_prefill_tokens']} prefill tokens computed)"
                  if "preemptions" in r else "")
         print(f"  done: {r['engine']} {r['useful_tok_s']:.1f} useful tok/s{extra}", flush=True)
+    long_ids = (torch.randint(3, 49000, (args.ttft_prompt,), generator=torch.Generator().manual_seed(7)).tolist()
+                if args.ttft_prompt else [])
+    if long_ids:
+        ours_ttft = long_prompt_ttft(path, long_ids, args)
+        print(f"  done: ours, {args.ttft_prompt}-token prompt TTFT {ours_ttft:.3f} s", flush=True)
     if (python := vllm_python(args.vllm_python)) is not None:
-        results.append(run_vllm(python, path, workload, args.temperature, args.top_p))
+        for dtype in filter(None, args.vllm_dtypes.split(",")):
+            results.append(run_vllm(python, path, workload, dtype, long_ids, args))
+            print(f"  done: {results[-1]['engine']} {results[-1]['useful_tok_s']:.1f} useful tok/s", flush=True)
     else:
         print("  vLLM: not installed here; --vllm-python PATH runs it from another environment", flush=True)
     base = next((r for r in results if r["engine"] == "continuous"), None)
     print_table(results, base)
     print_kv_table(results)
+    if long_ids:
+        print(f"{args.ttft_prompt}-token prompt TTFT: ours {ours_ttft:.3f} s" + "".join(
+            f"; {r['engine']} {r['long_ttft_s']:.3f} s ({r['long_ttft_s'] / ours_ttft:.2f}x ours)"
+            for r in results if "long_ttft_s" in r))
     ours = {r["engine"]: r for r in results if "tokens" in r}
     if "continuous" in ours and "static" in ours:
         print("continuous and static outputs identical:", ours["continuous"]["tokens"] == ours["static"]["tokens"])

@@ -3,9 +3,13 @@ GEMV (cpu_quant_gemm.c), the register-blocked int8 GEMM (cpu_quant_tiles.c), deq
 GEMM, and plain fp32 F.linear on the already-dequantized weight (what --quantization none runs).
 
     python profiling/benchmarks/bench_quant_gemm.py [--types Q4_1,Q8_0] [--rows 16,64,128,512,2048] [--threads N]
+        [--prefill-split TOKENS]
 
-Prints GFLOP/s per path and each path's ratio to fp32 F.linear, and the path quant_gemm.choose_path
-takes; TILES_ROWS in quant_gemm.py is set from these. Timings are the best of --repeat runs (the
+Prints GFLOP/s per path and each path's ratio to fp32 F.linear, the tiles GEMM's share of this machine's
+measured int8 peak (quant_tiles.int8_peak_gops: 12 independent vpdpbusd per round on every thread), and
+the path quant_gemm.choose_path takes; TILES_ROWS in quant_gemm.py is set from these. --prefill-split
+runs one prompt of TOKENS tokens of the default model through the engine (prefix caching off) and splits
+its prefill time into the linears, the attention and the rest (norms, RoPE, embedding, head, Python). Timings are the best of --repeat runs (the
 machine may be shared; --clock cpu counts CPU time instead of wall time). The GEMV is skipped above --gemv-max-rows (it is far behind there), the
 49152-row LM head above 128 rows (a prefill computes logits for the last tokens only).
 """
@@ -24,6 +28,7 @@ import torch.nn.functional as F  # noqa: E402
 from cute_kernels.cpu import quant_gemm as qg  # noqa: E402
 from cute_kernels.cpu import quant_tiles  # noqa: E402
 from cute_kernels.cpu.quant_blocks import dequantize, quantize_q4_1, quantize_q8_0  # noqa: E402
+from profiling.common.prefill_split import prefill_split  # noqa: E402
 
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536), "head": (49152, 576)}
 QUANTIZERS = {"Q4_1": quantize_q4_1, "Q8_0": quantize_q8_0}
@@ -68,12 +73,16 @@ def main() -> None:
     ap.add_argument("--clock", choices=CLOCKS, default="wall",
                     help="cpu: process CPU time (all threads), steadier than wall time on a shared machine")
     ap.add_argument("--gemv-max-rows", type=int, default=128)
+    ap.add_argument("--prefill-split", type=int, default=0, metavar="TOKENS",
+                    help="also split one TOKENS-token prefill of the default model (0: skip)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    peak = quant_tiles.int8_peak_gops(args.threads, clock=CLOCKS[args.clock])
     print(f"tiles ISA {quant_tiles.isa()}, GEMV ISA {qg.isa()}, {args.threads} threads, {args.clock} clock; "
-          "GFLOP/s (x fp32 F.linear)")
-    print(f"{'type':5} {'shape':8} {'rows':>5} | {'gemv':>13} {'tiles':>13} {'dequant':>13} {'fp32':>7} | chosen")
-    for type_name in args.types.split(","):
+          f"int8 peak {f'{peak:.0f} GOP/s' if peak else 'n/a'}; GFLOP/s (x fp32 F.linear)")
+    print(f"{'type':5} {'shape':8} {'rows':>5} | {'gemv':>13} {'tiles':>13} {'dequant':>13} {'fp32':>7} | "
+          f"{'peak':>5} | chosen")
+    for type_name in filter(None, args.types.split(",")):
         for shape_name in args.shapes.split(","):
             for rows in map(int, args.rows.split(",")):
                 if shape_name == "head" and rows > HEAD_MAX_ROWS:
@@ -81,8 +90,11 @@ def main() -> None:
                 r = measure(SHAPES[shape_name], type_name, rows, args)
                 cells = [f"{r[p]:6.1f} ({r[p] / r['fp32']:4.2f})" if p in r else f"{'-':>13}"
                          for p in ("gemv", "tiles", "dequant")]
-                print(f"{type_name:5} {shape_name:8} {rows:5} | {' '.join(cells)} {r['fp32']:7.1f} | "
+                share = f"{r['tiles'] / peak:5.0%}" if peak else f"{'-':>5}"
+                print(f"{type_name:5} {shape_name:8} {rows:5} | {' '.join(cells)} {r['fp32']:7.1f} | {share} | "
                       f"{qg.choose_path(type_name, rows)}", flush=True)
+    if args.prefill_split:
+        prefill_split(args.prefill_split, args.repeat, peak, CLOCKS[args.clock])
 
 
 if __name__ == "__main__":

@@ -4,17 +4,18 @@
  *
  * Why a second kernel: the GEMV in cpu_quant_gemm.c unpacks each weight block per 4 rows and reduces
  * every 32-value dot product horizontally, which costs more per multiply-add than torch's fp32 GEMM.
- * Here each thread first packs a panel of PANEL_COLS weight rows (unpacked to one byte per value,
- * scales as fp32) so that one 32-byte load holds 4 consecutive values of 8 weight rows; a micro-kernel
- * of ROWS activation rows x 8 weight rows then broadcasts 4 activation bytes against it, so
- * one maddubs yields partial sums for 8 output columns in their own lanes: no horizontal reduction,
- * the block scale is applied once per block as a vector, and the panel (<= PANEL_BYTES; fewer weight
- * rows for long K) stays in L2 while the rows of the task stream past it.
+ * Here each task first packs a panel of PANEL_COLS weight rows (unpacked to one byte per value,
+ * scales as fp32) so that one load holds 4 consecutive values of LANES weight rows (8 on AVX2, 16 in a
+ * zmm on VNNI); the micro-kernel broadcasts 4 activation bytes of each of its rows against it, so one
+ * maddubs / vpdpbusd yields partial sums for LANES output columns in their own lanes: no horizontal
+ * reduction, the block scale is applied once per block as a vector, and the panel stays in L1/L2 while
+ * the rows of the task stream past it.
  * Exactness: Q4 values are 0..15 and activations -127..127, so a maddubs lane is <= 3810 and eight of
- * them (one block) add in int16 without overflow; Q8 values are signed, so their sign moves onto the
- * activation (|w| x sign(a, w), as the GEMV does) and each step widens to int32 at once.
- * ISA: AVX2 (maddubs), AVX-512 VNNI's vpdpbusd on 256-bit lanes where compiled for it, plain C with
- * -DQUANT_PORTABLE or without AVX2 (same packed layout, scalar loops).
+ * them (one block) add in int16 without overflow; Q8 values are signed, so on AVX2 their sign moves onto
+ * the activation (|w| x sign(a, w), as the GEMV does) and each step widens to int32 at once; on VNNI
+ * they are packed as w + 128 (tiles_zmm.h).
+ * ISA: AVX-512 VNNI (tiles_zmm.h: 6 rows x 32 columns in zmm), AVX2 (maddubs, 4 rows x 8 columns),
+ * plain C with -DCPU_PORTABLE or without AVX2 (the AVX2 layout, scalar loops).
  */
 #include <math.h>
 #include <omp.h>
@@ -24,17 +25,22 @@
 
 #include "quant_simd.h" /* CPU_AVX2, CPU_VNNI, f16_to_f32, load_u16 */
 #if defined(CPU_VNNI)
-#define TILES_VNNI 1 /* vpdpbusd: u8 x s8 products summed into int32 lanes in one instruction */
+#define TILES_VNNI 1 /* vpdpbusd on zmm: tiles_zmm.h's micro-kernel over groups of 16 weight rows */
+#include "tiles_zmm.h"
 #endif
 
 #define QK 32
-#define LANES 8                              /* weight rows interleaved in one packed group */
-#define STEPS (QK / 4)                       /* 4 values of each of the 8 rows per 32-byte step */
-#define GROUP_BLOCK_BYTES (2 * LANES * 4 + LANES * QK) /* dw[8], off[8] as fp32, then 8 x 32 values */
-#define ROWS 4                               /* activation rows per micro-kernel call */
+#ifdef TILES_VNNI
+#define LANES ZLANES                         /* weight rows interleaved in one packed group */
+#else
+#define LANES 8
+#endif
+#define STEPS (QK / 4)                       /* 4 values of each row per step: LANES x 4 bytes */
+#define GROUP_BLOCK_BYTES (2 * LANES * 4 + LANES * QK) /* dw[LANES], off[LANES] as fp32, then the values */
+#define ROWS 4                               /* activation rows per AVX2 / portable micro-kernel call */
 #define PANEL_COLS 32                        /* weight rows packed per task, at most */
 #define PANEL_BYTES (192 * 1024)             /* ... and packed bytes per task: the panel stays in L2 */
-#define ROW_CHUNK 256                        /* activation rows per task (a multiple of ROWS) */
+#define TASKS_PER_THREAD 4                   /* tasks a thread should have to take, at least, for balance */
 
 enum { Q4_0 = 0, Q4_1 = 1, Q8_0 = 2 };
 static const int64_t BLOCK_BYTES[] = {18, 20, 34};
@@ -44,6 +50,9 @@ static void unpack_block(const uint8_t *blk, int type, uint8_t vals[QK], float *
     *dw = f16_to_f32(load_u16(blk));
     if (type == Q8_0) {
         memcpy(vals, blk + 2, QK);
+#ifdef TILES_VNNI
+        for (int j = 0; j < QK; j++) vals[j] ^= 0x80; /* w + 128 as u8: vpdpbusd's unsigned side (tiles_zmm.h) */
+#endif
         *off = 0.f;
         return;
     }
@@ -59,27 +68,27 @@ static void unpack_block(const uint8_t *blk, int type, uint8_t vals[QK], float *
     else *off = -8.f * *dw; /* Q4_0 stores q + 8 */
 }
 
-/* out step t = values 4t..4t+3 of each of the 8 rows: an 8 x 8 transpose of 4-byte units. */
-static void interleave_steps(uint8_t vals[LANES][QK], uint8_t *out) {
+/* out step t (stride LANES * 4) = values 4t..4t+3 of 8 rows: an 8 x 8 transpose of 4-byte units. */
+static void interleave8(uint8_t vals[8][QK], uint8_t *out) {
 #ifdef CPU_AVX2
-    __m256 v[LANES], t[LANES], u[LANES];
-    for (int l = 0; l < LANES; l++) v[l] = _mm256_loadu_ps((const float *)vals[l]);
-    for (int i = 0; i < LANES; i += 2) {
+    __m256 v[8], t[8], u[8];
+    for (int l = 0; l < 8; l++) v[l] = _mm256_loadu_ps((const float *)vals[l]);
+    for (int i = 0; i < 8; i += 2) {
         t[i] = _mm256_unpacklo_ps(v[i], v[i + 1]);
         t[i + 1] = _mm256_unpackhi_ps(v[i], v[i + 1]);
     }
-    for (int i = 0; i < LANES; i += 4) {
+    for (int i = 0; i < 8; i += 4) {
         u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
         u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
         u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
         u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
     }
     for (int i = 0; i < 4; i++) {
-        _mm256_storeu_ps((float *)(out + i * 32), _mm256_permute2f128_ps(u[i], u[i + 4], 0x20));
-        _mm256_storeu_ps((float *)(out + (i + 4) * 32), _mm256_permute2f128_ps(u[i], u[i + 4], 0x31));
+        _mm256_storeu_ps((float *)(out + i * LANES * 4), _mm256_permute2f128_ps(u[i], u[i + 4], 0x20));
+        _mm256_storeu_ps((float *)(out + (i + 4) * LANES * 4), _mm256_permute2f128_ps(u[i], u[i + 4], 0x31));
     }
 #else
-    for (int l = 0; l < LANES; l++)
+    for (int l = 0; l < 8; l++)
         for (int t = 0; t < STEPS; t++) memcpy(out + (t * LANES + l) * 4, vals[l] + 4 * t, 4);
 #endif
 }
@@ -98,12 +107,12 @@ static void pack_panel(const uint8_t *w, int type, int64_t c0, int64_t cols, int
                 else { memset(vals[l], 0, QK); scales[l] = scales[LANES + l] = 0.f; }
             }
             memcpy(out, scales, sizeof scales);
-            interleave_steps(vals, out + sizeof scales);
+            for (int h = 0; h < LANES; h += 8) interleave8(vals + h, out + sizeof scales + h * 4);
         }
     }
 }
 
-#ifdef CPU_AVX2
+#if defined(CPU_AVX2) && !defined(TILES_VNNI)
 static inline __m256i load_act4(const int8_t *p) { /* 4 activation bytes, broadcast to 8 lanes */
     int32_t v;
     memcpy(&v, p, 4);
@@ -115,24 +124,16 @@ static inline __m256i load_act4(const int8_t *p) { /* 4 activation bytes, broadc
 static inline __attribute__((always_inline)) __m256i step_sum(__m256i isum, __m256i wu, __m256i w, const int8_t *qa,
                                                               int type) {
     const __m256i a = load_act4(qa), x = type == Q8_0 ? _mm256_sign_epi8(a, w) : a;
-#ifdef TILES_VNNI
-    return _mm256_dpbusd_epi32(isum, wu, x);
-#else
     const __m256i p = _mm256_maddubs_epi16(wu, x);
     /* Q8 pairs reach 32385: widen every step; eight Q4 steps fit int16 and widen once per block */
     return type == Q8_0 ? _mm256_add_epi32(isum, _mm256_madd_epi16(p, _mm256_set1_epi16(1)))
                         : _mm256_add_epi16(isum, p);
-#endif
 }
 
 /* acc += the block's integer sums, scaled by dw x d (plus Q4's offset x s). */
 static inline __attribute__((always_inline)) __m256 block_acc(__m256 acc, __m256i isum, __m256 dw, __m256 off,
                                                               float d, float s, int type) {
-#ifdef TILES_VNNI
-    const __m256i i32 = isum;
-#else
     const __m256i i32 = type == Q8_0 ? isum : _mm256_madd_epi16(isum, _mm256_set1_epi16(1));
-#endif
     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i32), _mm256_mul_ps(dw, _mm256_set1_ps(d)), acc);
     return type == Q8_0 ? acc : _mm256_fmadd_ps(off, _mm256_set1_ps(s), acc);
 }
@@ -168,7 +169,7 @@ static inline __attribute__((always_inline)) void micro_tile(const uint8_t *grou
     if (nr > 2) _mm256_storeu_ps(out + 2 * LANES, acc2);
     if (nr > 3) _mm256_storeu_ps(out + 3 * LANES, acc3);
 }
-#else
+#elif !defined(TILES_VNNI)
 static inline void micro_tile(const uint8_t *group, int type, int nr, const int8_t *q, const float *d,
         const float *s, int64_t k, int64_t nb, float *out) {
     for (int r = 0; r < nr; r++)
@@ -190,6 +191,45 @@ static inline void micro_tile(const uint8_t *group, int type, int nr, const int8
 }
 #endif
 
+/* y[r][c0 + j] = out[i * width + j] (+ bias) for rows r = r0 + i < r0 + nr and the panel's columns that exist. */
+static void store_rows(const float *out, int width, int nr, int64_t r0, int64_t c0, const float *bias, float *y,
+                       int64_t n) {
+    const int64_t lanes = n - c0 < width ? n - c0 : width;
+    for (int i = 0; i < nr; i++)
+        for (int64_t j = 0; j < lanes; j++) y[(r0 + i) * n + c0 + j] = out[i * width + j] + (bias ? bias[c0 + j] : 0.f);
+}
+
+#ifdef TILES_VNNI
+#define TILE_ROWS ZROWS
+#define TYPED_TILE(T) zmm_tile(panel, nb * GROUP_BLOCK_BYTES, T, nr, q + r * k, d + r * nb, s + r * nb, \
+                               corr ? corr + r * nb : NULL, k, nb, out)
+/* Rows [r0, r1) of y against a packed panel of PANEL_COLS weight rows from c0 (two groups of 16). */
+static void panel_rows(const uint8_t *panel, int type, int64_t c0, int64_t cols, int64_t r0, int64_t r1,
+                       const int8_t *q, const float *d, const float *s, const int32_t *corr, const float *bias,
+                       float *y, int64_t n, int64_t k) {
+    const int64_t nb = k / QK;
+    (void)cols;
+    for (int64_t r = r0; r < r1; r += ZROWS) {
+        const int nr = (int)(r1 - r < ZROWS ? r1 - r : ZROWS);
+        float out[ZROWS * PANEL_COLS];
+        if (type == Q4_0) TYPED_TILE(Q4_0);
+        else if (type == Q4_1) TYPED_TILE(Q4_1);
+        else TYPED_TILE(Q8_0);
+        store_rows(out, PANEL_COLS, nr, r, c0, bias, y, n);
+    }
+}
+
+/* Q8_0's correction per activation block: 128 x sum(q), what the panel's w + 128 adds (tiles_zmm.h). */
+static void block_sums(const int8_t *q, int64_t rows, int64_t nb, int32_t *corr) {
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < rows * nb; i++) {
+        int32_t sum = 0;
+        for (int j = 0; j < QK; j++) sum += q[i * QK + j];
+        corr[i] = 128 * sum;
+    }
+}
+#else
+#define TILE_ROWS ROWS
 static void tile(const uint8_t *group, int type, int nr, const int8_t *q, const float *d, const float *s,
                  int64_t k, int64_t nb, float *out) {
     if (type == Q4_0) micro_tile(group, Q4_0, nr, q, d, s, k, nb, out);
@@ -199,48 +239,100 @@ static void tile(const uint8_t *group, int type, int nr, const int8_t *q, const 
 
 /* Rows [r0, r1) of y against a packed panel of weight rows [c0, c0 + cols). */
 static void panel_rows(const uint8_t *panel, int type, int64_t c0, int64_t cols, int64_t r0, int64_t r1,
-                       const int8_t *q, const float *d, const float *s, const float *bias, float *y,
-                       int64_t n, int64_t k) {
+                       const int8_t *q, const float *d, const float *s, const int32_t *corr, const float *bias,
+                       float *y, int64_t n, int64_t k) {
     const int64_t nb = k / QK;
+    (void)corr;
     for (int64_t r = r0; r < r1; r += ROWS) {
         const int nr = (int)(r1 - r < ROWS ? r1 - r : ROWS);
         for (int64_t g = 0; g < cols / LANES; g++) {
             float out[ROWS * LANES];
             tile(panel + g * nb * GROUP_BLOCK_BYTES, type, nr, q + r * k, d + r * nb, s + r * nb, k, nb, out);
-            const int64_t c = c0 + g * LANES, lanes = n - c < LANES ? n - c : LANES;
-            for (int i = 0; i < nr; i++)
-                for (int j = 0; j < lanes; j++) y[(r + i) * n + c + j] = out[i * LANES + j] + (bias ? bias[c + j] : 0.f);
+            store_rows(out, LANES, nr, r, c0 + g * LANES, bias, y, n);
         }
     }
 }
+#endif
+
+/* Columns per panel: PANEL_COLS (on VNNI always: its micro-kernel reads two groups), fewer for long K
+ * elsewhere so that a panel stays within PANEL_BYTES. */
+static int64_t panel_cols(int64_t nb) {
+#ifdef TILES_VNNI
+    (void)nb;
+    return PANEL_COLS;
+#else
+    const int64_t fit = PANEL_BYTES / (nb * GROUP_BLOCK_BYTES) * LANES;
+    return fit < LANES ? LANES : fit > PANEL_COLS ? PANEL_COLS : fit;
+#endif
+}
 
 /* y[M, N] = x @ W^T (+ bias) from activations quantized by quantize_rows_q8. Tasks are (panel, row
- * chunk) pairs in panel-major order, split statically, so a thread's consecutive tasks mostly share
- * a panel and pack it once. Returns 0, or -1 when a thread's panel buffer could not be allocated. */
+ * chunk) pairs in panel-major order, taken by whichever thread is free (a core another process holds
+ * does not leave its share for the end); rows are split into chunks only as far as the threads need
+ * tasks, since each task packs its panel unless its thread holds it already. Every output is computed
+ * by one task in one order, so the split never changes a bit. Returns 0, or -1 when a thread's buffer
+ * could not be allocated. */
 int quant_gemm_tiles(const uint8_t *w, int type, const int8_t *q, const float *d, const float *s, const float *bias,
                      float *y, int64_t m, int64_t n, int64_t k, int nthreads) {
     if (type != Q4_0 && type != Q4_1 && type != Q8_0) return 2; /* the other block types have no panel layout */
-    const int64_t nb = k / QK, fit = PANEL_BYTES / (nb * GROUP_BLOCK_BYTES) * LANES;
-    const int64_t pcols = fit < LANES ? LANES : fit > PANEL_COLS ? PANEL_COLS : fit;
-    const int64_t panels = (n + pcols - 1) / pcols, chunks = (m + ROW_CHUNK - 1) / ROW_CHUNK;
+    const int64_t nb = k / QK, pcols = panel_cols(nb), panels = (n + pcols - 1) / pcols;
+    const int64_t want = (TASKS_PER_THREAD * nthreads + panels - 1) / panels, most = (m + TILE_ROWS - 1) / TILE_ROWS;
+    const int64_t chunks = want < 1 ? 1 : want > most ? most : want;
+    const int64_t chunk_rows = ((m + chunks - 1) / chunks + TILE_ROWS - 1) / TILE_ROWS * TILE_ROWS;
+    int32_t *corr = NULL;
+#ifdef TILES_VNNI
+    if (type == Q8_0 && (corr = malloc((size_t)(m * nb) * sizeof *corr)) == NULL) return -1;
+#endif
     int failed = 0;
 #pragma omp parallel num_threads(nthreads) reduction(| : failed)
     {
         uint8_t *panel = malloc((size_t)(pcols / LANES * nb * GROUP_BLOCK_BYTES));
         int64_t packed = -1;
         failed = panel == NULL;
-#pragma omp for schedule(static)
+#ifdef TILES_VNNI
+        if (corr != NULL) block_sums(q, m, nb, corr);
+#endif
+#pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < panels * chunks; task++) {
-            const int64_t p = task / chunks, c0 = p * pcols, r0 = (task % chunks) * ROW_CHUNK;
+            const int64_t p = task / chunks, c0 = p * pcols, r0 = (task % chunks) * chunk_rows;
             const int64_t cols = n - c0 < pcols ? (n - c0 + LANES - 1) / LANES * LANES : pcols;
-            if (panel == NULL) continue;
-            if (packed != p) pack_panel(w, type, c0, cols, n, nb, panel);
+            if (panel == NULL || r0 >= m) continue;
+            if (packed != p) pack_panel(w, type, c0, pcols, n, nb, panel);
             packed = p;
-            panel_rows(panel, type, c0, cols, r0, r0 + ROW_CHUNK < m ? r0 + ROW_CHUNK : m, q, d, s, bias, y, n, k);
+            panel_rows(panel, type, c0, cols, r0, r0 + chunk_rows < m ? r0 + chunk_rows : m, q, d, s, corr, bias, y,
+                       n, k);
         }
         free(panel);
     }
+    free(corr);
     return failed ? -1 : 0;
+}
+
+/* The int8 multiply-add peak of this route's inner instruction, for bench_quant_gemm.py's fraction of it:
+ * each of nthreads threads runs iters rounds of 12 independent vpdpbusd on zmm (VNNI) or vpmaddubsw on
+ * ymm (AVX2), in asm so that the compiler can neither merge nor drop the chains. Returns the
+ * multiply-adds done, or -1 on the portable route (no such instruction). */
+int64_t int8_peak(int64_t iters, int nthreads) {
+#if defined(TILES_VNNI) || defined(CPU_AVX2)
+#ifdef TILES_VNNI
+#define PEAK_OP(i) "vpdpbusd %%zmm30, %%zmm31, %%zmm" #i "\n\t"
+    const int64_t per_op = 64;
+#else
+#define PEAK_OP(i) "vpmaddubsw %%ymm14, %%ymm15, %%ymm" #i "\n\t"
+    const int64_t per_op = 32;
+#endif
+#pragma omp parallel num_threads(nthreads)
+    for (int64_t it = 0; it < iters; it++)
+        __asm__ volatile(PEAK_OP(0) PEAK_OP(1) PEAK_OP(2) PEAK_OP(3) PEAK_OP(4) PEAK_OP(5) PEAK_OP(6) PEAK_OP(7)
+                         PEAK_OP(8) PEAK_OP(9) PEAK_OP(10) PEAK_OP(11)
+                         ::: "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
+                         "xmm11");
+    return iters * 12 * per_op * nthreads;
+#else
+    (void)iters;
+    (void)nthreads;
+    return -1;
+#endif
 }
 
 /* The SIMD route this library was built for (isa.h), so tests and benchmarks can say which ran. */

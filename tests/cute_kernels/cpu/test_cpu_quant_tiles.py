@@ -39,7 +39,8 @@ def test_tiles_match_reference(type_name, rows, cols, cpu_route):
 
 
 def test_long_k_narrows_the_panel_and_still_matches(cpu_route):
-    """k = 6144: a 32-row panel would pass PANEL_BYTES, so panels of 24 rows (not a multiple of 32).
+    """k = 6144: on AVX2 and portable C a 32-row panel would pass PANEL_BYTES, so panels of 24 rows (not a
+    multiple of 32); the VNNI micro-kernel keeps 32 (two groups of 16) and streams them from L2.
     192 block terms per output (std ~80): atol 1e-3 for their float32 summation order."""
     g = torch.Generator().manual_seed(11)
     blocks = gguf_blocks(torch.randn(45, 6144, generator=g), "Q4_1")
@@ -117,3 +118,13 @@ def test_gemv_and_tiles_give_a_row_the_same_bits_at_any_row_count(type_name, cpu
         for path in ("gemv", "tiles"):
             got = qg.quant_linear(x[:rows].flip(0), blocks, type_name, bias, path=path)
             assert torch.equal(got[-1:], alone), (rows, path)
+
+
+def test_int8_peak_counts_the_multiply_adds_it_ran(cpu_route):
+    """The peak kernel's count (12 instructions a round: 64 multiply-adds each on zmm, 32 for AVX2's
+    maddubs), which bench_quant_gemm.py divides by its time; none on the portable route."""
+    lib = quant_tiles._library()[0]
+    per_op = {"avx512-vnni": 64, "avx2": 32, "portable-c": None}[cpu_route]
+    got = lib.int8_peak(1000, 2)
+    assert got == (-1 if per_op is None else 1000 * 12 * per_op * 2)
+    assert (quant_tiles.int8_peak_gops(1, seconds=0.01) is None) == (per_op is None)

@@ -1,0 +1,88 @@
+"""Where one long prefill's time goes on the CPU: the default model's linears (every layer's q/k/v, o,
+gate/up and down, the int8 tiles GEMM on GGUF blocks), its attention (the backend's attention call),
+and the rest (norms, RoPE, embedding, the last row's head, step overhead). bench_quant_gemm.py
+--prefill-split prints it; each part is timed around its call on the engine's own objects.
+"""
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+import torch
+
+from runtime.engine import LLMEngine
+from runtime.model.llama import DecoderLayer
+
+
+class _Timed:
+    """A callable that adds its wall time under `name` in `totals`."""
+
+    def __init__(self, inner, name: str, totals: dict[str, float], clock) -> None:
+        self.inner, self.name, self.totals, self.clock = inner, name, totals, clock
+
+    def __call__(self, *args, **kwargs):
+        t0 = self.clock()
+        try:
+            return self.inner(*args, **kwargs)
+        finally:
+            self.totals[self.name] += self.clock() - t0
+
+    def __getattr__(self, attr):
+        return getattr(self.inner, attr)
+
+
+def _engine(tokens: int) -> LLMEngine:
+    from runtime.build import build_engine
+    from runtime.engine_config import EngineConfig
+    from runtime.load import load_model
+
+    cfg, tensors, tok, _ = load_model(None)
+    return build_engine(EngineConfig(device="cpu", log_ledger=False, enable_prefix_caching=False,
+                                     max_num_batched_tokens=max(tokens, 1024), kv_cache_memory=1 << 30),
+                        cfg, tensors, tok)
+
+
+def _instrument(engine: LLMEngine, totals: dict[str, float], clock) -> list[int]:
+    """Wraps every layer's linears and the attention backend's attention; returns the linears' MACs per token."""
+    model = engine.model_runner.model
+    macs = []
+    for layer in model.layers:
+        for name in DecoderLayer.LINEARS:
+            linear = getattr(layer, name)
+            blocks = getattr(linear, "blocks", None)
+            if blocks is not None:
+                macs.append(blocks.shape[0] * layer.cfg.hidden_size if name != "down"
+                            else blocks.shape[0] * layer.cfg.intermediate_size)
+            setattr(layer, name, _Timed(linear, "linears", totals, clock))
+    model.backend.attention = _Timed(model.backend.attention, "attention", totals, clock)
+    return macs
+
+
+def prefill_split(tokens: int, repeat: int, peak_gops: float | None, clock=time.perf_counter) -> None:
+    """Prints the best of `repeat` prefills of one `tokens`-token prompt, split into linears, attention, rest.
+    clock: time.process_time counts CPU seconds of all threads (steadier on a shared machine; with one
+    thread, the seconds of work), and then the rates are per CPU second, as peak_gops must be."""
+    from runtime.sampling_params import SamplingParams
+
+    engine = _engine(tokens)
+    totals: dict[str, float] = defaultdict(float)
+    macs = sum(_instrument(engine, totals, clock))
+    vocab = engine.model_config.vocab_size
+    best = None
+    for i in range(repeat + 1):  # the first is a warm-up
+        ids = torch.randint(3, vocab, (tokens,), generator=torch.Generator().manual_seed(i)).tolist()
+        totals.clear()
+        engine.add_request(f"split{i}", ids, SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
+        t0 = clock()
+        while engine.has_unfinished_requests():
+            engine.step()
+        wall = clock() - t0
+        if i and (best is None or wall < best[0]):
+            best = (wall, dict(totals))
+    wall, parts = best
+    rest = wall - parts["linears"] - parts["attention"]
+    rate = 2 * macs * tokens / parts["linears"] / 1e9
+    share = f", {rate / peak_gops:.0%} of the int8 peak" if peak_gops else ""
+    print(f"prefill of {tokens} tokens: {wall:.3f} s ({tokens / wall:.0f} tok/s); linears {parts['linears']:.3f} s "
+          f"({parts['linears'] / wall:.0%}, {rate:.0f} GOP/s{share}), attention {parts['attention']:.3f} s "
+          f"({parts['attention'] / wall:.0%}), the rest {rest:.3f} s ({rest / wall:.0%})")
