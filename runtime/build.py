@@ -20,6 +20,7 @@ from runtime.accel.quantization import unavailable_reason as quantization_unavai
 from runtime.accel.select_backend import select_backend
 from runtime.device import (
     default_dtype,
+    default_kv_dtype,
     kv_budget,
     resolve_device,
     resolve_dtype,
@@ -242,10 +243,14 @@ def heads_proposer(config: EngineConfig, target: ModelConfig, local: ModelRunner
 def draft_proposer(draft_cfg: ModelConfig, tensors: dict[str, torch.Tensor], target_cfg: ModelConfig,
                    config: EngineConfig, device: torch.device, dtype: torch.dtype,
                    kv_budget_bytes: int = 256 << 20) -> DraftModelProposer:
-    """A draft model sharing the target's tokenizer, with a paged KV cache of its own."""
+    """A draft model sharing the target's tokenizer, with a paged KV cache of its own: of the target's element
+    type, so the draft of a model by itself proposes what the target verifies, except an 8-bit one (its scales
+    are calibrated for the target's layers), where the draft takes the default."""
     if draft_cfg.vocab_size != target_cfg.vocab_size:
         raise UserError(f"the draft model's vocabulary ({draft_cfg.vocab_size}) differs from the target's "
                         f"({target_cfg.vocab_size}); they must share a tokenizer")
+    kv_dtype = resolve_kv_dtype(config.kv_cache_dtype, dtype, device)
+    kv_dtype = default_kv_dtype(dtype, device) if is_quantized(kv_dtype) else kv_dtype
     runner, ledger = make_runner(draft_cfg, tensors, kv_budget_bytes, config.block_size, device, dtype,
-                                 config.backend, config.quantization)
+                                 config.backend, config.quantization, kv_dtype)
     return DraftModelProposer(runner, max(ledger.num_blocks, 1))

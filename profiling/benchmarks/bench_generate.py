@@ -217,7 +217,7 @@ def long_context_rows(cfg, tensors, tok, tokens: int, n: int, repeats: int) -> d
     """TTFT and decode tok/s after a `tokens`-token prompt, per LONG row (median of repeats, interleaved)."""
     if tokens <= 0:
         return {}
-    from profiling.quality.quant_quality import TEXT
+    from profiling.common.workloads import TEXT
 
     with open(TEXT) as f:
         text_ids = tok.encode(f.read())

@@ -32,7 +32,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import runtime  # noqa: E402,F401  first: it sets OpenMP's barrier spin before torch loads
 
 # isort: split
+import torch  # noqa: E402
+
 from runtime.build import build_engine  # noqa: E402
+from runtime.device import default_kv_dtype  # noqa: E402
 from runtime.engine_config import EngineConfig  # noqa: E402
 from runtime.load import load_model  # noqa: E402
 from runtime.sampling_params import SamplingParams  # noqa: E402
@@ -116,7 +119,8 @@ def main() -> int:
     else:
         model = load_model(None)
     cfg = model[0]
-    args.block_bytes = 16 * 2 * cfg.num_kv_heads * cfg.head_dim * 4 * cfg.num_layers
+    element = default_kv_dtype(torch.float32, torch.device("cpu")).itemsize  # the engines' --kv-cache-dtype auto
+    args.block_bytes = 16 * 2 * cfg.num_kv_heads * cfg.head_dim * element * cfg.num_layers
     longest = args.system_tokens + args.turns * (args.user_tokens + args.answer_tokens)
     args.working = args.system_tokens + args.conversations * (longest - args.system_tokens)  # distinct tokens
     # a quarter of it, or what the requests in flight need at most

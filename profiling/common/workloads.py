@@ -1,8 +1,13 @@
 """Synthetic workloads shared by the benchmarks: token-id prompts so every engine sees the same input."""
 from __future__ import annotations
 
+import os
 import random
 from dataclasses import dataclass
+
+# English prose for perplexity and long-context prompts (public domain), beside the quality scripts
+TEXT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "quality", "data",
+                    "declaration_1776.txt")
 
 
 @dataclass

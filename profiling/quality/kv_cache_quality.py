@@ -33,7 +33,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import torch  # noqa: E402
 
 from profiling.common.report_files import OUT, make_parents  # noqa: E402
-from profiling.quality.quant_quality import CLEAR_MARGIN, TEXT  # noqa: E402
+from profiling.common.workloads import TEXT  # noqa: E402
+from profiling.quality.quant_quality import CLEAR_MARGIN  # noqa: E402
 from runtime.accel.kv_scales import KVScaleSource, calibration_ids  # noqa: E402
 from runtime.build import make_runner  # noqa: E402
 from runtime.sequence import SeqChunk  # noqa: E402

@@ -33,13 +33,13 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from profiling.common.report_files import OUT, make_parents  # noqa: E402
+from profiling.common.workloads import TEXT  # noqa: E402
 from runtime.accel.quantization import unavailable_reason  # noqa: E402
 from runtime.build import make_runner  # noqa: E402
 from runtime.engine_config import FLOAT_MODE, QUANTIZATION_MODES  # noqa: E402
 from runtime.sequence import SeqChunk  # noqa: E402
 from weights.quantized import QuantizedTensor  # noqa: E402
 
-TEXT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "declaration_1776.txt")
 PPL_TARGET, LLAMA_CPP_TARGET = 0.02, 0.99
 BLOCK = 16
 CHUNK = 64  # tokens per step; under cute_kernels.cpu.quant_gemm.DEQUANT_MIN_ROWS

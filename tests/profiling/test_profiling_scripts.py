@@ -118,7 +118,7 @@ def test_quant_quality_smoke_measures_every_mode_and_the_shipped_blocks(tmp_path
     proc = run_script("profiling/quality/quant_quality.py", "--smoke", "--json", str(out))
     assert proc.returncode == 0, proc.stderr
     report = json.loads(out.read_text())
-    assert [r["path"] for r in report["paths"]] == ["float", "as shipped", "as shipped + bf16 KV",
+    assert [r["path"] for r in report["paths"]] == ["float", "as shipped", "as shipped + bf16 KV", "bf16 weights",
                                                     *QUANTIZATION_MODES]
     assert 0.5 < report["bf16_kv_top1_agreement_vs_as_shipped"] <= 1.0
     assert report["paths"][0]["top1_agreement_vs_float"] == 1.0 and report["positions"] == 512

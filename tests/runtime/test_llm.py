@@ -30,7 +30,7 @@ def test_llm_from_a_model_path_generates_with_metrics_ledger_and_progress(model_
     llm = LLM(model=model_dir, kv_cache_memory=4 << 20, device="cpu")
     outs = llm.generate(["hello", [1, 2, 3]], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))
     err = capsys.readouterr().err
-    assert "KV cache (float32):" in err and "blocks x 16 tokens" in err  # the memory ledger
+    assert "KV cache (bfloat16, " in err and "blocks x 16 tokens" in err  # the memory ledger
     assert "2/2" in err  # the progress bar ran to completion
     assert [len(o.outputs[0].token_ids) for o in outs] == [5, 5]
     assert outs[0].outputs[0].text and outs[0].outputs[0].finish_reason == "length"

@@ -79,9 +79,13 @@ def test_schemas_and_required_tools_keep_the_clients_key_order_on_the_default_mo
             tool_choice="required", temperature=0, max_tokens=200).choices[0]
         assert choice.finish_reason == "tool_calls" and choice.message.content is None, choice
         assert [c.function.name for c in choice.message.tool_calls] == ["search"]
-        # this one the 135M model repeats until max_tokens: the calls written whole are kept
-        cut = client.chat.completions.create(
-            model=model, messages=[{"role": "user", "content": "What's the weather like in Paris?"}],
-            tools=[WEATHER, SEARCH], tool_choice="required", temperature=0, max_tokens=200).choices[0]
+        # cut by max_tokens one token before the list closes: the calls written whole are kept
+        ask = dict(model=model, messages=[{"role": "user", "content": "What's the weather like in Paris?"}],
+                   tools=[WEATHER, SEARCH], tool_choice="required", temperature=0)
+        whole = client.chat.completions.create(**ask, max_tokens=200)
+        assert whole.choices[0].finish_reason == "tool_calls", whole
+        cut = client.chat.completions.create(**ask, max_tokens=whole.usage.completion_tokens - 1).choices[0]
         assert cut.finish_reason == "length" and cut.message.content is None and cut.message.tool_calls, cut
+        kept = [(c.function.name, c.function.arguments) for c in cut.message.tool_calls]
+        assert kept == [(c.function.name, c.function.arguments) for c in whole.choices[0].message.tool_calls][:len(kept)]
         assert all(json.loads(c.function.arguments)["city"] for c in cut.message.tool_calls)

@@ -28,7 +28,8 @@ _prompts = iter(range(10**6))
 def body() -> dict:
     """A completion request whose prompt no server has seen (its blocks are in no prefix cache yet)."""
     return {"prompt": f"{next(_prompts):03d}{PROMPT[3:]}", "max_tokens": 24, "temperature": 0, "ignore_eos": True}
-BLOCK_FRAME = FIRST_PAYLOAD + 2 * 2 * 16 * 2 * 16 * 4  # a tiny block's KV: 2 layers, K and V, 16 tokens, 2x16 fp32
+# a tiny block's KV: 2 layers, K and V, 16 tokens, 2 heads x 16, in the CPU cache's default bf16
+BLOCK_FRAME = FIRST_PAYLOAD + 2 * 2 * 16 * 2 * 16 * 2
 STALL_S = 2.0  # the decode side's --kv-transfer-timeout
 FAILED, LOADED, RECOMPUTED = ("vllm:nixl_num_failed_transfers_total", "cute_serve:kv_transfer_loaded_blocks_total",
                               "cute_serve:kv_transfer_recomputed_blocks_total")

@@ -77,7 +77,7 @@ def test_serve_starts_shows_ledger_and_serves_the_openai_client(tiny_model):
         assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found_error"
         assert httpx.post(url + "/health").status_code == 405
         startup = log()
-    assert "loading" in startup and "KV cache (float32):" in startup
+    assert "loading" in startup and "KV cache (bfloat16, " in startup
     assert f"chat page: {url}/" in startup
 
 
