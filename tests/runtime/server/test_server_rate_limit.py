@@ -35,7 +35,15 @@ def test_wrong_bearer_keys_get_429_with_retry_after_after_the_burst(server):
     assert httpx.get(models, headers=RIGHT).status_code == 200
 
 
-def test_login_guesses_share_the_bucket(server):
+@pytest.fixture
+def slow_refill():
+    """A token back every 20 s: however slowly a busy machine sends the guesses, none refills the bucket."""
+    with live_server(tiny_engine(num_blocks=64), api_key=KEY, auth_rate=0.05, auth_burst=5) as srv:
+        yield srv
+
+
+def test_login_guesses_share_the_bucket(slow_refill):
+    server = slow_refill
     codes = [httpx.post(server.url + "/login", data={"key": f"guess{i}"}).status_code for i in range(12)]
     assert codes[:5] == [401] * 5 and 429 in codes
     r = httpx.post(server.url + "/login", data={"key": KEY})
