@@ -2,13 +2,15 @@
 in the same run over the same engine.
 
     python profiling/benchmarks/bench_structured.py [--model PATH] [--batch 1,32] [--max-tokens 64] [--device cpu]
-    python profiling/benchmarks/bench_structured.py --adversarial [--requests 48] [--concurrency 4] [--hostile 2]
+    python profiling/benchmarks/bench_structured.py --adversarial [--requests 96] [--rounds 3] [--concurrency 4]
+        [--hostile 2] [--kinds "1.3 MB schema,ambiguous grammar"]
 
 The schema asks for a long array of small objects so the grammar never ends before max_tokens; the
 free run uses ignore_eos to the same length. Prints tok/s per case and constrained/free ratios, and
 the share of the sampling stage (where masks are filled and applied: not overlapped with the forward).
---adversarial: plain requests' TTFT/TPOT p99 on a real server, idle and then while hostile grammars and
-schemas are sent alongside (profiling/common/adversarial.py), and their ratios.
+--adversarial: plain requests' TTFT/TPOT p99 on a real server, idle and while hostile grammars and
+schemas are sent alongside, in turn for --rounds rounds (profiling/common/adversarial.py), and their
+ratios per round and over all rounds; --kinds picks some of the hostile kinds (to find which one costs).
 """
 from __future__ import annotations
 
@@ -52,12 +54,20 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--adversarial", action="store_true", help="plain requests beside hostile grammars, on a server")
-    ap.add_argument("--requests", type=int, default=48, help="--adversarial: plain requests per run")
+    ap.add_argument("--requests", type=int, default=96, help="--adversarial: plain requests per run")
+    ap.add_argument("--rounds", type=int, default=3, help="--adversarial: idle and hostile runs, in turn")
+    ap.add_argument("--kinds", default=None, help="--adversarial: the hostile kinds to send, comma-separated "
+                    f"(default: all of {', '.join(adversarial.HOSTILE)})")
     ap.add_argument("--concurrency", type=int, default=4, help="--adversarial: plain requests at once")
     ap.add_argument("--hostile", type=int, default=2, help="--adversarial: hostile clients sending at once")
     args = ap.parse_args()
     if args.adversarial:
-        adversarial.main(args.model, args.requests, args.concurrency, args.max_tokens, args.hostile)
+        kinds = [k.strip() for k in args.kinds.split(",")] if args.kinds else None
+        unknown = sorted(set(kinds or ()) - set(adversarial.HOSTILE))
+        if unknown:
+            ap.error(f"--kinds: unknown {', '.join(unknown)}; choose from {', '.join(adversarial.HOSTILE)}")
+        adversarial.main(args.model, args.requests, args.concurrency, args.max_tokens, args.hostile, args.rounds,
+                         kinds)
         return
     # no prefix caching: the second run of each pair would skip the prefill the first one paid for
     llm = LLM(args.model, device=args.device, max_num_seqs=256, enable_prefix_caching=False)

@@ -57,3 +57,6 @@ def json_text(value: str) -> str:
 Str = Annotated[str, Strict(), AfterValidator(unicode_text)]
 JsonText = Annotated[str, Strict(), AfterValidator(json_text)]
 JsonObject = Annotated[dict[str, Any], AfterValidator(checked_json)]
+# A schema only a grammar reads (guided_json, response_format's): checked where it is compiled
+# (response_format.checked_schema), after its size, so an oversized one is never walked whole
+Schema = dict[str, Any]

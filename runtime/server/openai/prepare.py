@@ -25,6 +25,7 @@ from runtime.server.openai.reasoning import ReasoningParser
 from runtime.server.openai.response_format import structured_output
 from runtime.server.openai.tools import ToolPlan, chat_messages, tool_plan, tool_structure
 from runtime.server.state import ServerState
+from structured.limits import GrammarLimits
 from structured.spec import StructuredOutput
 
 
@@ -90,7 +91,7 @@ async def start_generation(state: ServerState, req: SamplingFields, prefix: str,
     state.check_model(req.model)
     response_id = f"{prefix}-{uuid.uuid4().hex}"
     plan = tool_plan(req, state.options.tool_call_parser) if isinstance(req, ChatCompletionRequest) else None
-    structure = request_structure(req, plan)
+    structure = request_structure(req, plan, state.compiles.service.limits)
     unavailable = state.engine.unavailable_error()
     if structure is not None and unavailable is not None:  # shutting down: no compile starts now
         raise unavailable
@@ -175,9 +176,10 @@ def sampling_params(req: SamplingFields, default_max_tokens: int, logprobs: int 
         kv_transfer_params=transfer)
 
 
-def request_structure(req: SamplingFields, plan: ToolPlan | None) -> StructuredOutput | None:
-    """The request's grammar: response_format / guided_*, or the one tool_choice enforces (not both)."""
-    asked, tools = structured_output(req), tool_structure(req, plan) if plan is not None else None
+def request_structure(req: SamplingFields, plan: ToolPlan | None, limits: GrammarLimits) -> StructuredOutput | None:
+    """The request's grammar: response_format / guided_*, or the one tool_choice enforces (not both);
+    its size checked against limits before anything else reads it whole."""
+    asked, tools = structured_output(req, limits), tool_structure(req, plan, limits) if plan is not None else None
     if asked is not None and tools is not None:
         raise APIError(400, f"tool_choice '{plan.mode}' cannot be combined with {asked.param}", "tool_choice",
                        "invalid_value")

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict
 
 from runtime.sampling_params import MAX_LOGPROBS
-from runtime.server.openai.json_checks import JsonObject, JsonText, Str
+from runtime.server.openai.json_checks import JsonObject, Schema, Str
 from runtime.server.openai.protocol_tools import ResponseFormat, Tool, ToolCall, ToolCallDelta, ToolChoice
 from runtime.tokenizer.chat_options import RESERVED, ChatOptions
 
@@ -97,7 +97,7 @@ class SamplingFields(BaseModel):
     include_stop_str_in_output: Bool = Field(False, description="keep the stop string that ended the output")
     # structured output: response_format (OpenAI) or one of vLLM's guided_* fields
     response_format: ResponseFormat | None = None
-    guided_json: JsonObject | JsonText | None = Field(None, description="a JSON schema the output must match")
+    guided_json: Schema | Str | None = Field(None, description="a JSON schema the output must match, or its JSON text")
     guided_regex: Str | None = None
     guided_choice: Annotated[list[Annotated[Str, Field(min_length=1)]], Field(min_length=1, max_length=MAX_BATCH)] \
         | None = None

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, StringConstraints
 
-from runtime.server.openai.json_checks import JsonObject, JsonText, Str
+from runtime.server.openai.json_checks import JsonObject, JsonText, Schema, Str
 
 Name = Annotated[str, Strict(), StringConstraints(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_.-]+$")]
 
@@ -15,7 +15,7 @@ class JsonSchemaFormat(BaseModel):
     model_config = ConfigDict(extra="allow", populate_by_name=True)
     name: Name
     description: Str | None = None
-    json_schema: JsonObject = Field(default_factory=dict, alias="schema")
+    json_schema: Schema = Field(default_factory=dict, alias="schema")
     strict: Annotated[bool, Strict()] | None = None
 
 

@@ -1,18 +1,28 @@
 """A request's structured-output fields (OpenAI's response_format, vLLM's guided_*) -> one
-StructuredOutput, or None for free text. At most one of them may be set."""
+StructuredOutput, or None for free text. At most one of them may be set.
+
+A schema is checked here, size first (GrammarLimits.check_size: a walk bounded by the byte limit),
+then its strings and depth (json_checks), before it is canonicalised and scanned for keywords: the
+protocol takes schemas unchecked (json_checks.Schema) because a whole walk of a 1.3 MB schema on the
+event loop, only for the byte limit to refuse it, stalled every stream's tokens."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
+from runtime.errors import RequestError
 from runtime.server.errors import APIError
+from runtime.server.openai.json_checks import MAX_DEPTH, checked_json
 from runtime.server.openai.protocol import SamplingFields
+from structured.limits import GrammarLimits
 from structured.spec import StructuredOutput
 
 GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
 
 
-def structured_output(req: SamplingFields) -> StructuredOutput | None:
-    """Raises APIError (400) when the fields contradict each other or a schema is missing."""
+def structured_output(req: SamplingFields, limits: GrammarLimits) -> StructuredOutput | None:
+    """Raises APIError (400) when the fields contradict each other or a schema is missing, RequestError
+    (400 naming the field) when a schema is over limits' size, not valid Unicode or too deep."""
     rf = req.response_format if req.response_format is not None and req.response_format.type != "text" else None
     given = [name for name in GUIDED if getattr(req, name) is not None] + (["response_format"] if rf else [])
     if len(given) > 1:
@@ -25,23 +35,41 @@ def structured_output(req: SamplingFields) -> StructuredOutput | None:
             raise APIError(400, "response_format of type 'json_schema' needs 'json_schema': {'name', 'schema'}",
                            "response_format", "invalid_value")
         # strict: false (not merely absent) opts into best effort: unenforceable keywords ignored, named
-        return StructuredOutput.json_schema(rf.json_schema.json_schema, best_effort=rf.json_schema.strict is False)
+        return StructuredOutput.json_schema(checked_schema(rf.json_schema.json_schema, "response_format", limits),
+                                            best_effort=rf.json_schema.strict is False)
     if req.guided_json is not None:
-        if isinstance(req.guided_json, str) and not _is_object(req.guided_json):
-            raise APIError(400, "guided_json must be a JSON schema: an object, or its JSON text", "guided_json",
-                           "invalid_value")
-        return StructuredOutput.json_schema(req.guided_json, "guided_json")
+        return StructuredOutput.json_schema(checked_schema(req.guided_json, "guided_json", limits), "guided_json")
     if req.guided_regex is not None:
         return StructuredOutput("regex", req.guided_regex, "guided_regex")
     if req.guided_choice is not None:  # the schema keeps it a non-empty list of non-empty strings
+        _check_size("choice", req.guided_choice, "guided_choice", limits)
         return StructuredOutput.choice(req.guided_choice)
     if req.guided_grammar is not None:
         return StructuredOutput("grammar", req.guided_grammar, "guided_grammar")
     return None
 
 
-def _is_object(text: str) -> bool:
+def checked_schema(value: dict[str, Any] | str, param: str, limits: GrammarLimits) -> dict[str, Any]:
+    """The schema (parsed when it is JSON text): its size within limits, its strings valid Unicode and
+    its nesting within json_checks' depth, checked in that order; RequestError naming param if not."""
+    _check_size("json_schema", value, param, limits)
     try:
-        return isinstance(json.loads(text), dict)
+        schema = json.loads(value) if isinstance(value, str) else value
+    except RecursionError:
+        raise RequestError.invalid(param, f"nests deeper than {MAX_DEPTH} levels (the limit)") from None
     except ValueError:
-        return False
+        raise APIError(400, f"{param} must be a JSON schema: an object, or its JSON text", param,
+                       "invalid_value") from None
+    if not isinstance(schema, dict):
+        raise APIError(400, f"{param} must be a JSON schema: an object, or its JSON text", param, "invalid_value")
+    try:
+        return checked_json(schema)
+    except ValueError as exc:
+        raise RequestError.invalid(param, str(exc)) from None
+
+
+def _check_size(kind: str, value: Any, param: str, limits: GrammarLimits) -> None:
+    try:
+        limits.check_size(kind, value)
+    except ValueError as exc:
+        raise RequestError.invalid(param, str(exc)) from None

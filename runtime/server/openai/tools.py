@@ -10,9 +10,11 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from runtime.errors import RequestError
 from runtime.server.errors import APIError
 from runtime.server.openai.protocol import ChatCompletionRequest
 from runtime.server.openai.tool_parsers import PARSERS, ToolParser
+from structured.limits import GrammarLimits
 from structured.spec import StructuredOutput
 
 
@@ -50,20 +52,31 @@ def _parameters(function: Any) -> dict[str, Any]:
     return function.parameters or {"type": "object", "properties": {}}
 
 
-def tool_structure(req: ChatCompletionRequest, plan: ToolPlan | None) -> StructuredOutput | None:
-    """The grammar of "required" (a list of {"name", "arguments"}) or of a named function's arguments."""
+def tool_structure(req: ChatCompletionRequest, plan: ToolPlan | None,
+                   limits: GrammarLimits | None = None) -> StructuredOutput | None:
+    """The grammar of "required" (a list of {"name", "arguments"}) or of a named function's arguments;
+    limits: its size is checked before it is canonicalised (a 400 naming tools)."""
     if plan is None or plan.mode == "auto":
         return None
     if plan.mode == "named":
         fn = next(t.function for t in req.tools if t.function.name == plan.name)
-        return StructuredOutput.json_schema(_parameters(fn), "tools", best_effort=fn.strict is False)
+        return StructuredOutput.json_schema(_sized(_parameters(fn), limits), "tools", best_effort=fn.strict is False)
     call = [{"type": "object", "properties": {"name": {"const": t.function.name}, "arguments": _parameters(t.function)},
              "required": ["name", "arguments"], "additionalProperties": False} for t in req.tools]
     schema = {"type": "array", "items": {"anyOf": call}, "minItems": 1}
     if not req.parallel_tool_calls:
         schema["maxItems"] = 1
     lenient = all(t.function.strict is False for t in req.tools)  # every tool opted into best effort
-    return StructuredOutput.json_schema(schema, "tools", best_effort=lenient)
+    return StructuredOutput.json_schema(_sized(schema, limits), "tools", best_effort=lenient)
+
+
+def _sized(schema: dict[str, Any], limits: GrammarLimits | None) -> dict[str, Any]:
+    if limits is not None:
+        try:
+            limits.check_size("json_schema", schema)
+        except ValueError as exc:
+            raise RequestError.invalid("tools", str(exc)) from None
+    return schema
 
 
 def _call_text(message: dict[str, Any]) -> str:

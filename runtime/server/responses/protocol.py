@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from runtime.server.openai.json_checks import JsonObject, JsonText, Str
+from runtime.server.openai.json_checks import JsonObject, JsonText, Schema, Str
 from runtime.server.openai.protocol import Bool, Int, Number
 from runtime.server.openai.protocol_tools import Name
 
@@ -62,7 +62,7 @@ class TextFormat(BaseModel):
     type: Literal["text", "json_object", "json_schema"]
     name: Name | None = None
     description: Str | None = None
-    json_schema: JsonObject | None = Field(None, alias="schema")
+    json_schema: Schema | None = Field(None, alias="schema")
     strict: Bool | None = None
 
 
