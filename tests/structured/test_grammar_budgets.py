@@ -12,7 +12,7 @@ import torch
 from runtime.load import load_model
 from structured.compile import GrammarError
 from structured.keywords import UNENFORCED, unenforced_keywords
-from structured.limits import MAX_ENUM_VALUES, GrammarLimits
+from structured.limits import MAX_ENUM_VALUES, GrammarLimits, json_chars_over
 from structured.processor import SLOW_MASKS, GrammarProcessor
 from structured.service import GrammarService
 from tests.tiny_engine import EOS, TINY_VOCAB, byte_tokenizer
@@ -38,6 +38,24 @@ def test_a_structure_over_a_size_limit_is_refused_at_once_naming_the_limit(kind,
     with pytest.raises(GrammarError, match=words):
         svc.submit(kind, text)
     assert time.monotonic() - started < 0.5 and svc._pool is None  # nothing was compiled
+
+
+@pytest.mark.parametrize("value", [
+    {"type": "object", "properties": {"a": {"enum": ["x", "yy", 3, None, True]}, "b": {"items": [[], {}]}}},
+    ["\u00e9" * 40, {"k": [1, 2.5, "s"]}], "plain text", {"": ""}, [],
+])
+def test_the_size_walk_never_overstates_a_schema(value):
+    size = len(json.dumps(value, separators=(",", ":"), ensure_ascii=False))
+    assert not json_chars_over(value, size)  # a lower bound: what fits is never refused
+    assert json_chars_over(value, 0) == bool(value)  # anything in it is counted
+
+
+def test_the_size_walk_stops_once_over_the_limit_whatever_lies_beyond():
+    """Bounded by the limit, not the value: a cycle (no JSON has one) would never end a whole walk."""
+    loop: list = ["x" * 100]
+    loop.append(loop)
+    assert json_chars_over(loop, 10_000)
+    assert json_chars_over({"enum": ["v" * 10] * 10**7}, 1000)  # 10 million members, walked ~80 of them
 
 
 def test_a_compile_past_its_time_limit_is_killed_and_fails_fast_when_sent_again():
