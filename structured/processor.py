@@ -7,22 +7,25 @@ A step waits for a mask at most `wait` seconds past the forward pass: an ambiguo
 grow without bound (a 27-byte one took 0.2 s at its 30th token, 2.8 s at its 63rd) and once held
 every request of the batch for tens of seconds. A sequence whose mask is late ends there with
 finish_reason "error" (the server answers it with an error), and its fill finishes unseen on its
-thread. Each fill has a thread of its own among several, so a late one delays no other grammar.
+thread, moved to the idle scheduling class so it yields its core to the engine (structured/fillers.py).
+Each fill has a thread of its own among several, so a late one delays no other grammar.
 Masks in time still cost CPU beside the forward pass (on a CPU server, beside the model itself):
 a sequence whose masks each take longer than `wait` to fill, SLOW_MASKS in a row, ends the same way."""
 from __future__ import annotations
 
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING
 
 import torch
 
+from structured.fillers import FillerPool
+
 if TYPE_CHECKING:  # imported on first use: xgrammar brings transformers, seconds of start-up
     import xgrammar as xgr
 
-_FILLERS = ThreadPoolExecutor(8, thread_name_prefix="grammar-masks")
+_FILLERS = FillerPool(8, "grammar-masks")
 SLOW_MASKS = 3  # masks in a row slower than the wait that end a sequence (one slow mask may be a hiccup)
 
 
@@ -39,6 +42,7 @@ class GrammarProcessor:
         self.vocab_size = compiled.tokenizer_info.vocab_size  # the logits width: the mask covers every logit
         self.wait = wait  # seconds a step waits for this mask after the forward pass
         self._next_mask: Future | None = None  # a mask being filled for the matcher's current state
+        self._filler: list[int] = []  # the native id of the thread filling it, while it runs
         self._mask = xgr.allocate_token_bitmask(1, self.vocab_size)  # refilled each step, never reallocated
         self._ending: tuple[str, str | None] | None = None  # (finish_reason, stop_reason) once it ends
         self._fill_seconds = 0.0  # the last fill's time (set on its thread, read after its result)
@@ -47,7 +51,7 @@ class GrammarProcessor:
     def prefetch(self) -> None:
         """Start filling the mask of the next token now, on a filler thread (once per state)."""
         if self._next_mask is None and self._ending is None and not self.matcher.is_terminated():
-            self._next_mask = _FILLERS.submit(self._fill)
+            self._next_mask, self._filler = _FILLERS.submit(self._fill)
 
     def _fill(self) -> torch.Tensor:
         started = time.monotonic()
@@ -62,6 +66,7 @@ class GrammarProcessor:
         try:
             mask = pending.result(timeout) if pending is not None else None
         except FutureTimeout:
+            _FILLERS.demote(self._filler)  # it runs on unseen: on a core the engine leaves free
             self._too_slow("its grammar's token mask took longer")
             return None
         if pending is not None:
