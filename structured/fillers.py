@@ -1,11 +1,12 @@
 """The threads that fill grammar masks beside the forward pass, and the demotion of a late one.
 
 A fill cannot be interrupted (xgrammar's C++ runs to the end), and an ambiguous grammar's fill runs
-for minutes after its sequence has ended. At normal priority each such fill held a core against the
-engine's threads: plain requests' TPOT p50 rose 2.4x beside a client sending the issue's 27-byte
-ambiguous grammar, though every one of those requests was refused. `demote` moves the thread of a
-fill that missed its step into Linux's idle scheduling class, where it runs only on a core the engine
-leaves free (as the compile workers do, structured/compile_worker.py). A thread that cannot return
+for minutes after its sequence has ended, at normal priority holding a core against the engine's
+threads. `demote` moves the thread of a fill that missed its step into Linux's idle scheduling class,
+where it runs only on a core the engine leaves free (as the compile workers do,
+structured/compile_worker.py). Measured beside two clients sending the 27-byte ambiguous grammar
+(bench_structured.py --adversarial --kinds "ambiguous grammar"): plain requests' TPOT p50 2.39x idle's
+before, 2.23x after, so most of that cost lies elsewhere (the masks in time but slow, each waited for). A thread that cannot return
 to normal priority afterwards (an unprivileged process may not leave SCHED_IDLE) exits, and the next
 submit starts a fresh thread in its place (from the submitting thread: a new thread inherits its
 creator's class), so a demotion never outlives its fill."""
