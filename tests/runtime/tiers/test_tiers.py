@@ -58,8 +58,12 @@ def test_the_writer_thread_yields_the_cores_to_the_step(tmp_path, want):
     with engine(kv_disk_path=str(tmp_path)) as e:
         assert run_rounds(e) == want  # the writer has started and written
         writer = e.scheduler.connector._writer
-        assert os.getpriority(os.PRIO_PROCESS, writer.native_id) == 19
-        assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) < 19  # the step thread's is untouched
+        if hasattr(os, "SCHED_IDLE"):  # Linux: the idle class, the step thread's untouched
+            assert os.sched_getscheduler(writer.native_id) == os.SCHED_IDLE
+            assert os.sched_getscheduler(threading.get_native_id()) == os.SCHED_OTHER
+        else:
+            assert os.getpriority(os.PRIO_PROCESS, writer.native_id) == 19
+            assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) < 19
 
 
 def test_a_restart_keeps_what_host_memory_held(tmp_path, want):
