@@ -4,12 +4,14 @@ A fill cannot be interrupted (xgrammar's C++ runs to the end), and an ambiguous 
 for minutes after its sequence has ended, at normal priority holding a core against the engine's
 threads. `demote` moves the thread of a fill that missed its step into Linux's idle scheduling class,
 where it runs only on a core the engine leaves free (as the compile workers do,
-structured/compile_worker.py). Measured beside two clients sending the 27-byte ambiguous grammar
-(bench_structured.py --adversarial --kinds "ambiguous grammar"): plain requests' TPOT p50 2.39x idle's
-before, 2.23x after, so most of that cost lies elsewhere (the masks in time but slow, each waited for). A thread that cannot return
-to normal priority afterwards (an unprivileged process may not leave SCHED_IDLE) exits, and the next
-submit starts a fresh thread in its place (from the submitting thread: a new thread inherits its
-creator's class), so a demotion never outlives its fill."""
+structured/compile_worker.py). A thread that cannot return to normal priority afterwards (an
+unprivileged process may not leave SCHED_IDLE) exits, and the next submit starts a fresh thread in
+its place (from the submitting thread: a new thread inherits its creator's class), so a demotion
+never outlives its fill.
+
+Measured beside two clients sending the 27-byte ambiguous grammar (bench_structured.py --adversarial
+--kinds "ambiguous grammar"): plain requests' TPOT p50 2.39x idle's before, 2.23x after, so most of
+that cost lies elsewhere (the masks in time but slow, each waited for)."""
 from __future__ import annotations
 
 import os

@@ -42,8 +42,7 @@ def structured_output(req: SamplingFields, limits: GrammarLimits) -> StructuredO
     if req.guided_regex is not None:
         return StructuredOutput("regex", req.guided_regex, "guided_regex")
     if req.guided_choice is not None:  # the schema keeps it a non-empty list of non-empty strings
-        _check_size("choice", req.guided_choice, "guided_choice", limits)
-        return StructuredOutput.choice(req.guided_choice)
+        return StructuredOutput.choice(sized("choice", req.guided_choice, "guided_choice", limits))
     if req.guided_grammar is not None:
         return StructuredOutput("grammar", req.guided_grammar, "guided_grammar")
     return None
@@ -52,14 +51,13 @@ def structured_output(req: SamplingFields, limits: GrammarLimits) -> StructuredO
 def checked_schema(value: dict[str, Any] | str, param: str, limits: GrammarLimits) -> dict[str, Any]:
     """The schema (parsed when it is JSON text): its size within limits, its strings valid Unicode and
     its nesting within json_checks' depth, checked in that order; RequestError naming param if not."""
-    _check_size("json_schema", value, param, limits)
+    sized("json_schema", value, param, limits)
     try:
         schema = json.loads(value) if isinstance(value, str) else value
     except RecursionError:
         raise RequestError.invalid(param, f"nests deeper than {MAX_DEPTH} levels (the limit)") from None
     except ValueError:
-        raise APIError(400, f"{param} must be a JSON schema: an object, or its JSON text", param,
-                       "invalid_value") from None
+        schema = None
     if not isinstance(schema, dict):
         raise APIError(400, f"{param} must be a JSON schema: an object, or its JSON text", param, "invalid_value")
     try:
@@ -68,8 +66,10 @@ def checked_schema(value: dict[str, Any] | str, param: str, limits: GrammarLimit
         raise RequestError.invalid(param, str(exc)) from None
 
 
-def _check_size(kind: str, value: Any, param: str, limits: GrammarLimits) -> None:
+def sized(kind: str, value: Any, param: str, limits: GrammarLimits) -> Any:
+    """value, once GrammarLimits.check_size has found it within the byte limit; RequestError naming param if not."""
     try:
         limits.check_size(kind, value)
     except ValueError as exc:
         raise RequestError.invalid(param, str(exc)) from None
+    return value

@@ -10,9 +10,9 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from runtime.errors import RequestError
 from runtime.server.errors import APIError
 from runtime.server.openai.protocol import ChatCompletionRequest
+from runtime.server.openai.response_format import sized
 from runtime.server.openai.tool_parsers import PARSERS, ToolParser
 from structured.limits import GrammarLimits
 from structured.spec import StructuredOutput
@@ -71,12 +71,7 @@ def tool_structure(req: ChatCompletionRequest, plan: ToolPlan | None,
 
 
 def _sized(schema: dict[str, Any], limits: GrammarLimits | None) -> dict[str, Any]:
-    if limits is not None:
-        try:
-            limits.check_size("json_schema", schema)
-        except ValueError as exc:
-            raise RequestError.invalid("tools", str(exc)) from None
-    return schema
+    return schema if limits is None else sized("json_schema", schema, "tools", limits)
 
 
 def _call_text(message: dict[str, Any]) -> str:
