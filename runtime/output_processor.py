@@ -83,7 +83,8 @@ class OutputProcessor:
                 continue
             kept, finished = self.accept(s.seq, s.tokens, s.logprobs, now)
             updates.append(SeqUpdate(s.seq, s.tokens[:kept], finished, s.num_drafts))
-            changed.add(self.state_of(s.seq))
+            if s.tokens:  # a deferred row (no token this step) changes nothing a client sees
+                changed.add(self.state_of(s.seq))
             if s.num_drafts:
                 self._count_verified(s.seq.metrics, s.num_drafts, len(s.tokens) - 1)
         return updates, changed

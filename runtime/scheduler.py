@@ -168,11 +168,13 @@ class Scheduler:
     def update(self, out: SchedulerOutput, updates: list[SeqUpdate]) -> None:
         """After the step: the scheduled tokens are computed; new tokens join their sequences, KV of
         rejected drafts rolls back, full blocks join the prefix cache, finished sequences leave."""
+        # a row that took no token (its grammar mask deferred) stays uncomputed: it runs again next step
+        deferred = {u.seq for u in updates if not u.tokens and not u.finished}
         for c in out.chunks:
             seq = c.seq
             if c.num_tokens > 1 or seq.num_output_tokens == 0:
                 self.stats.computed_prefill_tokens += c.num_tokens
-            seq.kv.num_computed += c.num_tokens
+            seq.kv.num_computed += c.num_tokens - (seq in deferred)
             self.blocks.register_full_blocks(seq.kv, seq.token_ids)
         for u in updates:
             seq = u.seq

@@ -26,6 +26,10 @@ class GrammarMask(Protocol):
     def ending(self) -> tuple[str, str | None]:
         """(finish_reason, stop_reason) once accept() said False."""
 
+    def deferred(self) -> bool:
+        """The last apply_batch left this row's mask pending, so as not to hold the step: the sequence
+        takes no token this step (its row is computed again next step)."""
+
     @staticmethod
     def apply_batch(logits: torch.Tensor, rows: list[int], masks: list) -> None:
         """-inf into logits[rows[i]] wherever masks[i] forbids a token."""

@@ -33,7 +33,7 @@ from runtime.server.options import (
     check_tracing_flags,
     host_header_name,
 )
-from structured.limits import GrammarLimits, MiB
+from structured.limits import SLOW_MASKS, GrammarLimits, MiB
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -141,11 +141,15 @@ def add_grammar_args(p: argparse.ArgumentParser) -> None:
                    help=f"how long a step waits past its forward pass for a request's grammar mask; a request "
                         f"whose mask is later ends with an error instead of slowing the batch "
                         f"(default: {g.mask_wait_ms:g})")
+    p.add_argument("--max-mask-cpu-ms", type=float, default=g.mask_cpu_ms,
+                   help=f"the CPU time a request's grammar mask may take while other requests share its steps; a "
+                        f"request whose masks take more, {SLOW_MASKS} times in a row, ends with an error "
+                        f"(default: {g.mask_cpu_ms:g})")
 
 
 def check_grammar_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    if not args.max_grammar_compile_seconds > 0 or not args.max_mask_wait_ms > 0:
-        p.error("--max-grammar-compile-seconds and --max-mask-wait-ms must be > 0")
+    if min(args.max_grammar_compile_seconds, args.max_mask_wait_ms, args.max_mask_cpu_ms) <= 0:
+        p.error("--max-grammar-compile-seconds, --max-mask-wait-ms and --max-mask-cpu-ms must be > 0")
     if args.grammar_compile_workers < 1 or args.max_grammar_bytes < 1 or args.grammar_cache_bytes < 0:
         p.error("--grammar-compile-workers and --max-grammar-bytes must be >= 1, --grammar-cache-bytes >= 0")
 
@@ -153,7 +157,7 @@ def check_grammar_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> 
 def grammar_limits(args: argparse.Namespace) -> GrammarLimits:
     return GrammarLimits(max_bytes=args.max_grammar_bytes, compile_seconds=args.max_grammar_compile_seconds,
                          compile_workers=args.grammar_compile_workers, cache_bytes=args.grammar_cache_bytes,
-                         mask_wait_ms=args.max_mask_wait_ms)
+                         mask_wait_ms=args.max_mask_wait_ms, mask_cpu_ms=args.max_mask_cpu_ms)
 
 
 def server_options(args: argparse.Namespace) -> ServerOptions:

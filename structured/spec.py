@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from structured.compile import GrammarError
 from structured.keywords import unenforced_keywords
+from structured.limits import GrammarLimits
 from structured.processor import GrammarProcessor
 from structured.schema_text import canonical_schema_text
 from structured.service import service_for
@@ -61,19 +62,25 @@ class StructuredOutput:
             self.ignored()
             service, start = service_for(tokenizer, vocab_size), time.perf_counter()
             compiled = service.compile(self.kind, self.text)
-            self.compiled = CompiledStructure(compiled, service.limits.mask_wait_ms, time.perf_counter() - start)
+            self.compiled = CompiledStructure.under(service.limits, compiled, time.perf_counter() - start)
         return self.compiled
 
 
 @dataclass(frozen=True)
 class CompiledStructure:
     """A request's compiled grammar; each of its sequences takes a state of its own. mask_wait_ms:
-    how long a step waits for one of its masks beyond the forward pass."""
+    how long a step waits for one of its masks beyond the forward pass; mask_cpu_ms: the CPU time a
+    mask may take while other requests share its steps (GrammarLimits)."""
 
     compiled: Any
     mask_wait_ms: float = 50.0
     seconds: float = 0.0  # what the compile took (a cache hit: next to nothing), for /metrics
+    mask_cpu_ms: float = 10.0
+
+    @classmethod
+    def under(cls, limits: GrammarLimits, compiled: Any, seconds: float) -> CompiledStructure:
+        return cls(compiled, limits.mask_wait_ms, seconds, limits.mask_cpu_ms)
 
     def processor(self, stop_ids: list[int] | set[int]) -> GrammarProcessor:
         """A fresh per-sequence grammar state; stop_ids end the grammar's output."""
-        return GrammarProcessor(self.compiled, sorted(stop_ids), self.mask_wait_ms / 1000)
+        return GrammarProcessor(self.compiled, sorted(stop_ids), self.mask_wait_ms / 1000, self.mask_cpu_ms / 1000)

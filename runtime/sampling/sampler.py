@@ -142,10 +142,17 @@ def processed_probs(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tens
     return probs / probs.sum(-1, keepdim=True)
 
 
+def _deferred(row: SamplingRow) -> bool:
+    """The row's grammar mask was not ready for this step: it takes no token now (see sample_step)."""
+    return row.mask is not None and row.mask.deferred()
+
+
 def _uniforms(rows: list[SamplingRow], device: torch.device) -> torch.Tensor:
     """One u ~ U[0, 1) per row: keyed by (seed, position) under --deterministic, else from the row's own
-    generator when it has one."""
+    generator when it has one. A deferred row draws nothing: a seeded request's next number is kept
+    for the token it takes later, so its output does not depend on when its masks were ready."""
     return torch.stack([torch.tensor(uniform_at(*row.draw_at), device=device) if row.draw_at is not None
+                        else torch.zeros((), device=device) if _deferred(row)
                         else torch.rand((), generator=row.generator, device=device) for row in rows])
 
 
@@ -229,7 +236,7 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> SampleResult:
 @dataclass
 class Sampled:
     seq: Sequence
-    tokens: list[int]  # one sampled token, or accepted drafts then a corrected or bonus token
+    tokens: list[int]  # one sampled token, accepted drafts then a corrected or bonus token, or none (deferred)
     logprobs: list | None = None  # one record per token, when the request asked for logprobs
     num_drafts: int = 0  # drafts verified
 
@@ -257,9 +264,10 @@ def sample_step(rows_of: list[tuple[Sequence, list[int]]], logits: torch.Tensor,
     out: list[Sampled] = []
     if plain:
         seqs = [rows_of[i][0] for i in plain]
-        result = sample(_index_rows(logits, offsets[plain]), [sampling_row(s, eos_ids) for s in seqs])
-        out = [Sampled(s, [t], None if lp is None else [lp])
-               for s, t, lp in zip(seqs, result.token_ids, result.logprobs)]
+        rows = [sampling_row(s, eos_ids) for s in seqs]
+        result = sample(_index_rows(logits, offsets[plain]), rows)
+        out = [Sampled(s, [], None) if _deferred(r) else Sampled(s, [t], None if lp is None else [lp])
+               for s, r, t, lp in zip(seqs, rows, result.token_ids, result.logprobs)]
     for i, (seq, spec) in enumerate(rows_of):
         if spec:
             out.append(_verify(seq, spec, logits[offsets[i]:offsets[i + 1]], drafts[seq], eos_ids))

@@ -58,7 +58,7 @@ class CompileWaits:
             raise
         finally:
             self._waiting.discard(done)
-        structure.compiled = CompiledStructure(compiled, self.service.limits.mask_wait_ms, time.perf_counter() - start)
+        structure.compiled = CompiledStructure.under(self.service.limits, compiled, time.perf_counter() - start)
         return ignored
 
     def cancel_all(self) -> None:

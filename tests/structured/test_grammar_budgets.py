@@ -118,36 +118,77 @@ def ambiguous():
         svc.close()
 
 
-def test_a_step_waits_a_bounded_time_for_a_slow_mask_and_the_sequence_ends_with_error(ambiguous):
-    compiled, letter = ambiguous
+def slow_processor(compiled, letter, tokens: int = 60) -> GrammarProcessor:
+    """A processor of the ambiguous grammar past `tokens` letters: at 60 each mask takes ~1 s."""
     slow = GrammarProcessor(compiled, [0], wait=0.05)
-    for _ in range(60):  # each mask now takes ~1 s
+    for _ in range(tokens):
         assert slow.matcher.accept_token(letter)
-    quick = GrammarProcessor(compiled, [0], wait=0.05)
+    return slow
+
+
+def test_a_slow_mask_beside_ready_rows_is_deferred_then_ends_the_sequence_once_late(ambiguous):
+    compiled, letter = ambiguous
+    slow, quick = slow_processor(compiled, letter), GrammarProcessor(compiled, [0], wait=0.05)
+    slow.prefetch(), quick.prefetch()
+    quick._next_mask.result()  # the forward pass: long enough for the quick mask, not the slow one
     logits = torch.zeros(2, 49152)
     started = time.monotonic()
     GrammarProcessor.apply_batch(logits, [0, 1], [slow, quick])
-    assert time.monotonic() - started < 0.5  # not the second the mask takes
+    assert time.monotonic() - started < 0.03  # the quick row's step is not held for the slow mask
+    assert slow.deferred() and not quick.deferred()
     assert torch.isinf(logits[1]).any() and not torch.isinf(logits[0]).any()  # the quick row is masked
-    assert not slow.accept(letter) and slow.ending()[0] == "error" and "--max-mask-wait-ms" in slow.ending()[1]
     assert quick.accept(letter)
+    time.sleep(0.06)  # the next steps, past the slow mask's deadline
+    quick.prefetch()
+    quick._next_mask.result()
+    logits = torch.zeros(2, 49152)
+    GrammarProcessor.apply_batch(logits, [0, 1], [slow, quick])
+    assert not slow.deferred() and not torch.isinf(logits[0]).any()  # late: its token is refused
+    assert not slow.accept(letter) and slow.ending()[0] == "error" and "--max-mask-wait-ms" in slow.ending()[1]
     if hasattr(os, "SCHED_IDLE") and slow._filler:  # the late fill runs on, yielding its core to the engine
         assert os.sched_getscheduler(slow._filler[0]) == os.SCHED_IDLE
 
 
-def test_masks_in_time_but_each_slower_than_the_wait_end_the_sequence_after_three(ambiguous):
+def test_a_step_whose_every_row_waits_for_its_mask_waits_a_bounded_time(ambiguous):
     compiled, letter = ambiguous
-    proc = GrammarProcessor(compiled, [0], wait=0.05)
-    for _ in range(40):  # each mask now takes ~0.3 s
-        assert proc.matcher.accept_token(letter)
-    for step in range(SLOW_MASKS):
-        proc.prefetch()
-        proc._next_mask.result()  # a forward pass longer than the fill: the mask is in time
-        logits = torch.zeros(1, 49152)
-        GrammarProcessor.apply_batch(logits, [0], [proc])
-        assert torch.isinf(logits[0]).any()  # masked: it was not late
-        assert proc.accept(letter) == (step < SLOW_MASKS - 1)
-    assert proc.ending()[0] == "error" and f"{SLOW_MASKS} of its grammar's token masks" in proc.ending()[1]
+    slow = slow_processor(compiled, letter)
+    logits = torch.zeros(1, 49152)
+    started = time.monotonic()
+    GrammarProcessor.apply_batch(logits, [0], [slow])  # nobody else to hold: it waits, to the deadline
+    assert 0.045 < time.monotonic() - started < 0.5  # not the second the mask takes
+    assert not slow.deferred() and not slow.accept(letter) and slow.ending()[0] == "error"
+
+
+def in_time_steps(proc: GrammarProcessor, letter: int, steps: int, quick: GrammarProcessor | None = None) -> list[bool]:
+    """Steps whose forward outlasts proc's fill (its mask in time), beside quick's row when given: what
+    accept said after each."""
+    accepted = []
+    for _ in range(steps):
+        procs = [proc] + ([quick] if quick else [])
+        for p in procs:
+            p.prefetch()
+            p._next_mask.result()
+        logits = torch.zeros(len(procs), 49152)
+        GrammarProcessor.apply_batch(logits, list(range(len(procs))), procs)
+        assert torch.isinf(logits[0]).any() and not proc.deferred()  # masked: it was in time
+        accepted.append(proc.accept(letter))
+        if quick:
+            assert quick.accept(letter)
+    return accepted
+
+
+def test_masks_in_time_but_each_over_the_cpu_budget_beside_others_end_the_sequence_after_three(ambiguous):
+    compiled, letter = ambiguous
+    proc = slow_processor(compiled, letter, tokens=30)  # each mask now takes ~0.15 s of CPU
+    quick = GrammarProcessor(compiled, [0], wait=0.05)
+    assert in_time_steps(proc, letter, SLOW_MASKS, quick) == [True] * (SLOW_MASKS - 1) + [False]
+    assert proc.ending()[0] == "error" and "--max-mask-cpu-ms" in proc.ending()[1]
+
+
+def test_slow_masks_in_time_end_nothing_while_the_sequence_is_alone(ambiguous):
+    compiled, letter = ambiguous
+    proc = slow_processor(compiled, letter, tokens=30)
+    assert in_time_steps(proc, letter, SLOW_MASKS + 1) == [True] * (SLOW_MASKS + 1)  # nobody else to slow
 
 
 def test_every_keyword_listed_as_unenforced_is_not_enforced_by_xgrammar():

@@ -2,6 +2,7 @@
 advance on kept tokens, and the API's response_format / guided_* fields on a real server."""
 import json
 import random
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import jsonschema
@@ -234,3 +235,23 @@ def test_openai_parse_returns_a_parsed_object(client):
     r = client.beta.chat.completions.parse(model=TINY_MODEL, messages=[{"role": "user", "content": "parse"}],
                                            max_tokens=60, temperature=0, response_format=Answer)
     assert isinstance(r.choices[0].message.parsed, Answer)
+
+
+def test_masks_late_for_their_step_defer_their_rows_and_change_no_token(monkeypatch):
+    """A mask not ready when the forward ends makes its sequence sit the step out (its row is computed
+    again next step), so the other rows are not held; greedy and seeded outputs stay as they were."""
+    free = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    params = [free, schema_params(POINT), schema_params(POINT, temperature=0.9, seed=3, max_tokens=40)]
+    prompts = ["abc", "hello", "xyz"]
+
+    def run():
+        llm = LLM.from_engine(tiny_engine())
+        return [[c.token_ids for c in o.outputs] for o in llm.generate(prompts, params, use_tqdm=False)]
+
+    expected = run()
+    fill, deferred = GrammarProcessor._fill, GrammarProcessor.deferred
+    taken = []
+    monkeypatch.setattr(GrammarProcessor, "_fill", lambda self: (time.sleep(0.01), fill(self))[1])
+    monkeypatch.setattr(GrammarProcessor, "deferred", lambda self: taken.append(deferred(self)) or taken[-1])
+    assert run() == expected
+    assert sum(taken) > 10  # rows were deferred, many times
