@@ -16,6 +16,7 @@ from structured.keywords import UNENFORCED, unenforced_keywords
 from structured.limits import MAX_ENUM_VALUES, GrammarLimits, json_chars_over
 from structured.processor import SLOW_MASKS, GrammarProcessor
 from structured.service import GrammarService
+from structured.spec import CompiledStructure
 from tests.tiny_engine import EOS, TINY_VOCAB, byte_tokenizer
 
 SLOW_SCHEMA = json.dumps({"type": "string", "pattern": "^[a-z]{0,20000}$"})  # 50 bytes, ~30 s to compile
@@ -237,3 +238,9 @@ def _alive(process: psutil.Process) -> bool:
         return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def test_the_mask_budgets_reach_each_sequence(ambiguous):
+    limits = GrammarLimits(mask_wait_ms=30, mask_cpu_ms=4)
+    proc = CompiledStructure.under(limits, ambiguous[0], 0.0).processor([0])
+    assert (proc.wait, proc.cpu) == (0.03, 0.004)

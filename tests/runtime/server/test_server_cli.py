@@ -105,3 +105,14 @@ def test_bench_serving_launches_a_server_and_reports(tiny_model, tmp_path):
 def test_bench_serving_refuses_hosts_other_than_loopback_ip(url, capsys):
     assert bench_serving.main(["--url", url, "--num-requests", "1"]) == 2
     assert "only targets 127.0.0.1" in capsys.readouterr().err
+
+
+def test_grammar_budgets_reach_the_limits_and_nonpositive_ones_are_refused(capsys):
+    from runtime.serve import grammar_limits
+
+    limits = grammar_limits(parse_args(["--max-mask-cpu-ms", "4", "--max-mask-wait-ms", "30"]))
+    assert (limits.mask_cpu_ms, limits.mask_wait_ms) == (4, 30)
+    for flag in ("--max-mask-cpu-ms", "--max-mask-wait-ms", "--max-grammar-compile-seconds"):
+        with pytest.raises(SystemExit) as exit_:
+            parse_args([flag, "0"])
+        assert exit_.value.code == 2 and flag in capsys.readouterr().err
