@@ -4,9 +4,13 @@ length from how its drafts have fared, down to none.
 Per sequence, a = hits / (hits + misses) estimates the chance that a draft token is accepted once those
 before it were (hits: drafts accepted, misses: verifications that rejected one; both decayed, so the
 estimate follows the text, and started from one of each). Draft j is then accepted with probability
-about a^j, and verifying it costs one more query row, taken as `row_cost` of a step (batch-1 decode
-reads every weight once whatever the rows, so a row adds a fraction of a step): the draft length is
-the largest j <= k with a^j >= row_cost. Where even one draft does not pay, the sequence drafts
+about a^j, and verifying it costs one more query row, taken as `row_cost` of a batch-1 step (batch-1
+decode reads every weight once whatever the rows, so a row adds a fraction of a step). In a batch of
+B the weights are shared by B rows already, so a row costs more of the step while an accepted draft
+adds one token to the B the step makes: a draft pays when a^j >= Bc / (1 + Bc), c = row_cost / (1 -
+row_cost) (0.15 at batch 1, 0.58 at batch 8). The draft length is the largest such j <= k. Medusa
+heads accepting ~35% of first drafts slowed batch-8 chat to 0.43x with the batch-1 line. Where
+even one draft does not pay, the sequence drafts
 nothing for `backoff` steps (doubling each time, up to max_backoff), then probes with one; the proposer
 does no work for it meanwhile.
 """
@@ -37,13 +41,13 @@ class Throttle:
     def propose(self, seqs: list[Sequence], k: int) -> dict[Sequence, Draft]:
         for seq in [s for s in self.records if s.status is SeqStatus.FINISHED]:
             del self.records[seq]
-        lengths = {}
+        lengths, cost = {}, self.step_cost(len(seqs))
         for seq in seqs:
             r = self.records.setdefault(seq, _Record())
             self._learn(seq, r)
             if r.skip:
                 r.skip -= 1
-            elif n := self.length(r, k):
+            elif n := self.length(r, k, cost):
                 lengths[seq] = n
             elif r.probe:  # below the line: one draft, then steps without any, twice as many each time
                 lengths[seq], r.probe = 1, False
@@ -56,12 +60,18 @@ class Throttle:
             self.records[seq].pending = (len(seq.token_ids), len(d.tokens), seq.metrics.spec_proposed)
         return drafts
 
-    def length(self, r: _Record, k: int) -> int:
-        """Drafts worth their verify rows at the current estimate (0: none)."""
+    def step_cost(self, batch: int) -> float:
+        """The chance a draft must have to pay for its verify row in a batch of that many sequences."""
+        c = batch * self.row_cost / (1.0 - self.row_cost)
+        return c / (1.0 + c)
+
+    def length(self, r: _Record, k: int, cost: float | None = None) -> int:
+        """Drafts worth their verify rows at the current estimate (0: none); cost: step_cost's line
+        (default: batch 1's)."""
         a = r.hits / (r.hits + r.misses)
         if a >= 1.0:
             return k
-        return min(k, int(math.log(self.row_cost) / math.log(a))) if a > 0 else 0
+        return min(k, int(math.log(cost or self.row_cost) / math.log(a))) if a > 0 else 0
 
     def _learn(self, seq: Sequence, r: _Record) -> None:
         """Fold in the verification of the last draft (if one ran: the request's verified drafts grew)."""
