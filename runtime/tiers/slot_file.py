@@ -3,7 +3,7 @@ header, written in place with one pwritev and read with one preadv.
 
 A file per block cost the writer ~8x the kernel time of a write in place (create, write, rename, and the
 unlink when the budget evicts it; each syscall a GIL round trip on a thread the engine's step outranks).
-Layout: page 0 holds the file's magic and its slot size; slot i starts at page-aligned (i + 1) * slot size,
+Layout: page 0 holds the file's magic and its slot size; slot i starts at page 1 + i slots (whole pages),
 so an overwrite is whole pages (no read of the old page first). A slot header names the slot's last use
 (the LRU order a restart resumes) and its record's length; the record itself carries everything a load
 checks (fingerprint, hash, token ids, CRC), so a torn or stale slot is refused there, never used."""
@@ -44,7 +44,7 @@ class SlotFile:
         self.slot_bytes = size if magic == FILE_MAGIC and size % PAGE == 0 else 0  # 0: set by the first write
 
     def offset(self, slot: int) -> int:
-        return (slot + 1) * self.slot_bytes
+        return PAGE + slot * self.slot_bytes
 
     def record_offset(self, slot: int) -> int:
         """Where a slot's record starts (after its slot header)."""
@@ -61,7 +61,7 @@ class SlotFile:
         """The slots that hold a block, by their headers alone (a load checks the rest)."""
         if not self.slot_bytes:
             return []
-        found, slots = [], os.fstat(self.fd).st_size // self.slot_bytes  # a cut-off last slot is found too
+        found, slots = [], -(-(os.fstat(self.fd).st_size - PAGE) // self.slot_bytes)  # the last ends at its record
         for slot in range(slots):
             head = os.pread(self.fd, _SLOT.size + HEADER.size, self.offset(slot))
             if len(head) < _SLOT.size + HEADER.size:
