@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 MAGIC = b"CSKVBLK1"
-_HEADER = struct.Struct("<8s16s16sIQI")  # magic, fingerprint, block hash, tokens, payload bytes, crc32
+HEADER = struct.Struct("<8s16s16sIQI")  # magic, fingerprint, block hash, tokens, payload bytes, crc32
 
 
 class CorruptBlock(ValueError):
@@ -32,7 +32,7 @@ class BlockRecord:
 
 def encode(record: BlockRecord) -> bytes:
     tokens = np.asarray(record.tokens, dtype="<i8").tobytes()
-    header = _HEADER.pack(MAGIC, record.fingerprint, record.block_hash.to_bytes(16, "little"), len(record.tokens),
+    header = HEADER.pack(MAGIC, record.fingerprint, record.block_hash.to_bytes(16, "little"), len(record.tokens),
                           len(record.payload), zlib.crc32(record.payload))
     return b"".join((header, tokens, record.payload))  # one copy of the payload
 
@@ -41,19 +41,19 @@ def decode(data: bytes | bytearray, fingerprint: bytes, block_hash: int, tokens:
            checksum: bool = True) -> BlockRecord:
     """The record in data, checked against what the caller expects; CorruptBlock otherwise. checksum=False
     skips the payload's CRC (bytes that never left this process's memory: a third of a load's time)."""
-    if len(data) < _HEADER.size:
+    if len(data) < HEADER.size:
         raise CorruptBlock(f"truncated: {len(data)} bytes, shorter than the header")
-    magic, fp, h, n, size, crc = _HEADER.unpack_from(data)
+    magic, fp, h, n, size, crc = HEADER.unpack_from(data)
     if magic != MAGIC:
         raise CorruptBlock("not a KV block file (bad magic)")
     if fp != fingerprint:
         raise CorruptBlock("written by another model or other settings (fingerprint differs)")
     if int.from_bytes(h, "little") != block_hash:
         raise CorruptBlock("holds another block (hash differs)")
-    end = _HEADER.size + 8 * n
+    end = HEADER.size + 8 * n
     if len(data) != end + size:
         raise CorruptBlock(f"truncated or padded: {len(data)} bytes, expected {end + size}")
-    if tuple(np.frombuffer(data, dtype="<i8", count=n, offset=_HEADER.size).tolist()) != tuple(tokens):
+    if tuple(np.frombuffer(data, dtype="<i8", count=n, offset=HEADER.size).tolist()) != tuple(tokens):
         raise CorruptBlock("holds other tokens than this prefix (a hash collision)")
     payload = memoryview(data)[end:]  # no copy: the block's bytes go straight into the cache
     if checksum and zlib.crc32(payload) != crc:

@@ -228,12 +228,16 @@ class TieredConnector:
             if not pending:
                 return
 
+    def flush(self) -> None:
+        """Wait until the blocks offered so far are stored (the writer runs only in the cores' idle time)."""
+        self._writes.join()
+
     def close(self, cached: list[BlockLoad]) -> None:
         """Write out the cached blocks still on the device and those in host memory to the tiers that
         outlive the process (a restart finds them there), then stop the threads."""
         for block, block_hash, tokens in cached:
             self.offer(block, block_hash, tokens, wait=True)
-        self._writes.join()
+        self.flush()
         for i, tier in enumerate(self.tiers[:-1]):
             for block_hash, data in tier.drain():
                 self._store(block_hash, data, below=i + 1)

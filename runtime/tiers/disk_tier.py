@@ -1,5 +1,6 @@
-"""The disk tier: one file per KV block under <path>/<fingerprint>/, least recently used first out of
-a byte budget, kept across runs (a restarted server with the same model and settings starts warm).
+"""The disk tier: KV blocks in one file of fixed-size slots under <path>/<fingerprint>/ (slot_file.py),
+least recently used first out of a byte budget, kept across runs (a restarted server with the same model
+and settings starts warm: it reads the slots' headers back).
 
 A lock file keeps a second server off the same directory (a clear start-up error); a full disk or a
 vanished permission costs the block (logged, counted), never the request."""
@@ -8,14 +9,15 @@ from __future__ import annotations
 import errno
 import fcntl
 import logging
-import os
 import threading
 from collections import OrderedDict
 from pathlib import Path
 
 from runtime.errors import UserError
+from runtime.tiers.slot_file import PAGE, SlotFile, slot_bytes_for
 
 log = logging.getLogger("cute_serve")
+SLOTS_NAME = "blocks.slots"
 
 
 class DiskTier:
@@ -29,7 +31,6 @@ class DiskTier:
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
             self._lock = open(self.dir / ".lock", "a+")  # noqa: SIM115  (held for the server's life)
-            (self.dir / ".probe").write_bytes(b"")
         except OSError as exc:
             raise UserError(f"--kv-disk-path {root}: cannot write {self.dir} ({exc.strerror or exc})") from None
         try:
@@ -38,20 +39,32 @@ class DiskTier:
             self._lock.close()
             raise UserError(f"--kv-disk-path {root}: another server uses it for this model and settings; stop it "
                             "or give this one a path of its own") from None
+        try:
+            self.file = SlotFile(str(self.dir / SLOTS_NAME))
+        except OSError as exc:
+            self._lock.close()
+            raise UserError(f"--kv-disk-path {root}: cannot write {self.dir} ({exc.strerror or exc})") from None
         self.guard = threading.Lock()  # the index: the writer and loader threads share it
-        self.index: OrderedDict[int, int] = OrderedDict()  # block hash -> file bytes, least recent first
-        self.used = 0
-        for block_hash, size in _stored_blocks(self.dir):
-            self.index[block_hash] = size
-            self.used += size
-        for tmp in self.dir.glob("*.tmp"):  # a write a crash cut short
-            tmp.unlink(missing_ok=True)
-        with self.guard:
-            self._shrink_to(self.budget)
+        self.index: OrderedDict[int, tuple[int, int]] = OrderedDict()  # hash -> (slot, record bytes), LRU first
+        self.free: list[int] = []  # slots below `self.slots` that hold nothing
+        self.slots = 0  # slots the file has handed out so far
+        self.uses = 0  # the last use's counter, persisted in the slot headers
+        found = sorted(self.file.scan(), key=lambda f: f.last_use)
+        for f in found[-self.capacity():] if self.capacity() else []:  # a smaller budget keeps the most recent
+            self.index[f.block_hash] = (f.slot, f.record_bytes)
+        self.slots = max((f.slot + 1 for f in found), default=0)
+        self.free = sorted(set(range(min(self.slots, self.capacity()))) - {s for s, _ in self.index.values()},
+                           reverse=True)
+        self.uses = max((f.last_use for f in found), default=0)
         self.failed: set[int] = set()  # errno of write failures already logged
 
-    def _path(self, block_hash: int) -> Path:
-        return self.dir / f"{block_hash:032x}.kvb"
+    def capacity(self) -> int:
+        """Slots the budget holds (0 until the first block sizes them)."""
+        return max(0, (self.budget - PAGE) // self.file.slot_bytes) if self.file.slot_bytes else 0
+
+    @property
+    def used(self) -> int:
+        return len(self.index) * self.file.slot_bytes
 
     def __len__(self) -> int:
         return len(self.index)
@@ -60,75 +73,79 @@ class DiskTier:
         return block_hash in self.index
 
     def read(self, block_hash: int) -> bytearray | None:
-        path = self._path(block_hash)
+        with self.guard:
+            if (where := self.index.get(block_hash)) is None:
+                return None
+            self.index.move_to_end(block_hash)  # most recent: never the next slot a write takes
+            self.uses += 1
+            use = self.uses
         try:
-            with open(path, "rb", buffering=0) as f:  # one read into one buffer (read() then a copy: 10x slower)
-                data = bytearray(os.fstat(f.fileno()).st_size)
-                del data[f.readinto(data) or 0:]  # shorter if it shrank meanwhile: decode() says truncated
-            os.utime(path)  # most recently used: the LRU order survives a restart
+            data = self.file.read(*where)
+            self.file.touch(where[0], use, where[1])  # the LRU order survives a restart
         except OSError:
             self.drop(block_hash)
             return None
-        with self.guard:
-            if block_hash in self.index:
-                self.index.move_to_end(block_hash)
         return data
 
     def write(self, block_hash: int, data: bytes) -> list[tuple[int, bytes]]:
-        """Store a block's file (the writer thread); the block back where the disk would not take it (what
-        the budget evicts is deleted: nothing lies below the disk)."""
-        if block_hash in self.index or len(data) > self.budget:
-            return [] if block_hash in self.index else [(block_hash, data)]
-        path = self._path(block_hash)
-        tmp = path.with_suffix(".tmp")
+        """Store a block in a slot (the writer thread); the block back where the disk would not take it (what
+        the budget evicts is overwritten: nothing lies below the disk)."""
+        if block_hash in self.index:
+            return []
         try:
-            tmp.write_bytes(data)
-            os.replace(tmp, path)  # never a torn file under the block's name
+            if not self.file.slot_bytes:
+                self.file.start(len(data))
+            slot = self._take_slot(len(data))
+            if slot is None:
+                return [(block_hash, data)]
+            with self.guard:
+                self.uses += 1
+                use = self.uses
+            self.file.write(slot, use, data)
         except OSError as exc:
-            tmp.unlink(missing_ok=True)
             if exc.errno not in self.failed:
                 self.failed.add(exc.errno)
                 log.warning("KV disk tier: writing %s failed (%s); blocks that do not fit are recomputed",
                             self.dir, errno.errorcode.get(exc.errno, exc))
             return [(block_hash, data)]
         with self.guard:
-            self.index[block_hash] = len(data)
-            self.used += len(data)
-            self._shrink_to(self.budget)
+            self.index[block_hash] = (slot, len(data))
         return []
 
-    def drop(self, block_hash: int) -> None:
-        """Forget a block (its file is corrupt or gone)."""
+    def _take_slot(self, record_bytes: int) -> int | None:
+        """A free slot, a new one while the budget allows, else the least recently used block's; None for a
+        record that no slot holds (another size than the file's: not this layout)."""
+        if slot_bytes_for(record_bytes) != self.file.slot_bytes or not self.capacity():
+            return None
         with self.guard:
-            size = self.index.pop(block_hash, None)
-            self.used -= size or 0
-        self._path(block_hash).unlink(missing_ok=True)
+            if len(self.index) < self.capacity():
+                if self.free:
+                    return self.free.pop()
+                if self.slots < self.capacity():
+                    self.slots += 1
+                    return self.slots - 1
+            _, (slot, _) = self.index.popitem(last=False)  # full (or a budget cut since the last run)
+            return slot
 
-    def _shrink_to(self, budget: int) -> None:
-        while self.used > budget and self.index:
-            block_hash, size = self.index.popitem(last=False)
-            self.used -= size
-            self._path(block_hash).unlink(missing_ok=True)
+    def drop(self, block_hash: int) -> None:
+        """Forget a block (its slot is corrupt or unreadable) and free its slot."""
+        with self.guard:
+            where = self.index.pop(block_hash, None)
+            if where is None:
+                return
+            self.free.append(where[0])
+        try:
+            self.file.clear(where[0])
+        except OSError:
+            pass  # a restart finds it again and refuses it again
 
     def drain(self) -> list[tuple[int, bytes]]:
         return []  # the disk outlives the process: nothing to hand down at shutdown
 
     def close(self) -> None:
         """Let another server have the directory (the lock goes with the file)."""
+        self.file.close()
         self._lock.close()
 
     def describe(self) -> str:
         return f"disk {self.budget / 2**30:.1f} GiB at {self.dir.parent} ({len(self.index)} blocks kept)"
-
-
-def _stored_blocks(directory: Path) -> list[tuple[int, int]]:
-    """(block hash, file bytes) of the block files there, least recently used first; a file of another
-    name is left alone, one that vanishes meanwhile is skipped."""
-    found = []
-    for f in directory.glob("*.kvb"):
-        try:
-            block_hash, stat = int(f.stem, 16), f.stat()
-        except (ValueError, OSError):
-            continue
-        found.append((stat.st_mtime, block_hash, stat.st_size))
-    return [(h, size) for _, h, size in sorted(found)]

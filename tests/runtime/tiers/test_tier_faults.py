@@ -3,10 +3,13 @@ start-up error, never a wrong token or a stuck request: corrupted, truncated or 
 full disk, a slow disk, a request aborted while its blocks load, a second server, an unusable path."""
 import errno
 import logging
+import os
 import shutil
 import threading
 import time
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -14,10 +17,11 @@ import runtime.tiers.connector as connector_module
 from runtime.engine_stats import EngineStats
 from runtime.errors import UserError
 from runtime.sampling_params import SamplingParams
-from runtime.tiers.block_file import BlockRecord, encode
+from runtime.tiers.block_file import HEADER, BlockRecord, CorruptBlock, decode, encode
 from runtime.tiers.block_io import BlockIO
 from runtime.tiers.connector import TieredConnector
-from runtime.tiers.disk_tier import DiskTier
+from runtime.tiers.disk_tier import SLOTS_NAME, DiskTier
+from runtime.tiers.slot_file import SlotFile
 from tests.runtime.tiers.tier_workload import PROMPTS, baseline, engine, run_rounds
 from tests.tiny_engine import tiny_engine
 
@@ -27,23 +31,52 @@ def want():
     return baseline()
 
 
-def written(tmp_path) -> list:
+def written(tmp_path) -> Path:
+    """The slot file a round of the workload left behind."""
     with engine(kv_disk_path=str(tmp_path)) as e:
         run_rounds(e, rounds=1)
-    return sorted(tmp_path.glob("*/*.kvb"))
+    return next(tmp_path.glob(f"*/{SLOTS_NAME}"))
 
 
-@pytest.mark.parametrize("damage", ["flip", "truncate"])
-def test_damaged_block_files_are_recomputed(tmp_path, want, damage, caplog):
-    for f in written(tmp_path):
-        data = bytearray(f.read_bytes())
-        if damage == "flip":
-            data[-100] ^= 0xFF
-        f.write_bytes(data if damage == "flip" else data[:-7])
+def test_flipped_slots_are_recomputed(tmp_path, want, caplog):
+    path = written(tmp_path)
+    file = SlotFile(str(path))
+    found = file.scan()
+    for f in found:  # a byte of each block's payload
+        at = file.record_offset(f.slot) + f.record_bytes - 100
+        os.pwrite(file.fd, bytes([os.pread(file.fd, 1, at)[0] ^ 0xFF]), at)
+    file.close()
     with caplog.at_level(logging.WARNING, "cute_serve"), engine(kv_disk_path=str(tmp_path)) as e:
         assert run_rounds(e, rounds=1) == want[:len(PROMPTS)]
         assert e.stats.tiers["corrupt_blocks"] >= len(PROMPTS) and not e.stats.tiers.get("disk_hits")
-    assert ("checksum" if damage == "flip" else "truncated") in caplog.text
+    assert "checksum" in caplog.text
+    file, fp, bad = SlotFile(str(path)), bytes.fromhex(path.parent.name), 0
+    for f in file.scan():  # a refused slot is cleared (or holds a recomputed block now): a restart skips it
+        data = file.read(f.slot, f.record_bytes)
+        try:
+            decode(data, fp, f.block_hash, record_tokens(data))
+        except CorruptBlock:
+            bad += 1  # a block behind a refused one in its prefix: never asked for
+    file.close()
+    assert bad <= len(found) - e.stats.tiers["corrupt_blocks"]
+
+
+def record_tokens(data: bytearray) -> tuple[int, ...]:
+    return tuple(np.frombuffer(data, "<i8", count=16, offset=HEADER.size).tolist())
+
+
+def test_a_cut_slot_file_is_refused_as_truncated(tmp_path, want):
+    path = written(tmp_path)
+    os.truncate(path, path.stat().st_size - 7)  # the last slot's record loses its tail
+    fp = bytes.fromhex(path.parent.name)
+    tier = DiskTier(str(tmp_path), 1 << 30, fp)
+    last = max(tier.index.items(), key=lambda kv: kv[1][0])[0]
+    data = tier.read(last)
+    with pytest.raises(CorruptBlock, match="truncated"):
+        decode(data, fp, last, record_tokens(data))
+    tier.close()
+    with engine(kv_disk_path=str(tmp_path)) as e:  # the engine serves on: the cut block is recomputed
+        assert run_rounds(e, rounds=1) == want[:len(PROMPTS)]
 
 
 def test_a_block_file_of_another_model_is_refused(tmp_path):
@@ -51,19 +84,19 @@ def test_a_block_file_of_another_model_is_refused(tmp_path):
     with tiny_engine(num_blocks=24, seed=1) as other:  # other weights: same tokens, same hashes, other KV
         want = run_rounds(other, rounds=1)
     with tiny_engine(num_blocks=24, seed=1, kv_disk_path=str(tmp_path)) as other:
-        theirs = other.scheduler.connector.tiers[0]
-        for f in mine:  # planted where the other model looks for its own blocks
-            shutil.copy(f, theirs.dir / f.name)
-            theirs.index[int(f.stem, 16)] = f.stat().st_size
+        theirs = other.scheduler.connector.tiers[0].dir
+    shutil.copy(mine, theirs / SLOTS_NAME)  # planted where the other model looks for its own blocks
+    with tiny_engine(num_blocks=24, seed=1, kv_disk_path=str(tmp_path)) as other:
+        assert len(other.scheduler.connector.tiers[0]) > 0
         assert run_rounds(other, rounds=1) == want
         assert other.stats.tiers["corrupt_blocks"] > 0 and not other.stats.tiers.get("disk_hits")
 
 
 def test_a_full_disk_costs_blocks_not_requests(tmp_path, want, monkeypatch, caplog):
-    def full(self, data):
+    def full(fd, parts, offset):
         raise OSError(errno.ENOSPC, "No space left on device")
     with caplog.at_level(logging.WARNING, "cute_serve"), engine(kv_disk_path=str(tmp_path)) as e:
-        monkeypatch.setattr(type(tmp_path), "write_bytes", full)  # from here on every block write fails
+        monkeypatch.setattr(os, "pwritev", full)  # from here on every block write fails
         assert run_rounds(e) == want
         assert e.stats.tiers["write_failures"] > 0 and not e.stats.tiers.get("disk_hits")
     assert caplog.text.count("ENOSPC") == 1  # logged once, not per block
@@ -125,7 +158,7 @@ def test_a_load_abandoned_earlier_never_answers_for_the_next(monkeypatch):
 
 
 def test_stray_files_in_the_directory_are_left_alone(tmp_path, want):
-    fp_dir = written(tmp_path)[0].parent
+    fp_dir = written(tmp_path).parent
     (fp_dir / "notes.kvb").write_text("mine")
     (fp_dir / "README").write_text("mine")
     with engine(kv_disk_path=str(tmp_path)) as e:

@@ -3,6 +3,8 @@ out, and the next server on the same directory answers the same prompt from them
 import httpx
 import pytest
 
+from runtime.tiers.disk_tier import SLOTS_NAME
+from runtime.tiers.slot_file import SlotFile
 from tests.runtime.server.test_server_metrics import V
 from tests.runtime.tiers.tier_workload import PROMPTS
 from tests.server_utils import serve_subprocess, write_tiny_model
@@ -31,7 +33,9 @@ def test_a_restarted_server_answers_from_the_disk_tier(tiny_model, tmp_path):
     with serve_subprocess(*args, timeout=120) as (url, _):
         cold = complete(url)
         assert external_hits(url) == 0
-    assert len(list(tmp_path.glob("*/*.kvb"))) >= len(PROMPTS[0]) // 16  # SIGTERM wrote the prefix out
+    slots = SlotFile(str(next(tmp_path.glob(f"*/{SLOTS_NAME}"))))
+    assert len(slots.scan()) >= len(PROMPTS[0]) // 16  # SIGTERM wrote the prefix out
+    slots.close()
     with serve_subprocess(*args, timeout=120) as (url, log):
         assert complete(url) == cold
         assert external_hits(url) >= 16 * (len(PROMPTS[0]) // 16)

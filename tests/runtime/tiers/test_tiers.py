@@ -13,6 +13,7 @@ from runtime.engine_config import EngineConfig
 from runtime.errors import UserError
 from runtime.kv.block_pool import ALSO_BELOW
 from runtime.tiers.attach import wants_tiers
+from runtime.tiers.disk_tier import SLOTS_NAME
 from tests.runtime.tiers.tier_workload import PROMPTS, baseline, engine, run_rounds
 
 
@@ -78,7 +79,8 @@ def test_the_disk_budget_holds(tmp_path, want):
     with engine(kv_disk_path=str(tmp_path), kv_disk_bytes=8 * 10_000) as e:
         assert run_rounds(e) == want
         tier = e.scheduler.connector.tiers[0]
-        assert 0 < tier.used <= 8 * 10_000 and len(list(tier.dir.glob("*.kvb"))) == len(tier.index)
+        assert 0 < tier.used <= 8 * 10_000 and (tier.dir / SLOTS_NAME).stat().st_size <= 8 * 10_000
+        assert {f.block_hash for f in tier.file.scan()} == set(tier.index)  # evicted blocks' slots reused
 
 
 @pytest.mark.parametrize("settings", [dict(enable_prefix_caching=False), dict(scheduler="static"),
