@@ -18,6 +18,7 @@ def test_tier_hits_bytes_and_prompt_sources_reach_metrics(tmp_path):
         for _ in range(2):  # the second round's prefixes were evicted during the first: they come from below
             for p in PROMPTS:
                 complete(srv.url, p)
+                srv.engine.scheduler.connector.flush()  # stored before the next asks (as tier_workload's rounds)
         srv.wait_idle()
         s = scrape(srv.url)
         stats = srv.engine.stats  # read after the scrape: the writer thread may still be storing
