@@ -6,9 +6,16 @@ unlink when the budget evicts it; each syscall a GIL round trip on a thread the 
 Layout: page 0 holds the file's magic and its slot size; slot i starts at page 1 + i slots (whole pages),
 so an overwrite is whole pages (no read of the old page first). A slot header names the slot's last use
 (the LRU order a restart resumes) and its record's length; the record itself carries everything a load
-checks (fingerprint, hash, token ids, CRC), so a torn or stale slot is refused there, never used."""
+checks (fingerprint, hash, token ids, CRC), so a torn or stale slot is refused there, never used.
+
+Slots are written with O_DIRECT where the file system takes it: through the page cache a no-hit run's
+writes cost the writer 3.5x the kernel time (page allocation, copy, writeback: 1.3 s against 0.37 s
+for 678 MB), and on a CPU engine every core-second the writer takes is one the step's barrier-bound
+threads lose. Reads stay buffered."""
 from __future__ import annotations
 
+import errno
+import mmap
 import os
 import struct
 from dataclasses import dataclass
@@ -42,6 +49,8 @@ class SlotFile:
         head = os.pread(self.fd, _FILE.size, 0)
         magic, size = _FILE.unpack(head) if len(head) == _FILE.size else (b"", 0)
         self.slot_bytes = size if magic == FILE_MAGIC and size % PAGE == 0 else 0  # 0: set by the first write
+        self.direct = _open_direct(path)  # None: every write goes through the page cache
+        self.staging: mmap.mmap | None = None  # a page-aligned slot's worth for O_DIRECT writes
 
     def offset(self, slot: int) -> int:
         return PAGE + slot * self.slot_bytes
@@ -76,7 +85,24 @@ class SlotFile:
 
     def write(self, slot: int, last_use: int, record: bytes) -> None:
         """One record into a slot (OSError where the disk refuses it: the caller forgets the slot)."""
-        _write_all(self.fd, [_SLOT.pack(SLOT_MAGIC, last_use, len(record)), record], self.offset(slot))
+        head = _SLOT.pack(SLOT_MAGIC, last_use, len(record))
+        if self.direct is not None:
+            if self.staging is None or len(self.staging) != self.slot_bytes:
+                self.staging = mmap.mmap(-1, self.slot_bytes)  # anonymous: page-aligned, as O_DIRECT needs
+            self.staging[:len(head)] = head
+            self.staging[len(head):len(head) + len(record)] = record
+            try:
+                _write_all(self.direct, [self.staging], self.offset(slot))
+                return
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+                self._buffered_from_now()  # the file system opened it but refuses direct writes
+        _write_all(self.fd, [head, record], self.offset(slot))
+
+    def _buffered_from_now(self) -> None:
+        os.close(self.direct)
+        self.direct = self.staging = None
 
     def read(self, slot: int, record_bytes: int) -> bytearray:
         """A slot's record, shorter if the file was cut (decode() then says truncated)."""
@@ -93,7 +119,17 @@ class SlotFile:
         os.pwrite(self.fd, bytes(_SLOT.size), self.offset(slot))
 
     def close(self) -> None:
+        if self.direct is not None:
+            os.close(self.direct)
         os.close(self.fd)
+
+
+def _open_direct(path: str) -> int | None:
+    """A second descriptor of the file for direct writes, None where the system has no O_DIRECT for it."""
+    try:
+        return os.open(path, os.O_WRONLY | os.O_DIRECT)
+    except (AttributeError, OSError):
+        return None
 
 
 def _write_all(fd: int, parts: list[bytes], offset: int) -> None:

@@ -76,3 +76,26 @@ def test_a_record_of_another_size_or_a_foreign_file_is_not_used(tmp_path):
     assert os.path.getsize(path) <= PAGE + slot_bytes_for(len(record(3)))
     assert decode(again.read(3), FP, 3, TOKENS).payload == bytes([3]) * 5000
     again.close()
+
+
+def test_slots_written_direct_or_through_the_cache_read_back_the_same(tmp_path, monkeypatch):
+    """O_DIRECT where the file system takes it; a refusal (EINVAL) falls back to buffered writes for good."""
+    tier = DiskTier(str(tmp_path), budget_for(4), FP)
+    direct = tier.file.direct
+    assert tier.write(1, record(1)) == [] and decode(tier.read(1), FP, 1, TOKENS).payload == bytes([1]) * 5000
+    if direct is None:  # this file system has no O_DIRECT: buffered from the start
+        tier.close()
+        return
+    real = os.pwritev
+
+    def refuse_direct(fd, parts, offset):
+        if fd == direct:
+            raise OSError(22, "Invalid argument")
+        return real(fd, parts, offset)
+
+    monkeypatch.setattr(os, "pwritev", refuse_direct)
+    assert tier.write(2, record(2)) == [] and tier.file.direct is None
+    assert tier.write(3, record(3)) == []
+    for h in (1, 2, 3):
+        assert decode(tier.read(h), FP, h, TOKENS).payload == bytes([h]) * 5000
+    tier.close()
