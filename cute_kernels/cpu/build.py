@@ -86,8 +86,7 @@ def using_route(name: str | None) -> Iterator[None]:
         _active_route[0] = saved
 
 
-def _sanitized() -> bool:
-    return os.environ.get("CUTE_SERVE_CPU_SANITIZE", "0") == "1"
+_SANITIZED = os.environ.get("CUTE_SERVE_CPU_SANITIZE", "0") == "1"  # read once: load() runs on every kernel call
 
 
 def cache_dir() -> Path:
@@ -140,7 +139,7 @@ def load(name: str) -> tuple[ctypes.CDLL | None, str | None]:
     if route is not None and (reason := route_unavailable(route)):
         return None, reason
     flags = () if route is None else ROUTES[route].flags
-    if _sanitized():
+    if _SANITIZED:
         return _load(name, (*flags, *SANITIZE_COMPILE), SANITIZE_LINK)
     return _load(name, flags, ())
 
@@ -150,6 +149,7 @@ def loaded_routes() -> dict[str, str]:
     return dict(_loaded)
 
 
+@functools.cache  # a library's route never changes; choose_path asks on every linear call
 def isa(lib: ctypes.CDLL) -> str:
     """The route a loaded library was built for (csrc/isa.h): avx512-vnni, avx2 or portable-c."""
     lib.cpu_kernel_isa.restype = ctypes.c_char_p

@@ -76,11 +76,13 @@ class Bodies:
         return kind, self.large[kind][i // len(self.kinds) % VARIANTS] if kind in self.large else self._body(kind, i)
 
 
-async def hostile_client(url: str, bodies: Bodies, start: int, stop: Any, tally: collections.Counter) -> None:
-    """Send the hostile requests in turn until stop is set; tally (kind, status, code) of each answer."""
+async def hostile_client(url: str, bodies: Bodies, start: int, stop: Any, tally: collections.Counter,
+                         parent: int) -> None:
+    """Send the hostile requests in turn until stop is set or the bench that started them is gone (a killed
+    bench would otherwise leave them hammering a dead port at most of a core); tally (kind, status, code)."""
     async with httpx.AsyncClient(timeout=120) as client:
         for i in itertools.count(start):
-            if stop.is_set():
+            if stop.is_set() or os.getppid() != parent:
                 return
             kind, body = bodies.get(i)
             try:
@@ -94,13 +96,13 @@ async def hostile_client(url: str, bodies: Bodies, start: int, stop: Any, tally:
 
 def _attack(url: str, model: str, kinds: list[str], clients: int, ready: Any, go: Any, stop: Any, out: Any) -> None:
     """The hostile process: build the bodies, say ready; from go to stop attack; put the tally on out."""
-    bodies = Bodies(model, kinds)
+    bodies, parent = Bodies(model, kinds), os.getppid()
     ready.set()
     go.wait()
 
     async def attack() -> collections.Counter:
         tally: collections.Counter = collections.Counter()
-        await asyncio.gather(*(hostile_client(url, bodies, k * 3, stop, tally) for k in range(clients)))
+        await asyncio.gather(*(hostile_client(url, bodies, k * 3, stop, tally, parent) for k in range(clients)))
         return tally
 
     out.put(dict(asyncio.run(attack())))
