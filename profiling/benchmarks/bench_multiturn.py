@@ -176,14 +176,15 @@ def no_hit_rows(model, args, cold_dir: str) -> dict:
 
 
 def merged(runs: list[dict]) -> dict:
-    """One row for repeated runs: tokens per second over their summed wall time, the median TTFTs."""
-    wall = sum(sum(map(len, r["tokens"].values())) / r["tok_s"] for r in runs)
+    """One row for repeated runs: tokens per second over their summed wall time, the median p50 TTFT and
+    the worst p99, the tiers' counters summed."""
+    made = [sum(map(len, r["tokens"].values())) for r in runs]
     tiers: dict[str, float] = {}
     for r in runs:
         for k, v in r["tiers"].items():
             tiers[k] = tiers.get(k, 0) + v
     return runs[0] | {"p50": statistics.median(r["p50"] for r in runs), "p99": max(r["p99"] for r in runs),
-                      "tok_s": sum(sum(map(len, r["tokens"].values())) for r in runs) / wall, "tiers": tiers}
+                      "tok_s": sum(made) / sum(n / r["tok_s"] for n, r in zip(made, runs)), "tiers": tiers}
 
 
 def report(rows: dict, args) -> None:
@@ -214,6 +215,7 @@ def report(rows: dict, args) -> None:
         with open(args.json, "w") as f:
             json.dump({"rows": out, "identical": same, "identical_restart": same_restart,
                        "identical_to_bigger_pool": same_pool, "no_hit_pairs": args.no_hit_pairs}, f, indent=1)
+
 
 if __name__ == "__main__":
     sys.exit(main())
