@@ -28,6 +28,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import runtime  # noqa: E402,F401  first: it sets OpenMP's barrier spin before torch loads (runtime/omp_wait.py)
+from profiling.common.executable_arg import executable  # noqa: E402
 from profiling.common.vllm_peer import vllm_python  # noqa: E402
 
 PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
@@ -152,12 +153,12 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="write results here")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--dry-run", action="store_true", help="--device cuda: list the cases, run nothing")
-    ap.add_argument("--vllm-python", default=None, help="a Python with vLLM's CPU build (default: this one, when it "
+    ap.add_argument("--vllm-python", type=executable, default=None, help="a Python with vLLM's CPU build (default: this one, when it "
                     "imports vllm); vLLM runs after the others, in its own process, on the fp32 weights")
     ap.add_argument("--deterministic", action="store_true", help="also our engines with --deterministic")
     ap.add_argument("--no-peers", action="store_true", help="our engines only (no transformers, llama.cpp)")
     ap.add_argument("--long-context", type=int, default=2048, help="the long-context row's prompt tokens (0: none)")
-    ap.add_argument("--llama-bench", default=None, help="a llama-bench binary: its tg128 rows beside ours")
+    ap.add_argument("--llama-bench", type=executable, default=None, help="a llama-bench binary: its tg128 rows beside ours")
     args = ap.parse_args()
     if args.device == "cuda":
         return gpu_main(args)

@@ -34,6 +34,7 @@ import runtime  # noqa: E402,F401  first: it sets OpenMP's barrier spin before t
 # isort: split
 import torch  # noqa: E402
 
+from profiling.common.executable_arg import executable  # noqa: E402
 from profiling.common.vllm_peer import run_vllm_script, vllm_python  # noqa: E402
 from profiling.common.workloads import offline_workload, percentile  # noqa: E402
 from runtime.build import build_engine  # noqa: E402
@@ -229,7 +230,7 @@ def main() -> None:
                          "sequence's blocks for its recompute")
     ap.add_argument("--deterministic", action=argparse.BooleanOptionalAction, default=False,
                     help="our engines with --deterministic (batch-invariant; README, Deterministic inference)")
-    ap.add_argument("--vllm-python", default=None,
+    ap.add_argument("--vllm-python", type=executable, default=None,
                     help="a Python interpreter that has vLLM's CPU build (default: this one, if it has vLLM)")
     ap.add_argument("--vllm-dtypes", default="float32,bfloat16",
                     help="vLLM runs once per dtype (bfloat16: its CPU default on AVX-512 BF16 machines)")

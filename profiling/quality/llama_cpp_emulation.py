@@ -33,6 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import torch  # noqa: E402
 
 from cute_kernels.cpu.quant_blocks import QK  # noqa: E402
+from profiling.common.executable_arg import executable  # noqa: E402
 from profiling.quality import quant_quality as qq  # noqa: E402
 from runtime.model.rope import RotaryEmbedding  # noqa: E402
 from weights.config import ModelConfig  # noqa: E402
@@ -247,7 +248,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="default: SmolLM2-135M-Instruct (Q4_1)")
     ap.add_argument("--positions", type=int, default=512)
-    ap.add_argument("--llama-cpp-python", default=None)
+    ap.add_argument("--llama-cpp-python", type=executable, default=None)
     args = ap.parse_args()
     cfg, tensors, ids, path = qq.load(argparse.Namespace(model=args.model, positions=args.positions, smoke=False))
     python = qq.llama_cpp_python(args)

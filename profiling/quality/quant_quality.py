@@ -32,6 +32,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from profiling.common.executable_arg import executable  # noqa: E402
 from profiling.common.report_files import OUT, make_parents  # noqa: E402
 from profiling.common.workloads import TEXT  # noqa: E402
 from runtime.accel.quantization import unavailable_reason  # noqa: E402
@@ -150,7 +151,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default=None, help="default: SmolLM2-135M-Instruct")
     ap.add_argument("--positions", type=int, default=512, help="tokens of the text to score (default: 512)")
-    ap.add_argument("--llama-cpp-python", default=None, help="a Python with llama-cpp-python (default: this one, "
+    ap.add_argument("--llama-cpp-python", type=executable, default=None, help="a Python with llama-cpp-python (default: this one, "
                     "when it imports llama_cpp)")
     ap.add_argument("--json", default=os.path.join(OUT, "quant_quality.json"))
     ap.add_argument("--smoke", action="store_true", help="seconds: a tiny random Q4_1 GGUF")

@@ -183,3 +183,18 @@ def test_bench_multiturn_smoke_compares_tiers_with_the_same_engine_without(tmp_p
     assert not rows["no hit, disk"]["tiers"].get("disk_hits") and not rows["off"]["tiers"]
     assert report["identical"] and report["identical_restart"] and report["identical_to_bigger_pool"]  # tiny model
     assert "greedy tokens identical" in proc.stdout
+
+
+
+@pytest.mark.parametrize("argv", [
+    ["profiling/benchmarks/bench_generate.py", "--llama-bench"],
+    ["profiling/benchmarks/bench_generate.py", "--vllm-python"],
+    ["profiling/benchmarks/bench_offline.py", "--vllm-python"],
+    ["profiling/quality/quant_quality.py", "--llama-cpp-python"],
+    ["profiling/quality/llama_cpp_emulation.py", "--llama-cpp-python"],
+])
+def test_a_missing_peer_program_is_refused_before_the_model_loads(argv):
+    proc = run_script(*argv, "/nonexistent/peer", timeout=60)
+    assert proc.returncode == 2, proc.stderr[-400:]
+    assert f"argument {argv[1]}: /nonexistent/peer: not an executable file" in proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
