@@ -121,7 +121,8 @@ def step_at(cfg, tensors: dict, context: int, kv_dtype, threads: int, gbs: float
     print(f"  context {context}: layer weights {weights / 1e6:.1f} MB + head {head / 1e6:.1f} MB + KV "
           f"{kv / 1e6:.1f} MB ({str(kv_dtype).removeprefix('torch.')}) -> floor {floor:.2f} ms/token")
     print(f"    layers: fused step {step:.2f} ms, per-layer path {old:.2f} ms ({old / step:.2f}x); LM head "
-          f"{logits:.2f} ms after the step ({alone:.2f} ms called alone); fused + head = {(weights + head + kv) / (step + logits) / 1e6:.1f} GB/s, "
+          f"{logits:.2f} ms after the step ({alone:.2f} ms called alone); fused + head = "
+          f"{(weights + head + kv) / (step + logits) / 1e6:.1f} GB/s, "
           f"{floor / (step + logits):.0%} of the read bandwidth")
     if context > 64:
         return

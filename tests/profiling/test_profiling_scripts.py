@@ -185,7 +185,6 @@ def test_bench_multiturn_smoke_compares_tiers_with_the_same_engine_without(tmp_p
     assert "greedy tokens identical" in proc.stdout
 
 
-
 @pytest.mark.parametrize("argv", [
     ["profiling/benchmarks/bench_generate.py", "--llama-bench"],
     ["profiling/benchmarks/bench_generate.py", "--vllm-python"],
