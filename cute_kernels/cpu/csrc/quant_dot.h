@@ -54,8 +54,9 @@ static inline void unsigned_pair(const uint8_t *qs, uint32_t qh, int j, uint8_t 
 
 #ifdef CPU_AVX2
 static inline __m256i unpack_q4(const uint8_t *qs) { /* byte j: value j low nibble, value j+16 high */
-    const __m128i raw = _mm_loadu_si128((const __m128i *)qs), m4 = _mm_set1_epi8(0x0f);
-    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), m4), _mm_and_si128(raw, m4));
+    /* the 16 bytes in both halves (a broadcast load, no shuffle), the upper half shifted by a nibble */
+    const __m256i raw = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)qs));
+    return _mm256_and_si256(_mm256_srlv_epi64(raw, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0x0f));
 }
 
 static inline __m256i fifth_bits(const uint8_t *qh) { /* byte j: 16 where bit j of qh is set, else 0 */
@@ -92,18 +93,23 @@ static inline __attribute__((always_inline)) void dot_cols8(const uint8_t *w, in
     __m256 acc[ROW_TILE];
     for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_ps();
     const int64_t bb = BLOCK_BYTES[type];
+    const __m256i rows_at = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32((int)row_bytes));
+    /* a gathered block head (d, then m or other bytes) per lane -> words [d of rows 0-3, m of 0-3 | 4-7] */
+    const __m256i heads = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15,
+                                           0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15);
     for (int64_t b = 0; b < nb; b++) {
         __m256i wv[8], wu[8];
-        uint16_t dh[8], mh[8];
         for (int l = 0; l < 8; l++) {
             const uint8_t *blk = w + l * row_bytes + b * bb;
-            dh[l] = load_u16(blk);
-            mh[l] = HAS_MIN(type) ? load_u16(blk + 2) : 0;
             wv[l] = unpack_weights(blk, type);
             wu[l] = type == Q8_0 ? _mm256_sign_epi8(wv[l], wv[l]) : wv[l]; /* |w| as u8; the sign moves to x */
         }
-        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)dh));
-        const __m256 off = HAS_MIN(type) ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)mh))
+        /* the 8 rows' fp16 d (and m) by one gather of each block's first 4 bytes: 8 scalar loads and
+         * stores per block cost more than the dot products' shuffles */
+        const __m256i dm = _mm256_permute4x64_epi64(
+            _mm256_shuffle_epi8(_mm256_i32gather_epi32((const int *)(w + b * bb), rows_at, 1), heads), 0xd8);
+        const __m256 dw = _mm256_cvtph_ps(_mm256_castsi256_si128(dm));
+        const __m256 off = HAS_MIN(type) ? _mm256_cvtph_ps(_mm256_extracti128_si256(dm, 1))
                            : _mm256_mul_ps(_mm256_set1_ps(type == Q4_0 ? -8.f : -16.f), dw);
         for (int r = 0; r < nr; r++) {
             const __m256i x = _mm256_loadu_si256((const __m256i *)(q + r * k + b * QK));
