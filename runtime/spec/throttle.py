@@ -8,7 +8,10 @@ about a^j, and verifying it costs one more query row, taken as `row_cost` of a b
 decode reads every weight once whatever the rows, so a row adds a fraction of a step). In a batch of
 B the weights are shared by B rows already, so a row costs more of the step while an accepted draft
 adds one token to the B the step makes: a draft pays when a^j >= Bc / (1 + Bc), c = row_cost / (1 -
-row_cost) (0.15 at batch 1, 0.58 at batch 8). The draft length is the largest such j <= k. Medusa
+row_cost) (0.15 at batch 1, 0.58 at batch 8). That model is the fallback: once the step clock
+(step_clock.py) has timed steps at B rows and at more, the line is the measured cost of a row over a
+token's share of the step, since the step's cost is not linear in its rows (a ninth row leaves the
+fused decode step). The draft length is the largest such j <= k. Medusa
 heads accepting ~35% of first drafts slowed batch-8 chat to 0.43x with the batch-1 line. Where
 even one draft does not pay, the sequence drafts
 nothing for `backoff` steps (doubling each time, up to max_backoff), then probes with one; the proposer
@@ -20,6 +23,7 @@ import math
 from dataclasses import dataclass
 
 from runtime.sequence import Draft, Proposer, SeqStatus, Sequence
+from runtime.spec.step_clock import StepClock
 
 
 @dataclass
@@ -33,8 +37,10 @@ class _Record:
 
 
 class Throttle:
-    def __init__(self, inner: Proposer, row_cost: float = 0.15, decay: float = 0.8, max_backoff: int = 64) -> None:
+    def __init__(self, inner: Proposer, row_cost: float = 0.15, decay: float = 0.8, max_backoff: int = 64,
+                 clock: StepClock | None = None) -> None:
         self.inner, self.row_cost, self.decay, self.max_backoff = inner, row_cost, decay, max_backoff
+        self.clock = StepClock() if clock is None else clock
         self.num_kv_blocks = inner.num_kv_blocks
         self.records: dict[Sequence, _Record] = {}
 
@@ -58,10 +64,15 @@ class Throttle:
         for seq, d in drafts.items():
             d.tokens, d.probs = d.tokens[:lengths[seq]], None if d.probs is None else d.probs[:lengths[seq]]
             self.records[seq].pending = (len(seq.token_ids), len(d.tokens), seq.metrics.spec_proposed)
+        self.clock.tick(len(seqs) + sum(len(d.tokens) for d in drafts.values()))
         return drafts
 
     def step_cost(self, batch: int) -> float:
-        """The chance a draft must have to pay for its verify row in a batch of that many sequences."""
+        """The chance a draft must have to pay for its verify row in a batch of that many sequences:
+        measured by the step clock where it can say, else from row_cost."""
+        line = self.clock.row_line(batch)
+        if line is not None:
+            return line
         c = batch * self.row_cost / (1.0 - self.row_cost)
         return c / (1.0 + c)
 

@@ -3,11 +3,38 @@ that never pay, and back up once they do; greedy output never changes."""
 import pytest
 
 from runtime.sampling_params import SamplingParams
-from runtime.sequence import Draft
+from runtime.sequence import Draft, RequestMetrics, Sequence
+from runtime.spec.step_clock import MAX_GAP_S, StepClock
 from runtime.spec.throttle import Throttle, _Record
 from tests.runtime.spec.test_spec import mixed_prompts, run
 from tests.runtime.test_engine import assert_idle
 from tests.tiny_engine import tiny_engine
+
+
+def frozen() -> StepClock:
+    """A clock that never times a step, so the engine tests below follow the row-cost model alone."""
+    return StepClock(clock=lambda: 0.0)
+
+
+class Fake:
+    """A step clock's time source moved by hand."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def timed(steps: list[tuple[int, float]]) -> StepClock:
+    """A StepClock that saw steps of (rows, seconds), in order."""
+    fake = Fake()
+    clock = StepClock(clock=fake)
+    for rows, seconds in steps:
+        clock.tick(rows)
+        fake.now += seconds
+    clock.tick(0)
+    return clock
 
 
 class Fixed:
@@ -45,7 +72,7 @@ def test_drafts_that_never_pay_are_turned_down_with_growing_pauses():
     inner = Fixed()
     engine = tiny_engine()
     engine.config.num_speculative_tokens = 4
-    engine.set_proposer(Throttle(inner))
+    engine.set_proposer(Throttle(inner, clock=frozen()))
     params = SamplingParams(temperature=0, max_tokens=120, ignore_eos=True)
     assert run(engine, [[1, 2, 3]], params) == run(tiny_engine(), [[1, 2, 3]], params)
     s = engine.stats
@@ -61,7 +88,8 @@ def test_drafts_that_pay_keep_their_full_length(right):
     want = run(tiny_engine(), prompts, params)
     engine = tiny_engine()
     engine.config.num_speculative_tokens = 4
-    engine.set_proposer(Throttle(Fixed({tuple(p): p + w for p, w in zip(prompts, want)} if right else None)))
+    engine.set_proposer(Throttle(Fixed({tuple(p): p + w for p, w in zip(prompts, want)} if right else None),
+                                 clock=frozen()))
     assert run(engine, prompts, params) == want
     s = engine.stats
     if right:
@@ -69,3 +97,38 @@ def test_drafts_that_pay_keep_their_full_length(right):
         assert s.spec_accepted == s.spec_proposed and s.spec_mean_accepted_len > 3.3
     else:
         assert s.spec_accepted == 0 and s.spec_verify_steps < len(prompts) * 10
+
+
+def test_the_clock_prices_a_row_by_the_steps_it_timed():
+    # 8 rows: 32 ms (4 ms a token); 9 rows: 38 ms, so a ninth row costs 6 ms, 1.5 tokens' share: never pays
+    clock = timed([(8, 0.032), (9, 0.038)] * 3)
+    assert clock.step_time(8) == pytest.approx(0.032) and clock.row_line(8) == 1.0
+    # 4 rows: 20 ms, 6 rows: 22 ms: 1 ms a row against 5 ms a token
+    clock = timed([(4, 0.020), (6, 0.022)] * 3)
+    assert clock.row_line(4) == pytest.approx(0.2)
+    assert clock.row_line(6) is None  # nothing timed above 6 rows
+
+
+def test_the_clock_trusts_a_median_and_skips_idle_gaps():
+    clock = timed([(1, 0.010), (1, 0.011), (1, 0.5), (2, 0.012), (2, 0.012), (2, MAX_GAP_S + 1)])
+    assert clock.step_time(1) == pytest.approx(0.011)  # one slow step (a prefill chunk) does not move it
+    assert clock.step_time(2) is None  # the idle gap was not a step: two samples are too few
+    assert clock.row_line(1) is None
+
+
+def test_the_throttle_takes_the_measured_line_and_falls_back_to_the_model():
+    t = Throttle(Fixed(), row_cost=0.15, clock=timed([(8, 0.032), (9, 0.038)] * 3))
+    assert t.step_cost(8) == 1.0  # measured: drafts never pay at batch 8
+    assert t.step_cost(2) == pytest.approx(2 * 0.15 / 0.85 / (1 + 2 * 0.15 / 0.85))  # not timed: the model
+    assert t.length(_Record(hits=9, misses=1), 4, t.step_cost(8)) == 0
+
+
+def test_the_throttle_times_the_rows_it_hands_out():
+    fake = Fake()
+    t = Throttle(Fixed(), clock=StepClock(clock=fake))  # always wrong, drafts of k tokens
+    seqs = [Sequence(i, str(i), [1, 2, 3], 3, SamplingParams(), RequestMetrics(0.0)) for i in range(2)]
+    for batch in (seqs, seqs, seqs[:1]):
+        t.propose(batch, 2)
+        fake.now += 0.01
+    # estimate 0.5 against batch 2's line (0.26): one draft each (4 rows); at batch 1 (line 0.15): two
+    assert t.clock._last[1] == 3 and {rows: list(s) for rows, s in t.clock.samples.items()} == {4: [0.01, 0.01]}

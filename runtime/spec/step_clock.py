@@ -1,0 +1,53 @@
+"""What a verify row really costs: engine step times per row count, measured where the throttle sits.
+
+The proposer is asked once per decode step, so the time between two calls is the step that ran in between
+(its rows: the batch plus the drafts handed out), plus the engine's own bookkeeping, which every step
+pays alike. A median per row count keeps prefill chunks and hiccups out; gaps longer than MAX_GAP_S
+(the engine idle, a request arriving) are not steps and are dropped.
+
+A draft in a batch of B pays when its acceptance chance a satisfies (B + a) / (T(B) + dT) >= B / T(B),
+i.e. a >= dT / (T(B) / B): the row's cost over a token's share of the step. Where the step's cost is
+not linear in its rows (here the fused decode step serves up to 8 rows, and a ninth moves the whole
+step to the per-op path, ~18% slower), only a measurement says where that line lies.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from collections import defaultdict, deque
+
+MAX_GAP_S = 2.0   # longer than any decode step: the engine was idle
+MIN_SAMPLES = 3   # steps of a row count before its median is trusted
+KEEP = 32         # most recent steps kept per row count, so the clock follows load changes
+
+
+class StepClock:
+    def __init__(self, clock=time.perf_counter) -> None:
+        self.clock = clock
+        self.samples: dict[int, deque[float]] = defaultdict(lambda: deque(maxlen=KEEP))
+        self._last: tuple[float, int] | None = None  # (time of the last call, rows of the step it started)
+
+    def tick(self, rows: int) -> None:
+        """Called as a step's drafts are handed out: closes the previous step, opens one of `rows` rows."""
+        now = self.clock()
+        if self._last is not None and 0.0 < now - self._last[0] <= MAX_GAP_S:
+            self.samples[self._last[1]].append(now - self._last[0])
+        self._last = (now, rows)
+
+    def step_time(self, rows: int) -> float | None:
+        """The median step time at this many rows, None until MIN_SAMPLES steps were seen."""
+        s = self.samples.get(rows)
+        return statistics.median(s) if s is not None and len(s) >= MIN_SAMPLES else None
+
+    def row_line(self, batch: int) -> float | None:
+        """The acceptance a draft needs to pay for its row in a batch of `batch`, clamped to [1e-3, 1]:
+        from the steps at `batch` rows and the nearest larger row count measured (the slope between them);
+        None while either is unknown."""
+        base = self.step_time(batch)
+        if base is None:
+            return None
+        above = sorted(r for r in self.samples if r > batch and self.step_time(r) is not None)
+        if not above:
+            return None
+        slope = (self.step_time(above[0]) - base) / (above[0] - batch)
+        return min(1.0, max(1e-3, slope / (base / batch)))
