@@ -19,12 +19,15 @@ from collections import defaultdict, deque
 MAX_GAP_S = 2.0   # longer than any decode step: the engine was idle
 MIN_SAMPLES = 3   # steps of a row count before its median is trusted
 KEEP = 32         # most recent steps kept per row count, so the clock follows load changes
+STALE_S = 120.0   # a row count not seen for this long is forgotten: where drafts stopped, the model's
+                  # line takes over again and its probes measure anew (contexts grow, load changes)
 
 
 class StepClock:
     def __init__(self, clock=time.perf_counter) -> None:
         self.clock = clock
         self.samples: dict[int, deque[float]] = defaultdict(lambda: deque(maxlen=KEEP))
+        self.seen: dict[int, float] = {}  # row count -> when its last step ended
         self._last: tuple[float, int] | None = None  # (time of the last call, rows of the step it started)
 
     def tick(self, rows: int) -> None:
@@ -32,6 +35,9 @@ class StepClock:
         now = self.clock()
         if self._last is not None and 0.0 < now - self._last[0] <= MAX_GAP_S:
             self.samples[self._last[1]].append(now - self._last[0])
+            self.seen[self._last[1]] = now
+        for stale in [r for r, at in self.seen.items() if now - at > STALE_S]:
+            del self.seen[stale], self.samples[stale]
         self._last = (now, rows)
 
     def step_time(self, rows: int) -> float | None:

@@ -11,7 +11,8 @@ adds one token to the B the step makes: a draft pays when a^j >= Bc / (1 + Bc), 
 row_cost) (0.15 at batch 1, 0.58 at batch 8). That model is the fallback: once the step clock
 (step_clock.py) has timed steps at B rows and at more, the line is the measured cost of a row over a
 token's share of the step, since the step's cost is not linear in its rows (a ninth row leaves the
-fused decode step). The draft length is the largest such j <= k. Medusa
+fused decode step); where that line is 1, no draft could pay and none is made, probes included (a probe
+at batch 8 moved all 8 rows off the fused step). The draft length is the largest such j <= k. Medusa
 heads accepting ~35% of first drafts slowed batch-8 chat to 0.43x with the batch-1 line. Where
 even one draft does not pay, the sequence drafts
 nothing for `backoff` steps (doubling each time, up to max_backoff), then probes with one; the proposer
@@ -51,6 +52,8 @@ class Throttle:
         for seq in seqs:
             r = self.records.setdefault(seq, _Record())
             self._learn(seq, r)
+            if cost >= 1.0:  # measured: not even a sure draft pays at this batch, so neither does a probe
+                continue
             if r.skip:
                 r.skip -= 1
             elif n := self.length(r, k, cost):

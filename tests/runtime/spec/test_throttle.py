@@ -4,7 +4,7 @@ import pytest
 
 from runtime.sampling_params import SamplingParams
 from runtime.sequence import Draft, RequestMetrics, Sequence
-from runtime.spec.step_clock import MAX_GAP_S, StepClock
+from runtime.spec.step_clock import MAX_GAP_S, STALE_S, StepClock
 from runtime.spec.throttle import Throttle, _Record
 from tests.runtime.spec.test_spec import mixed_prompts, run
 from tests.runtime.test_engine import assert_idle
@@ -132,3 +132,25 @@ def test_the_throttle_times_the_rows_it_hands_out():
         fake.now += 0.01
     # estimate 0.5 against batch 2's line (0.26): one draft each (4 rows); at batch 1 (line 0.15): two
     assert t.clock._last[1] == 3 and {rows: list(s) for rows, s in t.clock.samples.items()} == {4: [0.01, 0.01]}
+
+
+def test_where_no_draft_can_pay_none_is_made_not_even_a_probe():
+    clock = timed([(2, 0.010), (3, 0.030)] * 3)  # a third row triples the step
+    inner = Fixed()
+    t = Throttle(inner, clock=clock)
+    seqs = [Sequence(i, str(i), [1, 2, 3], 3, SamplingParams(), RequestMetrics(0.0)) for i in range(2)]
+    assert t.step_cost(2) == 1.0
+    for _ in range(5):
+        assert t.propose(seqs, 4) == {}
+    assert inner.asked == []  # the proposer did no work either
+    assert t.step_cost(1) < 1.0  # batch 1 is not measured: the model's line, so its probes still run
+
+
+def test_row_counts_not_seen_for_a_while_are_forgotten():
+    clock = timed([(2, 0.010), (3, 0.030)] * 3)
+    fake = clock.clock
+    assert clock.row_line(2) == 1.0
+    for _ in range(4):  # only 2-row steps from now on, past STALE_S
+        clock.tick(2)
+        fake.now += STALE_S / 2
+    assert clock.step_time(3) is None and clock.row_line(2) is None  # back to the model, which probes again
