@@ -25,7 +25,7 @@
 #include "fused_rows.h"
 #include "quant_dot.h"
 
-#define MAX_ROWS 8 /* rows per step this path takes; more go to the per-op path's GEMM */
+#define MAX_ROWS 16 /* rows per step this path takes; more go to the per-op path's GEMM (docs/cpu_kernels.md: why 16) */
 
 enum { QKV = 0, O_PROJ = 1, GATE_UP = 2, DOWN = 3 };
 enum { BF16 = 16 }; /* a weight type beside quant_dot.h's block types: [rows, cols] bf16, as decode_step.py says */
