@@ -132,6 +132,9 @@ def add_grammar_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grammar-compile-workers", type=int, default=g.compile_workers,
                    help=f"processes compiling grammars at once, niced, off the engine's step; up to "
                         f"{g.max_queued} more wait, beyond that HTTP 429 (default: {g.compile_workers})")
+    p.add_argument("--grammar-compile-cpu-share", type=float, default=g.compile_cpu_share,
+                   help=f"the fraction of the CPU the compile workers get while the engine has requests, by "
+                        f"stopping and continuing them; 1: no cap (default: {g.compile_cpu_share:g})")
     p.add_argument("--max-grammar-bytes", type=int, default=g.max_bytes,
                    help=f"largest schema, regex, grammar or list of choices, in bytes; larger: HTTP 400 "
                         f"(default: {g.max_bytes})")
@@ -152,12 +155,15 @@ def check_grammar_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> 
         p.error("--max-grammar-compile-seconds, --max-mask-wait-ms and --max-mask-cpu-ms must be > 0")
     if args.grammar_compile_workers < 1 or args.max_grammar_bytes < 1 or args.grammar_cache_bytes < 0:
         p.error("--grammar-compile-workers and --max-grammar-bytes must be >= 1, --grammar-cache-bytes >= 0")
+    if not 0 < args.grammar_compile_cpu_share <= 1:
+        p.error(f"--grammar-compile-cpu-share must be in (0, 1], not {args.grammar_compile_cpu_share:g}")
 
 
 def grammar_limits(args: argparse.Namespace) -> GrammarLimits:
     return GrammarLimits(max_bytes=args.max_grammar_bytes, compile_seconds=args.max_grammar_compile_seconds,
                          compile_workers=args.grammar_compile_workers, cache_bytes=args.grammar_cache_bytes,
-                         mask_wait_ms=args.max_mask_wait_ms, mask_cpu_ms=args.max_mask_cpu_ms)
+                         mask_wait_ms=args.max_mask_wait_ms, mask_cpu_ms=args.max_mask_cpu_ms,
+                         compile_cpu_share=args.grammar_compile_cpu_share)
 
 
 def server_options(args: argparse.Namespace) -> ServerOptions:

@@ -35,6 +35,9 @@ class GrammarLimits:
     compile_seconds: float = 10.0  # --max-grammar-compile-seconds: then the compile is killed
     compile_workers: int = 2  # --grammar-compile-workers: processes compiling at once (others queue)
     max_queued: int = 64  # compiles waiting for a worker; more are refused (HTTP 429)
+    # --grammar-compile-cpu-share: of the CPU the workers get while the engine has requests
+    # (compile_governor.py); 1: no cap
+    compile_cpu_share: float = 0.25
     cache_bytes: int = 512 * MiB  # --grammar-cache-bytes: compiled grammars kept, by their own memory size
     mask_wait_ms: float = 50.0  # --max-mask-wait-ms: a step's wait for one mask beyond its forward pass
     # --max-mask-cpu-ms: a mask's CPU time beyond which, SLOW_MASKS in a row beside other requests, the

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import threading
+from collections.abc import Callable
 from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from typing import Any
 
 from structured.cache import GrammarCache
 from structured.compile import GrammarBusyError, GrammarError
+from structured.compile_governor import CompileGovernor
 from structured.compile_worker import compile_serialized, start_worker
 from structured.limits import GrammarLimits
 from structured.tokenizer_info import tokenizer_info
@@ -45,6 +47,12 @@ class GrammarService:
         self._lock = threading.Lock()
         self._pool: Any = None  # started with the first compile: a server without grammars has no workers
         self._closed = False
+        self._governor: CompileGovernor | None = None
+
+    def govern(self, busy: Callable[[], bool]) -> None:
+        """While busy() (the engine has requests), the workers get limits.compile_cpu_share of the CPU
+        (compile_governor.py); call once, before the first compile."""
+        self._governor = CompileGovernor(self.worker_pids, busy, self.limits.compile_cpu_share)
 
     def submit(self, kind: str, text: str) -> Future:
         """A Future of the compiled grammar; raises GrammarError at once for a structure over the size
@@ -120,6 +128,8 @@ class GrammarService:
     def _stop_pool(self) -> None:  # under the lock
         jobs, self._jobs = list(self._jobs.values()), {}
         pool, self._pool = self._pool, None
+        if self._governor is not None:
+            self._governor.close()  # a stopped worker would hold its SIGTERM until continued
         for job in jobs:
             for waiter in job.waiters:
                 waiter.cancel()
@@ -136,6 +146,8 @@ class GrammarService:
             info = tokenizer_info(self.tokenizer, self.vocab_size).serialize_json()
             self._pool = pebble.ProcessPool(self.limits.compile_workers, initializer=start_worker, initargs=(info,),
                                             context=_forkserver())
+            if self._governor is not None:
+                self._governor.start()
         return self._pool.schedule(compile_serialized, args=(kind, text), timeout=self.limits.compile_seconds)
 
     def _finish(self, job: _Job, work: Future) -> None:

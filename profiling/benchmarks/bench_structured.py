@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 import time
 
@@ -60,6 +61,8 @@ def main() -> None:
                     f"(default: all of {', '.join(adversarial.HOSTILE)})")
     ap.add_argument("--concurrency", type=int, default=4, help="--adversarial: plain requests at once")
     ap.add_argument("--hostile", type=int, default=2, help="--adversarial: hostile clients sending at once")
+    ap.add_argument("--server-args", default="", help="--adversarial: more flags for the server, one string "
+                    "(e.g. \"--grammar-compile-cpu-share 1\": the compile workers uncapped)")
     args = ap.parse_args()
     if args.adversarial:
         kinds = [k.strip() for k in args.kinds.split(",")] if args.kinds else None
@@ -67,7 +70,7 @@ def main() -> None:
         if unknown:
             ap.error(f"--kinds: unknown {', '.join(unknown)}; choose from {', '.join(adversarial.HOSTILE)}")
         adversarial.main(args.model, args.requests, args.concurrency, args.max_tokens, args.hostile, args.rounds,
-                         kinds)
+                         kinds, shlex.split(args.server_args))
         return
     # no prefix caching: the second run of each pair would skip the prefill the first one paid for
     llm = LLM(args.model, device=args.device, max_num_seqs=256, enable_prefix_caching=False)

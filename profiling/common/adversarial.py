@@ -192,10 +192,12 @@ def ratios(idle: list[RequestResult], busy: list[RequestResult]) -> str:
 
 
 def main(model: str | None, n: int, concurrency: int, max_tokens: int, hostile: int, rounds: int = 1,
-         kinds: list[str] | None = None) -> None:
+         kinds: list[str] | None = None, server_args: list[str] | None = None) -> None:
+    """server_args: more flags for the server (e.g. --grammar-compile-cpu-share 1, to see a budget's effect)."""
     kinds = kinds or list(HOSTILE)
     log = tempfile.NamedTemporaryFile("w+", prefix="bench-adversarial-", suffix=".log", delete=False)
-    proc, url = start_server(["--log-level", "warning", *(["--model", model] if model else [])], log, 300)
+    proc, url = start_server(["--log-level", "warning", *(["--model", model] if model else []), *(server_args or [])],
+                             log, 300)
     phases: list[Phase] = []
     try:
         name = httpx.get(url + "/v1/models").json()["data"][0]["id"]

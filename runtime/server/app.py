@@ -44,6 +44,7 @@ def create_app(async_engine: AsyncEngine, model_name: str = "default", options: 
     throttle = AuthThrottle(options.auth_rate, options.auth_burst) if options.api_key else None
     limits = async_engine.limits
     compiles = CompileWaits(use_service(GrammarService(limits.tokenizer, limits.vocab_size, options.grammar)))
+    compiles.service.govern(async_engine.engine.has_unfinished_requests)
     compiles.service.warm()
     app.state.responses = ResponseStore()  # /v1/responses kept for GET and previous_response_id
     metrics = ServerMetrics(async_engine, model_name, compiles.service)

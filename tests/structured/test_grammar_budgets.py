@@ -97,6 +97,26 @@ def test_a_compile_nobody_waits_for_is_killed_and_shared_ones_are_not():
         svc.close()
 
 
+def test_a_busy_engine_holds_a_compile_to_its_cpu_share_and_its_time_limit_still_kills_it():
+    svc = service(compile_seconds=2.0, compile_workers=1, compile_cpu_share=0.25)
+    svc.govern(lambda: True)  # an engine with requests throughout
+    try:
+        svc.compile("regex", "[ab]+")
+        worker = _worker(svc)
+        slow = svc.submit("json_schema", SLOW_SCHEMA)
+        cpu0, t0 = sum(worker.cpu_times()[:2]), time.monotonic()
+        time.sleep(1.2)
+        share = (sum(worker.cpu_times()[:2]) - cpu0) / (time.monotonic() - t0)
+        assert share < 0.45, share  # 0.25 asked; a free worker takes a whole core (~1.0)
+        with pytest.raises(GrammarError, match="--max-grammar-compile-seconds"):
+            slow.result(timeout=10)
+        assert not _alive(worker)  # killed though it spent most of its time stopped
+        assert svc.compile("regex", "[cd]+") is not None
+    finally:
+        svc.close()
+    assert not svc._governor.stopped  # none left stopped
+
+
 def test_the_cache_is_bounded_in_bytes_not_entries():
     one = service().compile("json_schema", json.dumps({"enum": ["x" * 40 + str(i) for i in range(200)]}))
     svc = service(cache_bytes=3 * one.memory_size_bytes)

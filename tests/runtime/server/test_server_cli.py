@@ -116,3 +116,14 @@ def test_grammar_budgets_reach_the_limits_and_nonpositive_ones_are_refused(capsy
         with pytest.raises(SystemExit) as exit_:
             parse_args([flag, "0"])
         assert exit_.value.code == 2 and flag in capsys.readouterr().err
+
+
+def test_the_compile_cpu_share_reaches_the_limits_and_one_outside_0_1_is_refused(capsys):
+    from runtime.serve import grammar_limits
+
+    assert grammar_limits(parse_args(["--grammar-compile-cpu-share", "0.5"])).compile_cpu_share == 0.5
+    assert grammar_limits(parse_args([])).compile_cpu_share == 0.25
+    for bad in ("0", "1.5", "nan"):
+        with pytest.raises(SystemExit) as exit_:
+            parse_args(["--grammar-compile-cpu-share", bad])
+        assert exit_.value.code == 2 and "--grammar-compile-cpu-share" in capsys.readouterr().err

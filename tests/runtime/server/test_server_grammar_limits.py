@@ -63,6 +63,36 @@ def test_a_compile_stops_when_its_client_leaves(server):
     assert post(server, {"guided_regex": "[ab]{3}"}, timeout=10).status_code == 200
 
 
+def test_while_the_engine_has_requests_a_compile_worker_is_held_to_its_share(server):
+    schema = {"type": "string", "pattern": "^[a-x]{0,20000}$"}  # slow, and not cached by another test
+    assert post(server, {"guided_regex": "[xy]{2}"}).status_code == 200  # the workers are up
+    done = threading.Event()
+
+    def keep_busy():
+        while not done.is_set():
+            assert post(server, {"max_tokens": 1000, "ignore_eos": True}).status_code == 200
+
+    plain = threading.Thread(target=keep_busy)
+    plain.start()
+    time.sleep(0.2)
+    hostile = threading.Thread(target=post, args=(server, {"guided_json": schema}))
+    hostile.start()
+    seen, deadline = set(), time.monotonic() + 1.2
+    while time.monotonic() < deadline:
+        for child in psutil.Process().children(recursive=True):
+            try:
+                seen.add(child.status())
+            except psutil.NoSuchProcess:
+                pass
+        time.sleep(0.003)
+    done.set()
+    hostile.join(), plain.join()
+    assert psutil.STATUS_STOPPED in seen  # the governor's duty cycle (structured/compile_governor.py)
+    server.wait_idle()
+    time.sleep(0.1)  # past the duty cycle's off phase: an idle engine leaves the workers running
+    assert not any(c.status() == psutil.STATUS_STOPPED for c in psutil.Process().children(recursive=True))
+
+
 def test_keywords_the_grammar_cannot_enforce_are_a_400_unless_strict_false(server):
     schema = {"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 3}},
               "required": ["n"], "allOf": [{"required": ["n"]}]}
