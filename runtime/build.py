@@ -48,6 +48,7 @@ from runtime.spec.heads import KINDS as HEAD_KINDS
 from runtime.spec.heads import default_heads_path, load_heads
 from runtime.spec.hidden_tap import HiddenTap
 from runtime.spec.ngram import NgramProposer
+from runtime.spec.step_clock import StepClock
 from runtime.spec.suffix import SuffixProposer
 from runtime.spec.throttle import Throttle
 from runtime.tiers.attach import attach_tiers, open_tiers, wants_tiers
@@ -111,7 +112,7 @@ def build_engine(config: EngineConfig, model_config: ModelConfig, tensors: dict[
                                                                                  max_model_len)
     if heads:
         runner = HiddenTap(runner, local)
-        proposer = Throttle(heads_proposer(config, model_config, local, runner))
+        proposer = Throttle(heads_proposer(config, model_config, local, runner), clock=_step_clock(config))
     tiers = open_tiers(config, local, ledger, model_config) if tiered else None
     transfer_fp = fingerprint(local, ledger, model_config) if transfers else None  # before any request
     engine = LLMEngine(config, model_config, tokenizer,
@@ -213,7 +214,7 @@ def make_proposer(config: EngineConfig, target: ModelConfig, device: torch.devic
     if config.speculative in ("ngram", "suffix"):
         try:
             return Throttle(NgramProposer(config.ngram_min, config.ngram_max) if config.speculative == "ngram"
-                            else SuffixProposer())
+                            else SuffixProposer(), clock=_step_clock(config))
         except ValueError as exc:
             raise UserError(str(exc)) from None
     if config.speculative == "draft":
@@ -254,3 +255,8 @@ def draft_proposer(draft_cfg: ModelConfig, tensors: dict[str, torch.Tensor], tar
     runner, ledger = make_runner(draft_cfg, tensors, kv_budget_bytes, config.block_size, device, dtype,
                                  config.backend, config.quantization, kv_dtype)
     return DraftModelProposer(runner, max(ledger.num_blocks, 1))
+
+
+def _step_clock(config: EngineConfig) -> StepClock:
+    """The throttle's step timer; off under --deterministic (drafts then follow the row-cost model alone)."""
+    return StepClock(enabled=not config.deterministic)

@@ -24,14 +24,18 @@ STALE_S = 120.0   # a row count not seen for this long is forgotten: where draft
 
 
 class StepClock:
-    def __init__(self, clock=time.perf_counter) -> None:
-        self.clock = clock
+    def __init__(self, clock=time.perf_counter, enabled: bool = True) -> None:
+        """enabled=False: times nothing (row_line is always None), so draft lengths never depend on the
+        machine's speed: --deterministic, where a request's tokens depend on the request alone."""
+        self.clock, self.enabled = clock, enabled
         self.samples: dict[int, deque[float]] = defaultdict(lambda: deque(maxlen=KEEP))
         self.seen: dict[int, float] = {}  # row count -> when its last step ended
         self._last: tuple[float, int] | None = None  # (time of the last call, rows of the step it started)
 
     def tick(self, rows: int) -> None:
         """Called as a step's drafts are handed out: closes the previous step, opens one of `rows` rows."""
+        if not self.enabled:
+            return
         now = self.clock()
         if self._last is not None and 0.0 < now - self._last[0] <= MAX_GAP_S:
             self.samples[self._last[1]].append(now - self._last[0])

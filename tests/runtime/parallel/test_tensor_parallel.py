@@ -117,10 +117,10 @@ def test_prefix_caching_preemption_and_ngram_speculation_under_tp():
     try:
         assert two.model_runner.model.layers[0].cfg.num_kv_heads == 1  # each rank holds the one KV head
         assert tokens(two, prompts, params) == tokens(one, prompts, params)
-        stats = two.stats
-        assert stats.preemptions > 0 and stats.prefix_cache_hits > 0 and stats.spec_accepted > 0
-        assert (stats.preemptions, stats.prefix_cache_hits, stats.spec_accepted) == (
-            one.stats.preemptions, one.stats.prefix_cache_hits, one.stats.spec_accepted)
+        # the throttle prices drafts by measured step times, so how many are drafted may differ between
+        # the two; each engine must still preempt, hit the prefix cache and accept drafts
+        for stats in (one.stats, two.stats):
+            assert stats.preemptions > 0 and stats.prefix_cache_hits > 0 and stats.spec_accepted > 0
         for engine in (one, two):  # a draft model (the target's own weights) runs on rank 0 alone
             cfg, weights = tiny_weights(num_key_value_heads=1)
             engine.set_proposer(draft_proposer(cfg, weights, engine.model_config, engine.config, engine.device,

@@ -13,7 +13,7 @@ from tests.tiny_engine import tiny_engine
 
 def frozen() -> StepClock:
     """A clock that never times a step, so the engine tests below follow the row-cost model alone."""
-    return StepClock(clock=lambda: 0.0)
+    return StepClock(enabled=False)
 
 
 class Fake:
@@ -154,3 +154,14 @@ def test_row_counts_not_seen_for_a_while_are_forgotten():
         clock.tick(2)
         fake.now += STALE_S / 2
     assert clock.step_time(3) is None and clock.row_line(2) is None  # back to the model, which probes again
+
+
+def test_a_deterministic_engine_drafts_by_the_model_alone():
+    from runtime.build import _step_clock
+    from runtime.engine_config import EngineConfig
+
+    assert _step_clock(EngineConfig(deterministic=False)).enabled
+    clock = _step_clock(EngineConfig(deterministic=True))
+    for rows, _ in [(8, 0.032), (9, 0.038)] * 3:
+        clock.tick(rows)
+    assert not clock.samples and clock.row_line(8) is None
