@@ -13,6 +13,7 @@ load a compile of c CPU-seconds needs about c / share of it.
 """
 from __future__ import annotations
 
+import atexit
 import os
 import signal
 import threading
@@ -34,6 +35,8 @@ class CompileGovernor:
         if self.share < 1.0 and self._thread is None:
             self._thread = threading.Thread(target=self._run, name="grammar-compile-governor", daemon=True)
             self._thread.start()
+            # a daemon thread dies at exit wherever it is: workers it had stopped would stay stopped for good
+            atexit.register(self.close)
 
     def close(self) -> None:
         """Stop governing; every worker it stopped runs again (so it can be killed or finish)."""

@@ -68,3 +68,16 @@ def test_a_gone_worker_and_a_bad_share_are_handled():
     for share in (0.0, 1.5, float("nan")):
         with pytest.raises(ValueError, match="share"):
             CompileGovernor(list, bool, share)
+
+
+def test_a_process_that_exits_while_governing_leaves_no_worker_stopped(spinner):
+    script = ("import sys, time\n"
+              "from structured.compile_governor import CompileGovernor\n"
+              f"g = CompileGovernor(lambda: [{spinner}], lambda: True, share=0.01)\n"
+              "g.start()\n"
+              "while not g.stopped: time.sleep(0.001)\n"
+              "sys.exit(0)\n")  # exits mid-cycle, its worker stopped, without closing the governor
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=30, cwd=os.path.dirname(os.path.dirname(
+        os.path.dirname(os.path.abspath(__file__)))))
+    time.sleep(0.05)
+    assert state(spinner) != "T"
