@@ -81,3 +81,17 @@ def test_a_process_that_exits_while_governing_leaves_no_worker_stopped(spinner):
         os.path.dirname(os.path.abspath(__file__)))))
     time.sleep(0.05)
     assert state(spinner) != "T"
+
+
+def test_a_governing_process_killed_outright_leaves_no_worker_stopped(spinner):
+    script = ("import os, signal, time\n"
+              "from structured.compile_governor import CompileGovernor\n"
+              f"g = CompileGovernor(lambda: [{spinner}], lambda: True, share=0.01)\n"
+              "g.start()\n"
+              "while not g.stopped: time.sleep(0.001)\n"
+              "os.kill(os.getpid(), signal.SIGKILL)\n")  # no atexit, no close: the sentinel must continue it
+    subprocess.run([sys.executable, "-c", script], timeout=30)
+    deadline = time.monotonic() + 5
+    while state(spinner) == "T" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert state(spinner) != "T"
