@@ -72,9 +72,9 @@ class CompileGovernor:
     def _run(self) -> None:
         on, off = PERIOD_S * self.share, PERIOD_S * (1.0 - self.share)
         while not self._quit.is_set():
+            self._signal(list(self.stopped), signal.SIGCONT)
             pids = self.pids()
-            self._signal(pids + list(self.stopped), signal.SIGCONT)
-            if self._quit.wait(on):
+            if self._quit.wait(on if pids else PERIOD_S):  # no worker (yet): nothing to time
                 break
             if pids and self.busy():
                 self._tell(sorted(set(pids)))
