@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import torch
 
-from cute_kernels.cpu import kquant_blocks
+from cute_kernels.cpu import kquant_blocks, row_groups
 
 QK = 32
-BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34, "Q5_0": 22, "Q5_1": 24}
-TYPE_IDS = {"Q4_0": 0, "Q4_1": 1, "Q8_0": 2, "Q5_0": 3, "Q5_1": 4}  # the C kernel's enum
+FILE_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34, "Q5_0": 22, "Q5_1": 24}
+FILE_TYPE_IDS = {"Q4_0": 0, "Q4_1": 1, "Q8_0": 2, "Q5_0": 3, "Q5_1": 4}  # the C kernel's enum
+# ... and the 8-row grouped layouts of row_groups.py (the same bytes per block, another order)
+BLOCK_BYTES = {**FILE_BLOCK_BYTES, **{g: FILE_BLOCK_BYTES[b] for g, b in row_groups.BASE.items()}}
+TYPE_IDS = {**FILE_TYPE_IDS, **{g: FILE_TYPE_IDS[b] | row_groups.C_FLAG for g, b in row_groups.BASE.items()}}
 ALL_BLOCK_BYTES = {**BLOCK_BYTES, **kquant_blocks.BLOCK_BYTES}  # every type the kernels read
 
 
@@ -50,6 +53,8 @@ def dequantize(blocks: torch.Tensor, type_name: str, cols: int) -> torch.Tensor:
     """[rows, row_bytes] uint8 -> [rows, cols] float32."""
     if type_name in kquant_blocks.BLOCK_BYTES:
         return kquant_blocks.dequantize(blocks, type_name, cols)
+    if type_name in row_groups.BASE:
+        return dequantize(row_groups.ungroup(blocks, type_name), row_groups.BASE[type_name], cols)
     b = blocks.reshape(blocks.shape[0], cols // QK, BLOCK_BYTES[type_name])
     if type_name == "Q8_0":
         values = b[..., 2:].contiguous().view(torch.int8).float() * _f16(b, 0)

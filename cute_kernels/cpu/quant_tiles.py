@@ -8,11 +8,15 @@ import time
 
 import torch
 
-from cute_kernels.cpu import build
+from cute_kernels.cpu import build, row_groups
 from cute_kernels.cpu.quant_blocks import TYPE_IDS
 
 _P, _I, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-TILE_TYPES = ("Q4_0", "Q4_1", "Q8_0")
+TILE_TYPES = ("Q4_0", "Q4_1", "Q8_0")  # and their 8-row groups (row_groups.py)
+
+
+def _reads(type_name: str) -> bool:
+    return row_groups.BASE.get(type_name, type_name) in TILE_TYPES
 
 
 def _library() -> tuple[ctypes.CDLL | None, str | None]:
@@ -22,7 +26,7 @@ def _library() -> tuple[ctypes.CDLL | None, str | None]:
 
 
 def available(type_name: str) -> bool:
-    return type_name in TILE_TYPES and _library()[0] is not None
+    return _reads(type_name) and _library()[0] is not None
 
 
 def isa() -> str:
@@ -35,7 +39,7 @@ def tiles_gemm(blocks: torch.Tensor, type_name: str, q: torch.Tensor, d: torch.T
                bias: torch.Tensor | None, threads: int) -> torch.Tensor:
     """y [rows, n] from activations quantized by quantize_rows_q8 (q int8 [rows, k], d and s [rows, k/32])
     and weight blocks [n, k/32 * block bytes]; bias float32 contiguous or None."""
-    if type_name not in TILE_TYPES:
+    if not _reads(type_name):
         raise ValueError(f"the tiles GEMM reads {', '.join(TILE_TYPES)}, not {type_name}")
     m, k = q.shape
     y = torch.empty(m, blocks.shape[0])

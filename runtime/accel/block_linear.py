@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import torch
 
+from cute_kernels.cpu import row_groups
 from cute_kernels.cpu.quant_blocks import dequantize
-from cute_kernels.cpu.quant_gemm import choose_path, quant_linear, supports
+from cute_kernels.cpu.quant_gemm import choose_path, gemv_layout, quant_linear, supports
 from runtime.model.linear import tensor_bytes
 
 
@@ -17,12 +18,14 @@ def block_linear_supports(type_name: str, rows: int, cols: int, device: torch.de
 
 
 class BlockQuantLinear:
-    """x @ W^T + bias with W [out, in] as blocks [out, in / 32 * block bytes] of type_name."""
+    """x @ W^T + bias with W [out, in] as blocks [out, in / 32 * block bytes] of type_name, held in the
+    layout the kernels read fastest (type_name then names it: Q4_1_R8 for grouped Q4_1, quant_gemm.gemv_layout)."""
 
     def __init__(self, type_name: str, blocks: torch.Tensor, bias: torch.Tensor | None = None,
                  label: str | None = None) -> None:
-        self.type_name, self.blocks, self.bias = type_name, blocks.contiguous(), bias
-        self.quantization = label or type_name  # what the ledger and the About panel show
+        self.type_name, self.blocks = gemv_layout(type_name, blocks.contiguous())
+        self.bias = bias
+        self.quantization = label or type_name  # what the ledger and the About panel show: the file's type
         self.allow_dequant = True  # False (--deterministic): never the dequantize + fp32 route, which sums otherwise
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -65,10 +68,18 @@ class BlockQuantEmbedding:
         self.type_name, self.blocks, self.cols = type_name, blocks, cols
 
     def __call__(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return dequantize(self.blocks[input_ids.reshape(-1)], self.type_name, self.cols).reshape(*input_ids.shape, -1)
+        ids = input_ids.reshape(-1)
+        if self.type_name in row_groups.BASE:  # the tied head's grouped table: ungroup the rows looked up
+            rows, type_name = row_groups.rows_of(self.blocks, self.type_name, ids), row_groups.BASE[self.type_name]
+        else:
+            rows, type_name = self.blocks[ids], self.type_name
+        return dequantize(rows, type_name, self.cols).reshape(*input_ids.shape, -1)
 
     def weight_bytes(self) -> int:
         return tensor_bytes(self.blocks)
 
     def as_linear(self) -> BlockQuantLinear:
-        return BlockQuantLinear(self.type_name, self.blocks)
+        """The tied LM head; from then on the lookups read the head's table, so the blocks are held once."""
+        head = BlockQuantLinear(self.type_name, self.blocks)
+        self.type_name, self.blocks = head.type_name, head.blocks
+        return head

@@ -32,7 +32,7 @@ enum { BF16 = 16 }; /* a weight type beside quant_dot.h's block types: [rows, co
 
 typedef struct { /* one decoder layer, as decode_step.py's DecodeLayer */
     const uint8_t *weight[4]; /* blocks of qkv [q + 2 kv, hidden], o_proj, gate_up [2 inter, hidden], down */
-    int32_t type[4];          /* Q4_0 / Q4_1 / Q8_0 / BF16 */
+    int32_t type[4];          /* Q4_0 / Q4_1 / Q8_0 (or grouped: row_groups.h) / BF16 */
     const float *qkv_bias;    /* NULL: none */
     const float *input_norm, *post_norm;
     void *k_cache, *v_cache;  /* [num_blocks, block_size, kv_heads, head_dim] of the model's kv_kind */
@@ -82,7 +82,7 @@ static void gemv(const uint8_t *w, int type, const Work *wk, const float *bias, 
         gemv_bf16((const uint16_t *)w, wk, bias, y, m, n, k);
         return;
     }
-    const int64_t nb = k / QK, row_bytes = nb * BLOCK_BYTES[type];
+    const int64_t nb = k / QK, row_bytes = nb * BLOCK_BYTES[BASE_TYPE(type)];
 #pragma omp for schedule(static)
     for (int64_t g = 0; g < (n + 7) / 8; g++) {
         const int64_t c0 = g * 8, cols = n - c0 < 8 ? n - c0 : 8;

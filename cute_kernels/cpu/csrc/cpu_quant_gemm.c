@@ -26,10 +26,11 @@ void quantize_rows_q8(const float *x, int64_t rows, int64_t k, int8_t *q, float 
     for (int64_t i = 0; i < total; i++) quantize_block_q8(x + i * QK, q + i * QK, d + i, s + i);
 }
 
-/* y[M, N] = x @ W^T (+ bias) from activations already quantized by quantize_rows_q8. */
+/* y[M, N] = x @ W^T (+ bias) from activations already quantized by quantize_rows_q8. A grouped type
+ * (row_groups.h) needs n % 8 == 0: every column tile then takes whole groups (quant_gemm.py checks). */
 void quant_gemm(const uint8_t *w, int type, const int8_t *q, const float *d, const float *s, const float *bias,
                 float *y, int64_t m, int64_t n, int64_t k, int nthreads) {
-    const int64_t nb = k / QK, row_bytes = nb * BLOCK_BYTES[type];
+    const int64_t nb = k / QK, row_bytes = nb * BLOCK_BYTES[BASE_TYPE(type)];
     column_tiled_gemm(dot_tile, dot_tile8, w, type, nb, row_bytes, q, d, s, bias, y, m, n, k, nthreads);
 }
 
@@ -37,10 +38,14 @@ void quant_gemm(const uint8_t *w, int type, const int8_t *q, const float *d, con
 /* out[N, K] = the float32 values of W, for row counts where a float GEMM beats the int8 dot products
  * (see quant_gemm.py): callers dequantize a slice of W at a time into a reused buffer. */
 void dequantize_blocks(const uint8_t *w, int type, int64_t n, int64_t k, float *out, int nthreads) {
+    const int grouped = IS_GROUPED(type);
+    type = BASE_TYPE(type);
     const int64_t nb = k / QK, bb = BLOCK_BYTES[type];
 #pragma omp parallel for schedule(static) num_threads(nthreads)
     for (int64_t i = 0; i < n * nb; i++) {
-        const uint8_t *blk = w + i * bb;
+        uint8_t lane[34]; /* a grouped row's block, in the file's layout */
+        if (grouped) group_block(group_chunk(w, nb * bb, bb, i / nb, i % nb), type, (int)(i / nb % GROUP_ROWS), lane);
+        const uint8_t *blk = grouped ? lane : w + i * bb;
         const float dw = f16_to_f32(load_u16(blk)), off = block_offset(blk, type, dw);
         const uint8_t *qs = blk + QS_AT[type];
         const uint32_t qh = fifth_bits_u32(blk, type);

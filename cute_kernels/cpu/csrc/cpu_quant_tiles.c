@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "quant_simd.h" /* CPU_AVX2, CPU_VNNI, f16_to_f32, load_u16 */
+#include "row_groups.h"
 #if defined(CPU_VNNI)
 #define TILES_VNNI 1 /* vpdpbusd on zmm: tiles_zmm.h's micro-kernel over groups of 16 weight rows */
 #include "tiles_zmm.h"
@@ -93,17 +94,27 @@ static void interleave8(uint8_t vals[8][QK], uint8_t *out) {
 #endif
 }
 
+/* Row c's block b of w, in the file's layout or (grouped) of the 8-row groups of row_groups.h. */
+static const uint8_t *row_block(const uint8_t *w, int type, int grouped, int64_t row_bytes, int64_t c, int64_t b,
+                                uint8_t lane[34]) {
+    if (!grouped) return w + c * row_bytes + b * BLOCK_BYTES[type];
+    group_block(group_chunk(w, row_bytes, BLOCK_BYTES[type], c, b), type, (int)(c % GROUP_ROWS), lane);
+    return lane;
+}
+
 /* Packs weight rows [c0, c0 + cols) into groups of LANES rows; rows past the weight are zero.
  * Per group and block: dw[8], off[8] as fp32, then step t holds values 4t..4t+3 of the 8 rows. */
-static void pack_panel(const uint8_t *w, int type, int64_t c0, int64_t cols, int64_t n, int64_t nb, uint8_t *panel) {
+static void pack_panel(const uint8_t *w, int type, int grouped, int64_t c0, int64_t cols, int64_t n, int64_t nb,
+                       uint8_t *panel) {
     const int64_t row_bytes = nb * BLOCK_BYTES[type];
     for (int64_t g = 0; g < cols / LANES; g++) {
         for (int64_t b = 0; b < nb; b++) {
-            uint8_t *out = panel + (g * nb + b) * GROUP_BLOCK_BYTES, vals[LANES][QK];
+            uint8_t *out = panel + (g * nb + b) * GROUP_BLOCK_BYTES, vals[LANES][QK], lane[34];
             float scales[2 * LANES];
             for (int l = 0; l < LANES; l++) {
                 const int64_t c = c0 + g * LANES + l;
-                if (c < n) unpack_block(w + c * row_bytes + b * BLOCK_BYTES[type], type, vals[l], &scales[l], &scales[LANES + l]);
+                if (c < n) unpack_block(row_block(w, type, grouped, row_bytes, c, b, lane), type, vals[l], &scales[l],
+                                        &scales[LANES + l]);
                 else { memset(vals[l], 0, QK); scales[l] = scales[LANES + l] = 0.f; }
             }
             memcpy(out, scales, sizeof scales);
@@ -274,6 +285,8 @@ static int64_t panel_cols(int64_t nb) {
  * could not be allocated. */
 int quant_gemm_tiles(const uint8_t *w, int type, const int8_t *q, const float *d, const float *s, const float *bias,
                      float *y, int64_t m, int64_t n, int64_t k, int nthreads) {
+    const int grouped = IS_GROUPED(type);
+    type = BASE_TYPE(type);
     if (type != Q4_0 && type != Q4_1 && type != Q8_0) return 2; /* the other block types have no panel layout */
     const int64_t nb = k / QK, pcols = panel_cols(nb), panels = (n + pcols - 1) / pcols;
     const int64_t want = (TASKS_PER_THREAD * nthreads + panels - 1) / panels, most = (m + TILE_ROWS - 1) / TILE_ROWS;
@@ -297,7 +310,7 @@ int quant_gemm_tiles(const uint8_t *w, int type, const int8_t *q, const float *d
             const int64_t p = task / chunks, c0 = p * pcols, r0 = (task % chunks) * chunk_rows;
             const int64_t cols = n - c0 < pcols ? (n - c0 + LANES - 1) / LANES * LANES : pcols;
             if (panel == NULL || r0 >= m) continue;
-            if (packed != p) pack_panel(w, type, c0, pcols, n, nb, panel);
+            if (packed != p) pack_panel(w, type, grouped, c0, pcols, n, nb, panel);
             packed = p;
             panel_rows(panel, type, c0, cols, r0, r0 + chunk_rows < m ? r0 + chunk_rows : m, q, d, s, corr, bias, y,
                        n, k);

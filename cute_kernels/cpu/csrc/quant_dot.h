@@ -7,6 +7,7 @@
 #include <stddef.h>
 
 #include "quant_simd.h"
+#include "row_groups.h"
 
 #define QK 32        /* values per block, weights and activations */
 #define ROW_TILE 4   /* activation rows sharing one unpacked weight block */
@@ -129,6 +130,71 @@ static inline int32_t hsum_i32(__m256i v) { /* exact: the lanes' integer sum */
     return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 1)));
 }
 
+/* Adds the products of one step (4 values of 8 weight rows; wu as u8, w signed for Q8_0's sign move) with
+ * 4 activation bytes into isum: int32 lanes (VNNI, and Q8_0 on AVX2), or int16 pairs for Q4 on AVX2
+ * (eight steps of 4-bit values stay under 30,480; group_sum widens them). */
+static inline __attribute__((always_inline)) __m256i group_step(__m256i isum, __m256i wu, __m256i w,
+                                                                const int8_t *x4, int type) {
+    int32_t v;
+    memcpy(&v, x4, 4);
+    const __m256i a = _mm256_set1_epi32(v), x = type == Q8_0 ? _mm256_sign_epi8(a, w) : a;
+#ifdef CPU_VNNI
+    return _mm256_dpbusd_epi32(isum, wu, x);
+#else
+    const __m256i p = _mm256_maddubs_epi16(wu, x);
+    return type == Q8_0 ? _mm256_add_epi32(isum, _mm256_madd_epi16(p, _mm256_set1_epi16(1))) : _mm256_add_epi16(isum, p);
+#endif
+}
+
+static inline __m256i group_sum(__m256i a, __m256i b, int type) { /* the two chains' exact int32 sums */
+#ifdef CPU_VNNI
+    (void)type;
+    return _mm256_add_epi32(a, b);
+#else
+    return type == Q8_0 ? _mm256_add_epi32(a, b) : _mm256_madd_epi16(_mm256_add_epi16(a, b), _mm256_set1_epi16(1));
+#endif
+}
+
+/* dot_cols8 over an 8-row group (row_groups.h) of base type `type` at g: the same integer block sums, in
+ * lanes without a horizontal reduction, scaled in dot_cols8's order, so the same bits. */
+static inline __attribute__((always_inline)) void dot_group8(const uint8_t *g, int64_t row_bytes, int type, int64_t nb,
+        const int8_t *q, const float *d, const float *s, int64_t k, int nr, float *out) {
+    (void)row_bytes;
+    __m256 acc[ROW_TILE];
+    for (int r = 0; r < nr; r++) acc[r] = _mm256_setzero_ps();
+    const int64_t cb = GROUP_ROWS * BLOCK_BYTES[type], at = GROUP_ROWS * group_head_bytes(type);
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *c = g + b * cb;
+        __m256i wv[8], wu[8];
+        for (int t = 0; t < (type == Q8_0 ? 8 : 4); t++) {
+            const __m256i raw = _mm256_loadu_si256((const __m256i *)(c + at + 32 * t));
+            if (type == Q8_0) {
+                wv[t] = raw;
+                wu[t] = _mm256_sign_epi8(raw, raw); /* |w| as u8; the sign moves to x */
+            } else { /* steps t and t + 4: values 4t.. and 16 + 4t.. of the 8 rows */
+                wu[t] = wv[t] = _mm256_and_si256(raw, m4);
+                wu[t + 4] = wv[t + 4] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+            }
+        }
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)c));
+        const __m256 off = HAS_MIN(type) ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(c + 16)))
+                           : _mm256_mul_ps(_mm256_set1_ps(-8.f), dw);
+        for (int r = 0; r < nr; r++) {
+            const int8_t *x = q + r * k + b * QK;
+            __m256i even = _mm256_setzero_si256(), odd = even; /* two chains: vpdpbusd's latency */
+            for (int t = 0; t < 8; t += 2) {
+                even = group_step(even, wu[t], wv[t], x + 4 * t, type);
+                odd = group_step(odd, wu[t + 1], wv[t + 1], x + 4 * t + 4, type);
+            }
+            const __m256 isum = _mm256_cvtepi32_ps(group_sum(even, odd, type));
+            acc[r] = _mm256_fmadd_ps(isum, _mm256_mul_ps(dw, _mm256_set1_ps(d[r * nb + b])), acc[r]);
+            if (type != Q8_0) acc[r] = _mm256_fmadd_ps(off, _mm256_set1_ps(s[r * nb + b]), acc[r]);
+        }
+    }
+    for (int r = 0; r < nr; r++) _mm256_storeu_ps(out + r * 8, acc[r]);
+}
+
 /* out[r] = row n of W . activation row r, for r < nr rows (nr <= ROW_TILE), in dot_cols8's order (for
  * the columns past a multiple of 8). Always inlined with constant type and nr (see dot_tile). */
 static inline __attribute__((always_inline)) void dot_rows(const uint8_t *wrow, int type, int64_t nb, const int8_t *q, const float *d, const float *s,
@@ -150,24 +216,41 @@ static inline __attribute__((always_inline)) void dot_rows(const uint8_t *wrow, 
     for (int r = 0; r < nr; r++) out[r] = acc[r];
 }
 #else
+/* acc[r] += block b (at blk, in the file's layout) . activation row r's block b, in the AVX2 route's order. */
+static inline void block_rows_acc(const uint8_t *blk, int type, int64_t b, int64_t nb, const int8_t *q, const float *d,
+                                  const float *s, int64_t k, int nr, float *acc) {
+    const float dw = f16_to_f32(load_u16(blk)), off = block_offset(blk, type, dw);
+    const uint8_t *qs = blk + QS_AT[type];
+    const uint32_t qh = fifth_bits_u32(blk, type);
+    uint8_t w[QK];
+    if (type != Q8_0)
+        for (int j = 0; j < QK / 2; j++) unsigned_pair(qs, qh, j, &w[j], &w[j + 16]);
+    for (int r = 0; r < nr; r++) {
+        const int8_t *x = q + r * k + b * QK;
+        const int32_t isum = type == Q8_0 ? dot32_s8((const int8_t *)qs, x) : dot32_u8(w, x);
+        acc[r] = fmaf((float)isum, dw * d[r * nb + b], acc[r]);
+        if (type != Q8_0) acc[r] = fmaf(off, s[r * nb + b], acc[r]);
+    }
+}
+
 static inline __attribute__((always_inline)) void dot_rows(const uint8_t *wrow, int type, int64_t nb, const int8_t *q, const float *d, const float *s,
                      int64_t k, int nr, float *out) {
-    const int64_t bb = BLOCK_BYTES[type];
     for (int r = 0; r < nr; r++) out[r] = 0.f;
-    for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *blk = wrow + b * bb;
-        const float dw = f16_to_f32(load_u16(blk)), off = block_offset(blk, type, dw);
-        const uint8_t *qs = blk + QS_AT[type];
-        const uint32_t qh = fifth_bits_u32(blk, type);
-        uint8_t w[QK];
-        if (type != Q8_0)
-            for (int j = 0; j < QK / 2; j++) unsigned_pair(qs, qh, j, &w[j], &w[j + 16]);
-        for (int r = 0; r < nr; r++) {
-            const int8_t *x = q + r * k + b * QK;
-            const int32_t isum = type == Q8_0 ? dot32_s8((const int8_t *)qs, x) : dot32_u8(w, x);
-            out[r] = fmaf((float)isum, dw * d[r * nb + b], out[r]); /* the AVX2 route's order */
-            if (type != Q8_0) out[r] = fmaf(off, s[r * nb + b], out[r]);
+    for (int64_t b = 0; b < nb; b++) block_rows_acc(wrow + b * BLOCK_BYTES[type], type, b, nb, q, d, s, k, nr, out);
+}
+
+/* dot_cols8 over an 8-row group (row_groups.h): each lane's block re-assembled, then dot_rows' order. */
+static inline __attribute__((always_inline)) void dot_group8(const uint8_t *g, int64_t row_bytes, int type, int64_t nb,
+        const int8_t *q, const float *d, const float *s, int64_t k, int nr, float *out) {
+    const int64_t bb = BLOCK_BYTES[type];
+    for (int l = 0; l < GROUP_ROWS; l++) {
+        float col[ROW_TILE] = {0.f, 0.f, 0.f, 0.f};
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t blk[34];
+            group_block(group_chunk(g, row_bytes, bb, 0, b), type, l, blk);
+            block_rows_acc(blk, type, b, nb, q, d, s, k, nr, col);
         }
+        for (int r = 0; r < nr; r++) out[r * 8 + l] = col[r];
     }
 }
 #endif
@@ -184,22 +267,26 @@ static inline __attribute__((always_inline)) void dot_cols8(const uint8_t *w, in
 }
 #endif
 
-#define DOT8_TYPE(T)                                                             \
+#define DOT8_TYPE(F, T)                                                          \
     switch (nr) {                                                                \
-    case 4: dot_cols8(w, row_bytes, T, nb, q, d, s, k, 4, out); break;           \
-    case 3: dot_cols8(w, row_bytes, T, nb, q, d, s, k, 3, out); break;           \
-    case 2: dot_cols8(w, row_bytes, T, nb, q, d, s, k, 2, out); break;           \
-    default: dot_cols8(w, row_bytes, T, nb, q, d, s, k, 1, out); break;          \
+    case 4: F(w, row_bytes, T, nb, q, d, s, k, 4, out); break;                   \
+    case 3: F(w, row_bytes, T, nb, q, d, s, k, 3, out); break;                   \
+    case 2: F(w, row_bytes, T, nb, q, d, s, k, 2, out); break;                   \
+    default: F(w, row_bytes, T, nb, q, d, s, k, 1, out); break;                  \
     }
 
-/* 8 weight rows from w, row_bytes apart, against nr activation rows: out[r * 8 + l]. */
+/* 8 weight rows from w, row_bytes apart (or the 8-row group at w, for a grouped type), against nr
+ * activation rows: out[r * 8 + l]. */
 static inline void dot_tile8(const uint8_t *w, int64_t row_bytes, int type, int64_t nb, const int8_t *q,
                              const float *d, const float *s, int64_t k, int nr, float *out) {
-    if (type == Q4_0) { DOT8_TYPE(Q4_0) }
-    else if (type == Q4_1) { DOT8_TYPE(Q4_1) }
-    else if (type == Q5_0) { DOT8_TYPE(Q5_0) }
-    else if (type == Q5_1) { DOT8_TYPE(Q5_1) }
-    else { DOT8_TYPE(Q8_0) }
+    if (type == (Q4_0 | GROUPED_TYPE)) { DOT8_TYPE(dot_group8, Q4_0) }
+    else if (type == (Q4_1 | GROUPED_TYPE)) { DOT8_TYPE(dot_group8, Q4_1) }
+    else if (type == (Q8_0 | GROUPED_TYPE)) { DOT8_TYPE(dot_group8, Q8_0) }
+    else if (type == Q4_0) { DOT8_TYPE(dot_cols8, Q4_0) }
+    else if (type == Q4_1) { DOT8_TYPE(dot_cols8, Q4_1) }
+    else if (type == Q5_0) { DOT8_TYPE(dot_cols8, Q5_0) }
+    else if (type == Q5_1) { DOT8_TYPE(dot_cols8, Q5_1) }
+    else { DOT8_TYPE(dot_cols8, Q8_0) }
 }
 
 #define DOT_TYPE(T)                                                  \

@@ -232,3 +232,25 @@ def test_default_model_fused_step_matches_the_per_layer_path(fused_steps):
     error = (got - want).norm(dim=1) / want.norm(dim=1)
     assert error.median() < 0.1 and error.max() < 0.25
     assert (got.argmax(1) != want.argmax(1)).sum() <= 3
+
+
+def block_linears(runner) -> list:
+    from runtime.accel.block_linear import BlockQuantLinear
+    return [v for mod in runner.model.modules() for v in vars(mod).values() if isinstance(v, BlockQuantLinear)]
+
+
+@pytest.mark.parametrize("quantization", ["q4", "int8"])
+def test_grouped_weights_give_the_file_layouts_logits(quantization, monkeypatch, fused_steps, cpu_route):
+    """On the SIMD routes the linears hold 8-row groups (cute_kernels/cpu/row_groups.py): prefill (tiles GEMM),
+    the fused step and the LM head's GEMV must give the file layout's logits bit for bit."""
+    from runtime.accel import block_linear
+    grouped = tiny_runner(quantization)
+    types = {lin.type_name for lin in block_linears(grouped)}
+    assert any(t.endswith("_R8") for t in types) == (cpu_route != "portable-c"), types  # (the head: 260 rows, not whole groups)
+    monkeypatch.setattr(block_linear, "gemv_layout", lambda type_name, blocks: (type_name, blocks))
+    plain = tiny_runner(quantization)
+    assert not any(lin.type_name.endswith("_R8") for lin in block_linears(plain))
+    got, got_tokens = greedy(grouped, PROMPTS[3], 8)
+    want, want_tokens = greedy(plain, PROMPTS[3], 8)
+    assert fused_steps == [3] * 16 and got_tokens == want_tokens
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
