@@ -11,6 +11,7 @@
 
 #define QK 32        /* values per block, weights and activations */
 #define ROW_TILE 4   /* activation rows sharing one unpacked weight block */
+#define GROUP_PREFETCH 4096 /* bytes dot_group8 prefetches ahead (2-8 KiB measured alike, none slower) */
 
 enum { Q4_0 = 0, Q4_1 = 1, Q8_0 = 2, Q5_0 = 3, Q5_1 = 4 };
 static const int64_t BLOCK_BYTES[] = {18, 20, 34, 22, 24};
@@ -166,6 +167,9 @@ static inline __attribute__((always_inline)) void dot_group8(const uint8_t *g, i
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *c = g + b * cb;
+        /* the groups follow each other, so the weight streams: ask for it ahead (the hardware prefetcher
+         * alone left the LM head at half the read bandwidth after a step had evicted it) */
+        for (int64_t p = 0; p < cb; p += 64) _mm_prefetch((const char *)(c + GROUP_PREFETCH + p), _MM_HINT_T0);
         __m256i wv[8], wu[8];
         for (int t = 0; t < (type == Q8_0 ? 8 : 4); t++) {
             const __m256i raw = _mm256_loadu_si256((const __m256i *)(c + at + 32 * t));
