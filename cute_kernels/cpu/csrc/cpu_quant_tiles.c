@@ -102,6 +102,48 @@ static const uint8_t *row_block(const uint8_t *w, int type, int grouped, int64_t
     return lane;
 }
 
+#ifdef CPU_AVX2
+/* Block b of an 8-row group (its chunk) into lanes h..h+7 of a panel's group block, as unpack_block and
+ * interleave8 would put them: the chunk's values are already in the panel's 4-byte steps, so only Q4's
+ * nibbles split (and Q8 moves to w + 128 on VNNI), and the f16 scales widen as one vector. */
+static void pack_group_block(const uint8_t *chunk, int type, int h, uint8_t *out) {
+    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)chunk));
+    const __m256 off = type == Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(chunk + 16)))
+                       : type == Q4_0 ? _mm256_mul_ps(_mm256_set1_ps(-8.f), dw) : _mm256_setzero_ps();
+    _mm256_storeu_ps((float *)out + h, dw);
+    _mm256_storeu_ps((float *)out + LANES + h, off);
+    const uint8_t *src = chunk + GROUP_ROWS * group_head_bytes(type);
+    uint8_t *vals = out + 2 * LANES * 4 + h * 4;
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    for (int t = 0; t < (type == Q8_0 ? STEPS : STEPS / 2); t++) {
+        const __m256i raw = _mm256_loadu_si256((const __m256i *)(src + 32 * t));
+        if (type == Q8_0) {
+#ifdef TILES_VNNI
+            _mm256_storeu_si256((__m256i *)(vals + t * LANES * 4), _mm256_xor_si256(raw, _mm256_set1_epi8((char)0x80)));
+#else
+            _mm256_storeu_si256((__m256i *)(vals + t * LANES * 4), raw);
+#endif
+        } else {
+            _mm256_storeu_si256((__m256i *)(vals + t * LANES * 4), _mm256_and_si256(raw, m4));
+            _mm256_storeu_si256((__m256i *)(vals + (t + 4) * LANES * 4), _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4));
+        }
+    }
+}
+
+/* A panel group block from 8-row groups; an 8-row half past the weight (n is a multiple of 8) is zero. */
+static void pack_grouped(const uint8_t *w, int type, int64_t row_bytes, int64_t c, int64_t n, int64_t b, uint8_t *out) {
+    for (int h = 0; h < LANES; h += GROUP_ROWS, c += GROUP_ROWS) {
+        if (c < n) {
+            pack_group_block(group_chunk(w, row_bytes, BLOCK_BYTES[type], c, b), type, h, out);
+            continue;
+        }
+        memset((float *)out + h, 0, GROUP_ROWS * sizeof(float));
+        memset((float *)out + LANES + h, 0, GROUP_ROWS * sizeof(float));
+        for (int t = 0; t < STEPS; t++) memset(out + 2 * LANES * 4 + t * LANES * 4 + h * 4, 0, GROUP_ROWS * 4);
+    }
+}
+#endif
+
 /* Packs weight rows [c0, c0 + cols) into groups of LANES rows; rows past the weight are zero.
  * Per group and block: dw[8], off[8] as fp32, then step t holds values 4t..4t+3 of the 8 rows. */
 static void pack_panel(const uint8_t *w, int type, int grouped, int64_t c0, int64_t cols, int64_t n, int64_t nb,
@@ -110,6 +152,12 @@ static void pack_panel(const uint8_t *w, int type, int grouped, int64_t c0, int6
     for (int64_t g = 0; g < cols / LANES; g++) {
         for (int64_t b = 0; b < nb; b++) {
             uint8_t *out = panel + (g * nb + b) * GROUP_BLOCK_BYTES, vals[LANES][QK], lane[34];
+#ifdef CPU_AVX2
+            if (grouped) {
+                pack_grouped(w, type, row_bytes, c0 + g * LANES, n, b, out);
+                continue;
+            }
+#endif
             float scales[2 * LANES];
             for (int l = 0; l < LANES; l++) {
                 const int64_t c = c0 + g * LANES + l;
