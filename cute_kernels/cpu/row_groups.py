@@ -23,8 +23,8 @@ import torch
 GROUP_ROWS = 8
 GROUPED = {"Q4_0": "Q4_0_R8", "Q4_1": "Q4_1_R8", "Q8_0": "Q8_0_R8"}  # file type -> its grouped type
 BASE = {grouped: base for base, grouped in GROUPED.items()}
-C_FLAG = 8  # a grouped type's id in the C kernels: its base type's id | 8 (csrc/quant_dot.h)
-_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
+C_FLAG = 8  # a grouped type's id in the C kernels: its base type's id | 8 (csrc/row_groups.h)
+_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}  # quant_blocks.py's (it imports this module)
 _HEAD_BYTES = {"Q4_0": 2, "Q4_1": 4, "Q8_0": 2}  # f16 d (and m) before the values
 
 
