@@ -69,6 +69,13 @@ def dequantize(blocks: torch.Tensor, type_name: str, cols: int) -> torch.Tensor:
     return values.reshape(blocks.shape[0], cols)
 
 
+def dequantize_rows(blocks: torch.Tensor, type_name: str, ids: torch.Tensor, cols: int) -> torch.Tensor:
+    """Rows `ids` (1-D) of a weight held in either layout, as float32 [len(ids), cols] (embedding lookups)."""
+    if type_name in row_groups.BASE:
+        return dequantize(row_groups.rows_of(blocks, type_name, ids), row_groups.BASE[type_name], cols)
+    return dequantize(blocks[ids], type_name, cols)
+
+
 def _as_blocks(scale: torch.Tensor, tail: list[torch.Tensor]) -> torch.Tensor:
     rows, nb = scale.shape[:2]
     parts = [scale.to(torch.float16).view(torch.uint8).reshape(rows, nb, 2), *tail]

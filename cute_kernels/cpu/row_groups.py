@@ -18,6 +18,8 @@ integers and are scaled in the same order as the file layout's, so a row gets th
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 GROUP_ROWS = 8
@@ -61,9 +63,15 @@ def ungroup(groups: torch.Tensor, type_name: str) -> torch.Tensor:
     return torch.cat([*scales, values.reshape(g, GROUP_ROWS, nb, steps * 4)], dim=-1).reshape(n, rb).contiguous()
 
 
+@functools.cache
+def _byte_map(type_name: str, row_bytes: int) -> torch.Tensor:
+    """[8, row_bytes]: where byte j of a group's row l (in the file's layout) sits among the group's bytes."""
+    return ungroup(torch.arange(GROUP_ROWS * row_bytes).reshape(GROUP_ROWS, row_bytes), type_name)
+
+
 def rows_of(groups: torch.Tensor, type_name: str, ids: torch.Tensor) -> torch.Tensor:
-    """Rows `ids` (1-D) of a grouped weight, as file-layout blocks [len(ids), row_bytes]: an embedding
-    lookup ungroups only the groups it reads."""
+    """Rows `ids` (1-D) of a grouped weight, as file-layout blocks [len(ids), row_bytes]: one gather of
+    just their bytes (an embedding lookup per step)."""
     rb = groups.shape[1]
-    picked = groups.reshape(-1, GROUP_ROWS * rb)[ids // GROUP_ROWS].reshape(-1, rb)
-    return ungroup(picked, type_name).reshape(-1, GROUP_ROWS, rb)[torch.arange(ids.numel()), ids % GROUP_ROWS]
+    starts = (ids // GROUP_ROWS * (GROUP_ROWS * rb)).unsqueeze(1)
+    return groups.reshape(-1)[starts + _byte_map(type_name, rb)[ids % GROUP_ROWS]]

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from cute_kernels.cpu import row_groups
-from cute_kernels.cpu.quant_blocks import dequantize
+from cute_kernels.cpu.quant_blocks import dequantize_rows
 from cute_kernels.cpu.quant_gemm import choose_path, gemv_layout, quant_linear, supports
 from runtime.model.linear import tensor_bytes
 
@@ -68,12 +67,8 @@ class BlockQuantEmbedding:
         self.type_name, self.blocks, self.cols = type_name, blocks, cols
 
     def __call__(self, input_ids: torch.Tensor) -> torch.Tensor:
-        ids = input_ids.reshape(-1)
-        if self.type_name in row_groups.BASE:  # the tied head's grouped table: ungroup the rows looked up
-            rows, type_name = row_groups.rows_of(self.blocks, self.type_name, ids), row_groups.BASE[self.type_name]
-        else:
-            rows, type_name = self.blocks[ids], self.type_name
-        return dequantize(rows, type_name, self.cols).reshape(*input_ids.shape, -1)
+        rows = dequantize_rows(self.blocks, self.type_name, input_ids.reshape(-1), self.cols)
+        return rows.reshape(*input_ids.shape, -1)
 
     def weight_bytes(self) -> int:
         return tensor_bytes(self.blocks)

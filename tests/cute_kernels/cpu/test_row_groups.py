@@ -10,7 +10,7 @@ import torch
 
 from cute_kernels.cpu import quant_gemm as qg
 from cute_kernels.cpu import row_groups as rg
-from cute_kernels.cpu.quant_blocks import BLOCK_BYTES, dequantize
+from cute_kernels.cpu.quant_blocks import BLOCK_BYTES, dequantize, dequantize_rows
 from tests.cute_kernels.cpu.test_cpu_quant_gemm import gguf_blocks
 from tests.cute_kernels.cpu.test_cpu_quant_tiles import extreme_blocks
 
@@ -59,6 +59,8 @@ def test_every_path_gives_the_file_layouts_bits(type_name, rows, cpu_route):
             assert torch.equal(qg.quant_linear(x, grouped, grouped_type, b, path=path), want), (path, b is None)
     assert torch.equal(qg.dequantize_c(grouped, grouped_type, 320), qg.dequantize_c(blocks, type_name, 320))
     assert torch.equal(dequantize(grouped, grouped_type, 320), dequantize(blocks, type_name, 320))
+    ids = torch.tensor([39, 0, 8, 8, 17])  # embedding lookups: last row, group edges, a repeat
+    assert torch.equal(dequantize_rows(grouped, grouped_type, ids, 320), dequantize_rows(blocks, type_name, ids, 320))
 
 
 @pytest.mark.parametrize("type_name", TYPES)
