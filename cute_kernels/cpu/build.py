@@ -74,6 +74,11 @@ def route_unavailable(name: str) -> str | None:
     return f"this CPU lacks {', '.join(missing)}" if missing else None
 
 
+def active_route() -> str | None:
+    """The route libraries load for now (None: the best this CPU runs)."""
+    return _active_route[0]
+
+
 @contextlib.contextmanager
 def using_route(name: str | None) -> Iterator[None]:
     """Libraries loaded inside are built for route `name` (None: the best this CPU runs)."""

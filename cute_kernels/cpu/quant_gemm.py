@@ -5,12 +5,13 @@ ggml block formats (quant_blocks.py), and csrc/cpu_kquant_gemm.c over the K-quan
 The activations are quantized once per call (int8 blocks of 32), so a fused weight (q/k/v,
 gate/up) shares them; where the library cannot be built, quant_linear runs the reference.
 
-Three paths, chosen per call by row count (choose_path, TILES_ROWS): the GEMV here for decode rows,
+The paths, chosen per call by row count (choose_path, TILES_ROWS): the GEMV here for decode rows,
 where reading 4.5-bit instead of 32-bit weights is the gain; from a few rows on the register-blocked
 int8 GEMM of quant_tiles.py (cpu_quant_tiles.c), which packs weight panels so that one instruction
 serves 8 output columns; and, where that kernel has no SIMD build (portable C) or does not read the
 type (the K-quants), from DEQUANT_MIN_ROWS rows on, the weight dequantized a slice of at most DEQUANT_SLICE_ROWS output rows at a time into one
-reused buffer and multiplied by torch's fp32 GEMM. (This GEMV's int8 dot products, with a horizontal
+reused buffer and multiplied by torch's fp32 GEMM. On CPUs with AMX a fourth, from AMX_MIN_ROWS rows on: grouped
+weights dequantized a panel at a time to bf16 and multiplied on the AMX tiles (quant_amx.py). (This GEMV's int8 dot products, with a horizontal
 sum per 32 values, do no better than fp32 FMAs on many rows: 27 vs 31 ms for a 3072x576 Q4_1 weight
 at 128 rows on one AVX2 core.)
 """
@@ -21,7 +22,7 @@ import ctypes
 import torch
 import torch.nn.functional as F
 
-from cute_kernels.cpu import build, kquant_blocks, quant_tiles, row_groups
+from cute_kernels.cpu import build, kquant_blocks, quant_amx, quant_tiles, row_groups
 from cute_kernels.cpu.quant_blocks import QK, TYPE_IDS, block_values, row_bytes
 from cute_kernels.cpu.quant_reference import quant_linear_ref
 
@@ -44,6 +45,11 @@ TILES_ROWS = {**{(isa, t): (8, 1 << 62) for isa in ("avx2", "avx512-vnni") for t
 # microseconds, and joining threads costs more than it saves whenever another process holds a core.
 PARALLEL_MIN_MACS = 1 << 20
 DEQUANT_SLICE_ROWS = 4096
+# From this many rows a grouped weight takes the AMX tiles on CPUs that have them (quant_amx.py): 2 threads,
+# Q4_1 and Q8_0 weights 3072x576, 576x1536, 960x576, 576x576, the AMX linear against the int8 tiles was
+# 0.67-1.41x at 8 rows, 1.09-1.70x at 32 and 1.27-1.89x at 64 (its panel packing, ~0.26 ms for
+# 3072x576, is what small row counts pay); 2.0-2.4x at 2048 rows.
+AMX_MIN_ROWS = 32
 
 
 def _signatures() -> dict:
@@ -101,8 +107,10 @@ def gemv_layout(type_name: str, blocks: torch.Tensor) -> tuple[str, torch.Tensor
 
 
 def choose_path(type_name: str, rows: int, allow_dequant: bool = True) -> str:
-    """gemv, tiles or dequant: the fastest measured path for this many activation rows on this build.
-    gemv and tiles give a row the same bits; dequant sums in another order (allow_dequant=False: never)."""
+    """gemv, tiles, amx or dequant: the fastest measured path for this many activation rows on this build.
+    gemv and tiles give a row the same bits; amx and dequant round otherwise (allow_dequant=False: never)."""
+    if rows >= AMX_MIN_ROWS and allow_dequant and quant_amx.reads(type_name) and quant_amx.available():
+        return "amx"
     if not quant_tiles.available(type_name):
         return "dequant" if rows >= DEQUANT_MIN_ROWS and allow_dequant else "gemv"
     tiles_from, dequant_from = TILES_ROWS[quant_tiles.isa(), row_groups.BASE.get(type_name, type_name)]
@@ -114,7 +122,7 @@ def choose_path(type_name: str, rows: int, allow_dequant: bool = True) -> str:
 def quant_linear(x: torch.Tensor, blocks: torch.Tensor, type_name: str, bias: torch.Tensor | None = None,
                  path: str | None = None) -> torch.Tensor:
     """x [rows, k] float32 @ W^T (+ bias) for W given as blocks [n, row_bytes(type_name, k)] of type_name;
-    path (gemv, tiles, dequant) overrides choose_path, for tests and benchmarks."""
+    path (gemv, tiles, amx, dequant) overrides choose_path, for tests and benchmarks."""
     lib, kernels = _library()[0], _gemm_and_dequantize(type_name)
     n, k = blocks.shape[0], x.shape[-1]
     if (lib is None or kernels is None or x.dtype != torch.float32 or x.device.type != "cpu" or x.dim() != 2
@@ -127,6 +135,8 @@ def quant_linear(x: torch.Tensor, blocks: torch.Tensor, type_name: str, bias: to
         return _dequantized_linear(x, blocks, type_name, bias)
     m = x.shape[0]
     threads = torch.get_num_threads() if m * n * k >= PARALLEL_MIN_MACS else 1
+    if path == "amx":
+        return quant_amx.amx_linear(x, blocks, type_name, None if bias is None else bias.float().contiguous(), threads)
     q = torch.empty(m, k, dtype=torch.int8)
     d, s = torch.empty(m, k // QK), torch.empty(m, k // QK)
     # one thread: under 128 rows this is ~0.1 ms, less than a thread join costs on a shared machine

@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "kv_elem.h"
+#include "prefill_problem.h"
 
 #define TK 48      /* keys per tile (a multiple of the score tile's 6) */
 #define MV 64      /* query vectors per task (rows x GQA group), at most */
@@ -35,21 +36,6 @@ static inline float exp_or_zero(float x) {
     const float e = expf(fmaxf(x, EXP_MIN));
     return x > EXP_MIN ? e : 0.f;
 }
-
-typedef struct {
-    int32_t b, kvh, r0, r1;
-} Task;
-
-typedef struct {
-    const float *q, *k, *v;
-    const void *k_cache, *v_cache; /* of element type kv_kind */
-    const float *k_scale, *v_scale; /* an 8-bit cache's scale per KV head; NULL for the float types */
-    const int32_t *tables, *cu_q, *cu_k, *prefix;
-    float *out;
-    int64_t heads, hkv, d, bs, max_blocks, g;
-    float scale;
-    int causal, kv_kind;
-} Problem;
 
 #ifdef CPU_AVX2
 
@@ -106,17 +92,6 @@ static inline void score_tile_6x16(const float *const *kp, const float *qt, int6
 WEIGH_ROWS(6)
 WEIGH_ROWS(4)
 WEIGH_ROWS(2)
-
-/* Where key t of sequence b lives: the paged cache for the prefix, the new k/v rows after it. */
-static inline int64_t key_offset(const Problem *p, int64_t b, int64_t t, int64_t prefix, int64_t kvh, int *in_cache) {
-    if (t < prefix) {
-        *in_cache = 1;
-        const int64_t blk = p->tables[b * p->max_blocks + t / p->bs];
-        return ((blk * p->bs + t % p->bs) * p->hkv + kvh) * p->d;
-    }
-    *in_cache = 0;
-    return ((p->cu_k[b] + t - prefix) * p->hkv + kvh) * p->d;
-}
 
 /* Running max mx, sum l and accumulator ot are rescaled to the tile's max; st becomes exp(s - max). */
 static void online_softmax(float *st, int64_t n, int64_t mp, int64_t d, float *mx, float *l, float *ot,
@@ -222,17 +197,9 @@ int paged_prefill_attention_f32(const float *q, const float *k, const float *v, 
     if (!kv_quantized(kv_kind)) k_scale = v_scale = NULL;
     const Problem p = {q, k, v, k_cache, v_cache, k_scale, v_scale, block_tables, cu_q, cu_k, prefix_lens, out,
                        heads, hkv, d, bs, max_blocks, heads / hkv, scale, causal, kv_kind};
-    const int64_t rows_per_task = MV / p.g;
     int64_t num_tasks = 0;
-    for (int64_t b = 0; b < batch; b++) num_tasks += (cu_q[b + 1] - cu_q[b] + rows_per_task - 1) / rows_per_task * hkv;
-    Task *tasks = malloc(sizeof(Task) * (num_tasks ? num_tasks : 1));
+    Task *tasks = plan_tasks(&p, batch, MV / p.g, &num_tasks);
     if (tasks == NULL) return 2;
-    int64_t t = 0;
-    for (int64_t b = 0; b < batch; b++) /* last row tiles first: they see the most keys */
-        for (int64_t r1 = cu_q[b + 1] - cu_q[b]; r1 > 0; r1 -= rows_per_task)
-            for (int64_t kvh = 0; kvh < hkv; kvh++)
-                tasks[t++] = (Task){(int32_t)b, (int32_t)kvh, (int32_t)(r1 > rows_per_task ? r1 - rows_per_task : 0),
-                                    (int32_t)r1};
     int status = 0;
 #pragma omp parallel
     {

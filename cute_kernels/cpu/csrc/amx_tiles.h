@@ -1,0 +1,194 @@
+/* AMX bf16 tile products for the linears on CPUs with AMX (Sapphire Rapids and later): y = bf16(x) @ W^T
+ * (+ bias) with fp32 accumulation, W given by a callback that packs 32 output columns at a time.
+ *
+ * Why: one TDPBF16PS multiplies a 16 x 32 by a 32 x 16 bf16 tile (16K flops), 16x a vdpbf16ps; on the
+ * 2-core AMX machine torch's oneDNN bf16 GEMM reaches ~2.1 TFLOP/s where our int8 VNNI tiles reach
+ * ~0.45 TOP/s, and prefill is GEMM-bound. The callers (cpu_bf16_gemm.c for bf16 weights,
+ * cpu_quant_amx.c for GGUF blocks) hand a packer that writes a panel's bf16 pairs; the loop, the
+ * activation rounding and the edges live here once.
+ *
+ * Layout: tiles are 16 rows x 64 bytes. A (activations) is bf16, rows padded to 32 and k to 32 with zeros,
+ * held tile-major (each 16-row x 32-value tile contiguous, a row block's k-tiles in order) so the tile
+ * loads stream sequentially instead of touching 16 strided lines. B (weights) is a panel of AMX_N columns: packed[p * AMX_N + c] the bf16 pair
+ * (w[c0 + c][2p], w[c0 + c][2p + 1]) as one 32-bit word (zero past n and past k), so the tile of
+ * columns 0-15 at pair p0 is 16 rows of 64 bytes at packed + p0 * AMX_N with a 128-byte stride.
+ * Register block: 2 A x 2 B tiles into 4 C tiles (32 rows x 32 columns), all 8 tile registers.
+ * Linux grants a process AMX's tile state only on request (arch_prctl); amx_ready asks once. */
+#ifndef AMX_TILES_H
+#define AMX_TILES_H
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bf16_dot.h" /* to_bf16_row, CPU_BF16 */
+
+#if defined(CPU_BF16) && defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#define CPU_AMX 1
+#include <sys/syscall.h>
+long syscall(long number, ...); /* unistd.h declares it only outside strict C11 (build.py: -std=c11) */
+
+#define AMX_K 32 /* bf16 values along k per tile step */
+#define AMX_M 32 /* activation rows per register block */
+#define AMX_N 32 /* output columns per panel */
+#define AMX_TILE_VALUES 512 /* bf16 values of one A tile: 16 rows x 32 */
+#define AMX_PACK_BYTES (4 << 20) /* packed panels at a time: half per thread, in its L2 */
+#define AMX_ROW_BYTES (256 << 10) /* bf16 activation rows passed against them at a time */
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
+typedef void (*amx_pack_fn)(const void *weight, int64_t c0, uint32_t *packed);
+
+/* 1 when this process may use the tile registers (asked of the kernel once; a racing second ask
+ * returns the same answer). */
+static inline int amx_ready(void) {
+    static int state = -1;
+    if (state < 0) state = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+    return state;
+}
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} AmxConfig;
+
+static inline void amx_configure(void) { /* per thread: every tile 16 rows x 64 bytes */
+    AmxConfig c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 8; t++) c.rows[t] = 16, c.colsb[t] = 64;
+    _tile_loadconfig(&c);
+}
+
+/* out[32][32] (row stride ldo floats) = the two A row tiles at a (tile-major, tiles_k of them each) .
+ * the packed panel, over tiles_k steps of AMX_K values. */
+static inline void amx_block(const uint16_t *a, int64_t tiles_k, const uint32_t *packed, float *out, int64_t ldo) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    const uint16_t *a1 = a + tiles_k * AMX_TILE_VALUES;
+    for (int64_t t = 0; t < tiles_k; t++) {
+        _tile_loadd(4, a + t * AMX_TILE_VALUES, 64);
+        _tile_loadd(5, a1 + t * AMX_TILE_VALUES, 64);
+        _tile_loadd(6, packed + t * 16 * AMX_N, AMX_N * 4);
+        _tile_loadd(7, packed + t * 16 * AMX_N + 16, AMX_N * 4);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, out, ldo * 4);
+    _tile_stored(1, out + 16, ldo * 4);
+    _tile_stored(2, out + 16 * ldo, ldo * 4);
+    _tile_stored(3, out + 16 * ldo + 16, ldo * 4);
+}
+
+/* One panel against activation rows r0..r1: full blocks land in y, edges pass through scratch. */
+static void amx_panel(const uint16_t *xb, int64_t r0, int64_t r1, int64_t kp, const uint32_t *packed,
+                      const float *bias, float *y, int64_t n, int64_t c0, float *scratch) {
+    const int64_t cols = n - c0 < AMX_N ? n - c0 : AMX_N;
+    for (; r0 < r1; r0 += AMX_M) {
+        const int64_t rows = r1 - r0 < AMX_M ? r1 - r0 : AMX_M;
+        const int direct = rows == AMX_M && cols == AMX_N;
+        float *out = direct ? y + r0 * n + c0 : scratch;
+        const int64_t ldo = direct ? n : AMX_N;
+        amx_block(xb + r0 * kp, kp / AMX_K, packed, out, ldo);
+        if (bias == NULL && direct) continue;
+        for (int64_t r = 0; r < rows; r++) {
+            float *dst = y + (r0 + r) * n + c0, *src = out + r * ldo;
+            for (int64_t c = 0; c < cols; c++) dst[c] = src[c] + (bias != NULL ? bias[c0 + c] : 0.f);
+        }
+    }
+}
+
+/* Rows as the tiles read them: bf16, tile-major (16 rows x 32 values contiguous, k-tiles in order), zero
+ * past m and k. */
+static void amx_round_rows(const float *x, int64_t m, int64_t k, int64_t mp, int64_t kp, uint16_t *xb) {
+#pragma omp for schedule(static)
+    for (int64_t r0 = 0; r0 < mp; r0 += 16)
+        for (int64_t r = r0; r < r0 + 16; r++) {
+            uint16_t row[kp];
+            if (r < m) to_bf16_row(x + r * k, row, k);
+            memset(row + (r < m ? k : 0), 0, sizeof(uint16_t) * (size_t)(r < m ? kp - k : kp));
+            for (int64_t t = 0; t < kp / AMX_K; t++)
+                memcpy(xb + r0 * kp + t * AMX_TILE_VALUES + (r - r0) * AMX_K, row + t * AMX_K, 2 * AMX_K);
+        }
+}
+
+/* A buffer of at least `bytes` kept for the calling thread's next call: a fresh multi-MiB allocation is
+ * mapped anew by the kernel, and faulting its pages in cost as much as packing a 3072 x 576 weight. */
+typedef struct {
+    void *p;
+    size_t bytes;
+} AmxBuffer;
+
+static void *amx_buffer(AmxBuffer *b, size_t bytes) {
+    bytes = (bytes + 63) / 64 * 64;
+    if (b->bytes < bytes) {
+        free(b->p);
+        b->p = aligned_alloc(64, bytes);
+        b->bytes = b->p != NULL ? bytes : 0;
+    }
+    return b->p;
+}
+
+/* y[m, n] = bf16(x)[m, k] @ W^T (+ bias), W's panels from pack(weight, c0, packed). Returns 0, 2 when
+ * a buffer cannot be allocated, 3 when the kernel refuses this process the tile registers.
+ * Blocking: up to AMX_PACK_BYTES of panels are packed at a time (each thread packs the panels it then
+ * multiplies, so they stay in its L2), and the activations pass in blocks of about AMX_ROW_BYTES, each
+ * block against all of a thread's panels before the next: read once per panel set from L3, not once
+ * per panel (that alone halved the rate at 4096 rows). */
+static int amx_gemm(const float *x, int64_t m, int64_t k, amx_pack_fn pack, const void *weight, const float *bias,
+                    float *y, int64_t n, int nthreads) {
+    if (!amx_ready()) return 3;
+    const int64_t kp = (k + AMX_K - 1) / AMX_K * AMX_K, mp = (m + AMX_M - 1) / AMX_M * AMX_M;
+    const int64_t panel_words = kp / 2 * AMX_N, panels = (n + AMX_N - 1) / AMX_N;
+    int64_t chunk = AMX_PACK_BYTES / (panel_words * 4), rows = AMX_ROW_BYTES / (kp * 2) / AMX_M * AMX_M;
+    chunk = chunk < nthreads ? nthreads : chunk > panels ? panels : chunk;
+    rows = rows < AMX_M ? AMX_M : rows;
+    static _Thread_local AmxBuffer rows_buffer, panels_buffer;
+    uint16_t *xb = amx_buffer(&rows_buffer, sizeof(uint16_t) * (size_t)(mp * kp));
+    uint32_t *packed = amx_buffer(&panels_buffer, sizeof(uint32_t) * (size_t)(chunk * panel_words));
+    int failed = xb == NULL || packed == NULL;
+#pragma omp parallel num_threads(nthreads) if (nthreads > 1)
+    {
+        float *scratch = aligned_alloc(64, sizeof(float) * AMX_M * AMX_N);
+        if (scratch == NULL) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp barrier
+        if (!failed) {
+            amx_round_rows(x, m, k, mp, kp, xb);
+            amx_configure();
+            for (int64_t p0 = 0; p0 < panels; p0 += chunk) {
+                const int64_t p1 = p0 + chunk < panels ? p0 + chunk : panels;
+#pragma omp for schedule(static)
+                for (int64_t p = p0; p < p1; p++) pack(weight, p * AMX_N, packed + (p - p0) * panel_words);
+                for (int64_t r0 = 0; r0 < m; r0 += rows) {
+                    const int64_t r1 = r0 + rows < m ? r0 + rows : m;
+#pragma omp for schedule(static) nowait
+                    for (int64_t p = p0; p < p1; p++)
+                        amx_panel(xb, r0, r1, kp, packed + (p - p0) * panel_words, bias, y, n, p * AMX_N, scratch);
+                }
+#pragma omp barrier
+            }
+            _tile_release();
+        }
+        free(scratch);
+    }
+    return failed ? 2 : 0;
+}
+#endif
+
+/* Whether this build has the AMX route and this process may use it (for tests and logs). */
+static inline int amx_usable(void) {
+#if defined(CPU_AMX)
+    return amx_ready();
+#else
+    return 0;
+#endif
+}
+#endif

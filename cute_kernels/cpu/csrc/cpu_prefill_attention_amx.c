@@ -1,0 +1,294 @@
+/* Varlen prefill attention on AMX tiles (CPUs with AMX-BF16): the contract of cpu_prefill_attention.c
+ * (new query rows over [paged prefix ; new keys], bottom-right causal; caches fp32, bf16, int8 or e4m3),
+ * with Q, K, V and the softmax weights P rounded to bf16 and every sum in fp32.
+ *
+ * Why: attention was ~60% of a 2000-token prefill of the default model on the fp32 FMA kernel (1.2 s of
+ * 1.85 s on 2 cores); one TDPBF16PS is 16 rows x 16 columns x 32 products. prefill_attention.py sends
+ * work here only where the KV cache is already held at bf16 precision or below (the default), so the
+ * keys and values lose nothing the cache did not; Q and P gain a bf16 rounding (relative 2^-9).
+ *
+ * Steps: (1) every (sequence, KV head)'s keys and values are packed once per call, 64 keys a block, as
+ * the B tiles read them (K: for 16 keys and 32 dims, 16 rows of (dim pair) x 16 keys; V: for 32 keys and
+ * 16 dims, 16 rows of (key pair) x 16 dims); the prefix is read from the paged cache. (2) A task is 32
+ * query vectors (rows x the heads of one GQA group) of one KV head, run FlashAttention-style over key
+ * blocks: S = Q K^T into 4 C tiles per 16 vectors, an online softmax in base 2 (log2 e is folded into
+ * Q's scale; exp2 by a degree-5 polynomial and vscalefps, relative error 3e-6), P rounded to bf16 as A
+ * tiles, then O (fp32, in memory, rescaled per block) += P V on the tiles. */
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "amx_tiles.h"
+#include "kv_elem.h"
+#include "prefill_problem.h"
+
+#define AM 32     /* query vectors per task: two row tiles */
+#define AKB 64    /* keys per block: four key tiles of 16, two chunks of 32 */
+#define MAX_D 256 /* head_dim bound of the per-thread scratch */
+#define NEG (-1e30f)
+
+#if defined(CPU_AMX)
+#define LOG2E 1.4426950408889634f
+
+/* 2^x for x <= 0 (below -1000: 0): 2^f on f in [-1/2, 1/2] by Taylor to degree 5, times 2^n exactly. */
+static inline __m512 exp2_ps(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-1000.f));
+    const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), f = _mm512_sub_ps(x, n);
+    __m512 p = _mm512_set1_ps(1.3333558e-3f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504109e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022651e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
+    return _mm512_scalef_ps(p, n);
+}
+
+typedef struct {
+    const Problem *p;
+    const int64_t *pack_at; /* (sequence, KV head) -> its first packed block */
+    uint32_t *packs;        /* blocks of AKB * d words: K (AKB/2 * d) then V (AKB/2 * d) */
+} Packed;
+
+static inline int64_t blocks_of(int64_t keys) { return (keys + AKB - 1) / AKB; }
+
+/* Packs block j of (sequence b, KV head kvh): zero past the sequence's keys. */
+static void pack_block(const Packed *pk, int64_t b, int64_t kvh, int64_t j, float *stage) {
+    const Problem *p = pk->p;
+    const int64_t d = p->d, dch = d / 32, dt = d / 16, keys = keys_of(p, b), prefix = p->prefix[b];
+    uint16_t *kp = (uint16_t *)(pk->packs + (pk->pack_at[b * p->hkv + kvh] + j) * AKB * d);
+    uint16_t *vp = kp + AKB * d;
+    const float ks = p->k_scale != NULL ? p->k_scale[kvh] : 1.f, vs = p->v_scale != NULL ? p->v_scale[kvh] : 1.f;
+    for (int64_t key = 0; key < AKB; key++) {
+        const int64_t t = j * AKB + key;
+        const float *kr = NULL, *vr = NULL;
+        if (t < keys) {
+            int in_cache;
+            const int64_t off = key_offset(p, b, t, prefix, kvh, &in_cache);
+            kr = in_cache ? kv_row_f32(p->k_cache, p->kv_kind, off, d, ks, stage) : p->k + off;
+            vr = in_cache ? kv_row_f32(p->v_cache, p->kv_kind, off, d, vs, stage + d) : p->v + off;
+        }
+        const int64_t kt = key / 16, kc = key / 32;
+        for (int64_t i = 0; i < d; i++) {
+            const uint16_t kb = kr != NULL ? f32_to_bf16(kr[i]) : 0, vb = vr != NULL ? f32_to_bf16(vr[i]) : 0;
+            kp[2 * ((kt * dch + i / 32) * 256 + (i % 32 / 2) * 16 + key % 16) + i % 2] = kb;
+            vp[2 * ((kc * dt + i / 16) * 256 + (key % 32 / 2) * 16 + i % 16) + key % 2] = vb;
+        }
+    }
+}
+
+typedef struct {
+    uint16_t *qa;  /* Q as A tiles: [row tile][dim chunk][16][32] */
+    float *s;      /* scores [2][AM][AKB]: this block's and the next's */
+    uint16_t *pa;  /* P as A tiles: [row tile][key chunk][16][32] */
+    float *o;      /* [AM][d] */
+    float mx[AM], l[AM];
+    int32_t limit[AM]; /* vector m sees keys < limit (causal: its own position + 1) */
+} Scratch;
+
+/* S for row tile mt against key block kb: 4 C tiles of 16 keys, d / 32 dim chunks. */
+static inline void scores(const Scratch *w, float *s, const uint16_t *kb, int64_t dch, int mt) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t c = 0; c < dch; c++) {
+        _tile_loadd(4, w->qa + (mt * dch + c) * 512, 64);
+        _tile_loadd(5, kb + 2 * (0 * dch + c) * 256, 64);
+        _tile_dpbf16ps(0, 4, 5);
+        _tile_loadd(6, kb + 2 * (1 * dch + c) * 256, 64);
+        _tile_dpbf16ps(1, 4, 6);
+        _tile_loadd(7, kb + 2 * (2 * dch + c) * 256, 64);
+        _tile_dpbf16ps(2, 4, 7);
+        _tile_loadd(5, kb + 2 * (3 * dch + c) * 256, 64);
+        _tile_dpbf16ps(3, 4, 5);
+    }
+    s += mt * 16 * AKB;
+    _tile_stored(0, s, AKB * 4);
+    _tile_stored(1, s + 16, AKB * 4);
+    _tile_stored(2, s + 32, AKB * 4);
+    _tile_stored(3, s + 48, AKB * 4);
+}
+
+/* O[row tile mt][dims 64g .. 64g + 63] += P V for one key block (two key chunks of 32). */
+static inline void weigh(Scratch *w, const uint16_t *vb, int64_t d, int mt, int64_t g) {
+    const int64_t dt = d / 16;
+    float *o = w->o + mt * 16 * d + 64 * g;
+    _tile_loadd(0, o, d * 4);
+    _tile_loadd(1, o + 16, d * 4);
+    _tile_loadd(2, o + 32, d * 4);
+    _tile_loadd(3, o + 48, d * 4);
+    for (int64_t c = 0; c < 2; c++) {
+        const uint16_t *v = vb + 2 * (c * dt + 4 * g) * 256;
+        _tile_loadd(4, w->pa + (mt * 2 + c) * 512, 64);
+        _tile_loadd(5, v, 64);
+        _tile_dpbf16ps(0, 4, 5);
+        _tile_loadd(6, v + 512, 64);
+        _tile_dpbf16ps(1, 4, 6);
+        _tile_loadd(7, v + 1024, 64);
+        _tile_dpbf16ps(2, 4, 7);
+        _tile_loadd(5, v + 1536, 64);
+        _tile_dpbf16ps(3, 4, 5);
+    }
+    _tile_stored(0, o, d * 4);
+    _tile_stored(1, o + 16, d * 4);
+    _tile_stored(2, o + 32, d * 4);
+    _tile_stored(3, o + 48, d * 4);
+}
+
+/* The online softmax over one block's scores (keys t0..t0+63): P as bf16 A tiles, O rescaled. */
+static void softmax_block(Scratch *w, const float *scores_of_block, int64_t t0, int64_t d) {
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (int m = 0; m < AM; m++) {
+        const float *s = scores_of_block + m * AKB;
+        __mmask16 vis[4];
+        __m512 sv[4], best = _mm512_set1_ps(NEG);
+        for (int q = 0; q < 4; q++) {
+            const __m512i key = _mm512_add_epi32(lane, _mm512_set1_epi32((int)(t0 + 16 * q)));
+            vis[q] = _mm512_cmplt_epi32_mask(key, _mm512_set1_epi32(w->limit[m]));
+            sv[q] = _mm512_loadu_ps(s + 16 * q);
+            best = _mm512_mask_max_ps(best, vis[q], best, sv[q]);
+        }
+        const float new_max = fmaxf(w->mx[m], _mm512_reduce_max_ps(best));
+        const float alpha = _mm512_cvtss_f32(exp2_ps(_mm512_set1_ps(w->mx[m] - new_max)));
+        w->mx[m] = new_max;
+        __m512 pv[4], sum = _mm512_setzero_ps();
+        for (int q = 0; q < 4; q++) {
+            pv[q] = _mm512_maskz_mov_ps(vis[q], exp2_ps(_mm512_sub_ps(sv[q], _mm512_set1_ps(new_max))));
+            sum = _mm512_add_ps(sum, pv[q]);
+        }
+        w->l[m] = w->l[m] * alpha + _mm512_reduce_add_ps(sum);
+        uint16_t *pa = w->pa + (m / 16 * 2) * 512 + (m % 16) * 32;
+        _mm512_storeu_si512(pa, (__m512i)_mm512_cvtne2ps_pbh(pv[1], pv[0]));
+        _mm512_storeu_si512(pa + 512, (__m512i)_mm512_cvtne2ps_pbh(pv[3], pv[2]));
+        if (alpha == 1.f) continue; /* the running max held: most rows of most blocks past the first few */
+        float *o = w->o + m * d;
+        const __m512 a = _mm512_set1_ps(alpha);
+        for (int64_t i = 0; i < d; i += 16) _mm512_storeu_ps(o + i, _mm512_mul_ps(a, _mm512_loadu_ps(o + i)));
+    }
+}
+
+static void run_task(const Packed *pk, const Task *task, Scratch *w) {
+    const Problem *p = pk->p;
+    const int64_t b = task->b, kvh = task->kvh, r0 = task->r0, g = p->g, d = p->d, dch = d / 32;
+    const int64_t q_len = p->cu_q[b + 1] - p->cu_q[b], k_len = keys_of(p, b);
+    const int64_t nvec = (task->r1 - r0) * g, pos0 = k_len - q_len + r0;
+    const int64_t key_end = p->causal ? pos0 + (task->r1 - r0) : k_len;
+    const float qscale = p->scale * LOG2E;
+    for (int64_t m = 0; m < AM; m++) {
+        const int64_t row = m < nvec ? m / g : 0; /* padding vectors repeat row 0's keys; never written */
+        w->limit[m] = (int32_t)(p->causal ? pos0 + row + 1 : k_len);
+        w->mx[m] = NEG, w->l[m] = 0.f;
+        uint16_t *qa = w->qa + (m / 16 * dch) * 512 + (m % 16) * 32;
+        if (m >= nvec) {
+            for (int64_t i = 0; i < d; i++) qa[i / 32 * 512 + i % 32] = 0;
+            continue;
+        }
+        const float *qm = p->q + ((p->cu_q[b] + r0 + m / g) * p->heads + kvh * g + m % g) * d;
+        for (int64_t i = 0; i < d; i++) qa[i / 32 * 512 + i % 32] = f32_to_bf16(qscale * qm[i]);
+    }
+    memset(w->o, 0, sizeof(float) * AM * d);
+    const uint16_t *base = (const uint16_t *)(pk->packs + pk->pack_at[b * p->hkv + kvh] * AKB * d);
+    /* the next block's scores go to the tiles before this block's softmax, so the two overlap */
+    const int64_t bstride = 2 * AKB * d; /* u16 per packed block */
+    scores(w, w->s, base, dch, 0);
+    scores(w, w->s, base, dch, 1);
+    for (int64_t t0 = 0, j = 0; t0 < key_end; t0 += AKB, j++) {
+        float *s = w->s + (j % 2) * AM * AKB;
+        if (t0 + AKB < key_end) {
+            scores(w, w->s + ((j + 1) % 2) * AM * AKB, base + (j + 1) * bstride, dch, 0);
+            scores(w, w->s + ((j + 1) % 2) * AM * AKB, base + (j + 1) * bstride, dch, 1);
+        }
+        softmax_block(w, s, t0, d);
+        const uint16_t *vb = base + j * bstride + AKB * d;
+        for (int mt = 0; mt < 2; mt++)
+            for (int64_t gq = 0; gq < d / 64; gq++) weigh(w, vb, d, mt, gq);
+    }
+    for (int64_t m = 0; m < nvec; m++) {
+        float *o = p->out + ((p->cu_q[b] + r0 + m / g) * p->heads + kvh * g + m % g) * d;
+        const float inv = 1.f / w->l[m];
+        for (int64_t i = 0; i < d; i++) o[i] = w->o[m * d + i] * inv;
+    }
+}
+
+/* Which (sequence, KV head, block) the flat pack item i is: binary search over the per-sequence starts. */
+static void pack_item(const Packed *pk, const int64_t *seq_start, int64_t batch, int64_t i, float *stage) {
+    int64_t lo = 0, hi = batch - 1;
+    while (lo < hi) {
+        const int64_t mid = (lo + hi + 1) / 2;
+        if (seq_start[mid] <= i) lo = mid;
+        else hi = mid - 1;
+    }
+    const int64_t nkb = blocks_of(keys_of(pk->p, lo)), local = i - seq_start[lo];
+    pack_block(pk, lo, local / nkb, local % nkb, stage);
+}
+
+static int run(const Problem *p, int64_t batch) {
+    if (!amx_ready()) return 3;
+    const int64_t d = p->d;
+    int64_t *seq_start = malloc(sizeof(int64_t) * (size_t)(batch + 1)), *pack_at = malloc(sizeof(int64_t) * (size_t)(batch * p->hkv + 1));
+    int64_t num_tasks = 0;
+    Task *tasks = plan_tasks(p, batch, AM / p->g, &num_tasks);
+    int64_t total = 0;
+    if (seq_start != NULL && pack_at != NULL)
+        for (int64_t b = 0; b < batch; b++) {
+            seq_start[b] = total * p->hkv;
+            for (int64_t h = 0; h < p->hkv; h++) pack_at[b * p->hkv + h] = total * p->hkv + h * blocks_of(keys_of(p, b));
+            total += blocks_of(keys_of(p, b));
+        }
+    static _Thread_local AmxBuffer packs;
+    const Packed pk = {p, pack_at, amx_buffer(&packs, sizeof(uint32_t) * (size_t)(total * p->hkv * AKB * d + 1))};
+    int status = seq_start == NULL || pack_at == NULL || tasks == NULL || pk.packs == NULL ? 2 : 0;
+    if (status == 0) {
+#pragma omp parallel
+        {
+            Scratch w;
+            float *stage = malloc(sizeof(float) * 2 * MAX_D);
+            w.qa = aligned_alloc(64, 2 * AM * MAX_D), w.pa = aligned_alloc(64, 2 * AM * AKB);
+            w.s = aligned_alloc(64, 2 * 4 * AM * AKB), w.o = aligned_alloc(64, 4 * AM * MAX_D);
+            const int ok = stage != NULL && w.qa != NULL && w.pa != NULL && w.s != NULL && w.o != NULL;
+            if (!ok) {
+#pragma omp atomic write
+                status = 2;
+            }
+#pragma omp for schedule(dynamic, 4)
+            for (int64_t i = 0; i < total * p->hkv; i++)
+                if (ok) pack_item(&pk, seq_start, batch, i, stage);
+            if (ok) amx_configure();
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t i = 0; i < num_tasks; i++)
+                if (ok) run_task(&pk, &tasks[i], &w);
+            if (ok) _tile_release();
+            free(stage), free(w.qa), free(w.pa), free(w.s), free(w.o);
+        }
+    }
+    free(seq_start), free(pack_at), free(tasks);
+    return status;
+}
+#endif
+
+/* paged_prefill_attention_f32's arguments and returns (0; 1 bad sizes; 2 out of memory), and 3 where this
+ * build or process has no AMX; head_dim must be a multiple of 64 here, a GQA group at most 32 heads. */
+int paged_prefill_attention_amx(const float *q, const float *k, const float *v, const void *k_cache,
+                                const void *v_cache, const int32_t *block_tables, const int32_t *cu_q,
+                                const int32_t *cu_k, const int32_t *prefix_lens, float *out, int64_t batch,
+                                int64_t heads, int64_t hkv, int64_t d, int64_t bs, int64_t max_blocks, float scale,
+                                int causal, int kv_kind, const float *k_scale, const float *v_scale) {
+    if (hkv <= 0 || heads % hkv || d <= 0 || d % 64 || d > MAX_D || bs <= 0 || heads / hkv > AM) return 1;
+    if (!kv_kind_known(kv_kind) || (kv_quantized(kv_kind) && (k_scale == NULL || v_scale == NULL))) return 1;
+    if (!kv_quantized(kv_kind)) k_scale = v_scale = NULL;
+#if defined(CPU_AMX)
+    const Problem p = {q, k, v, k_cache, v_cache, k_scale, v_scale, block_tables, cu_q, cu_k, prefix_lens, out,
+                       heads, hkv, d, bs, max_blocks, heads / hkv, scale, causal, kv_kind};
+    return run(&p, batch);
+#else
+    (void)q, (void)k, (void)v, (void)k_cache, (void)v_cache, (void)block_tables, (void)cu_q, (void)cu_k;
+    (void)prefix_lens, (void)out, (void)batch, (void)max_blocks, (void)scale, (void)causal;
+    return 3;
+#endif
+}
+
+int amx_available(void) { return amx_usable(); }
+
+const char *cpu_kernel_isa(void) { return cpu_isa_name(); }

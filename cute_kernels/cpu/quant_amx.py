@@ -1,0 +1,55 @@
+"""Quantized linears on AMX tiles (csrc/cpu_quant_amx.c, built by build.py): grouped Q4_0, Q4_1 and Q8_0
+weights (row_groups.py) dequantized a 32-column panel at a time to bf16 and multiplied by TDPBF16PS
+against bf16 activations, fp32 sums. quant_gemm.choose_path sends prefill row counts here on CPUs with
+AMX; the oracle in the tests is the fp32 product with the dequantized weight (quant_blocks.dequantize).
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+
+from cute_kernels.cpu import build, row_groups
+from cute_kernels.cpu.quant_blocks import TYPE_IDS
+
+_P, _I, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+
+
+def _library() -> tuple[ctypes.CDLL | None, str | None]:
+    return build.load_with_signatures("cpu_quant_amx", {
+        "quant_linear_amx": ([_P, _P, _C, _P, _P, _I, _I, _I, _C], _C),
+        "amx_available": ([], _C)})
+
+
+@functools.cache  # per route: asks the kernel for the tile state once
+def _available(route: str | None) -> bool:
+    lib = _library()[0]
+    return lib is not None and lib.amx_available() == 1
+
+
+def available() -> bool:
+    """This build has the AMX route and the kernel lets this process use the tile registers."""
+    return "amx_bf16" in build.cpu_flags() and _available(build.active_route())
+
+
+def reads(type_name: str) -> bool:
+    return type_name in row_groups.BASE
+
+
+def amx_linear(x: torch.Tensor, blocks: torch.Tensor, type_name: str, bias: torch.Tensor | None,
+               threads: int) -> torch.Tensor:
+    """x [rows, k] float32 contiguous @ W^T (+ bias, float32 contiguous) for a grouped weight's blocks."""
+    m, k = x.shape
+    y = torch.empty(m, blocks.shape[0])
+    rc = _library()[0].quant_linear_amx(x.data_ptr(), blocks.data_ptr(), TYPE_IDS[type_name],
+                                        None if bias is None else bias.data_ptr(), y.data_ptr(), m,
+                                        blocks.shape[0], k, threads)
+    if rc == 1:
+        raise ValueError(f"the AMX linear reads whole 8-row groups of {', '.join(row_groups.BASE)}, not "
+                         f"{type_name} with {blocks.shape[0]} rows")
+    if rc == 2:
+        raise MemoryError("quant_linear_amx could not allocate its buffers")
+    if rc == 3:
+        raise RuntimeError("this build or process has no AMX tiles")
+    return y

@@ -1,0 +1,90 @@
+"""The AMX quantized linear (csrc/cpu_quant_amx.c) against the float64 product of its bf16 operands, and where
+quant_gemm sends rows to it. The kernel tests skip on a CPU without AMX-BF16 (with that reason); the route
+tests run everywhere.
+
+Tolerance: the kernel rounds x and each dequantized weight (quant_blocks.dequantize's fp32 value) to bf16,
+as the reference does, and every bf16 x bf16 product is exact in fp32; they differ only by fp32 summation,
+at most k * 2^-24 * sum_j |x_j w_j| per output. One misplaced nibble, lane, pair or panel edge moves an
+output by O(|x_j w_j|), far above it.
+"""
+import pytest
+import torch
+
+from cute_kernels.cpu import build, quant_amx
+from cute_kernels.cpu import quant_gemm as qg
+from cute_kernels.cpu import row_groups as rg
+from cute_kernels.cpu.quant_blocks import dequantize
+from tests.cute_kernels.cpu.test_cpu_quant_gemm import gguf_blocks
+
+TYPES = ("Q4_0", "Q4_1", "Q8_0")
+# (rows, n, k): panel edges in n (40: one whole and one partial panel), row blocks (33: a tile and a row),
+# k from one block up to the default model's down projection
+SHAPES = [(32, 32, 32), (33, 40, 64), (1, 8, 96), (100, 576, 576), (64, 192, 1536), (257, 968, 160)]
+
+
+@pytest.fixture
+def amx():
+    if not quant_amx.available():
+        pytest.skip("this CPU or process has no AMX-BF16 tiles" if "amx_bf16" not in build.cpu_flags()
+                    else f"AMX library: {quant_amx._library()[1] or 'tile state refused'}")
+
+
+def bf16_reference(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    xd, wd = x.bfloat16().double(), w.bfloat16().double()
+    want = xd @ wd.T + (0 if bias is None else bias.double())
+    return want.float(), (x.shape[1] * 2.0**-24 * (xd.abs() @ wd.abs().T)).float() + 1e-30
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+@pytest.mark.parametrize("m,n,k", SHAPES)
+def test_matches_the_bf16_product_of_the_dequantized_weight(type_name, m, n, k, amx):
+    g = torch.Generator().manual_seed(m * 7 + n + k)
+    blocks = gguf_blocks(torch.randn(n, k, generator=g) * 0.1, type_name)
+    grouped, x = rg.group(blocks, type_name), torch.randn(m, k, generator=g) * 3
+    bias = torch.randn(n, generator=g) if m % 2 else None
+    got = quant_amx.amx_linear(x, grouped, rg.GROUPED[type_name], bias, 2)
+    want, bound = bf16_reference(x, dequantize(blocks, type_name, k), bias)
+    slack = 0 if bias is None else 1e-6 * bias.abs()
+    assert ((got - want).abs() <= bound + slack).all()
+
+
+def test_extreme_scales_and_values_stay_exact(amx):
+    """Every nibble / int8 value, the fp16 scales' extremes (and a zero scale) in one weight."""
+    k, n = 64, 48
+    g = torch.Generator().manual_seed(3)
+    for type_name in TYPES:
+        blocks = gguf_blocks(torch.randn(n, k, generator=g), type_name)
+        values = blocks.view(n, k // 32, -1)
+        head = 4 if type_name == "Q4_1" else 2
+        values[..., head:] = torch.randint(0, 256, values[..., head:].shape, generator=g, dtype=torch.uint8)
+        scales = torch.tensor([6.0e4, 6.1e-5, 0.0, -1.5], dtype=torch.float16).view(torch.uint8).view(-1, 2)
+        values[:4, 0, :2] = scales
+        x = torch.randn(40, k, generator=g)
+        got = quant_amx.amx_linear(x, rg.group(blocks, type_name), rg.GROUPED[type_name], None, 2)
+        want, bound = bf16_reference(x, dequantize(blocks, type_name, k), None)
+        assert ((got - want).abs() <= bound).all(), type_name
+
+
+def test_quant_linear_sends_prefill_rows_of_grouped_weights_here(amx, monkeypatch):
+    assert [qg.choose_path("Q4_1_R8", r) for r in (qg.AMX_MIN_ROWS - 1, qg.AMX_MIN_ROWS)] == ["tiles", "amx"]
+    assert qg.choose_path("Q4_1", 512) != "amx"  # the file's layout: the packer reads groups
+    assert qg.choose_path("Q4_1_R8", 512, allow_dequant=False) == "tiles"  # --deterministic: one rounding
+    calls = []
+    monkeypatch.setattr(quant_amx, "amx_linear", lambda *a: calls.append(a) or torch.zeros(a[0].shape[0], 8))
+    blocks = rg.group(gguf_blocks(torch.randn(8, 64), "Q4_1"), "Q4_1")
+    qg.quant_linear(torch.randn(40, 64), blocks, "Q4_1_R8")
+    assert len(calls) == 1
+
+
+def test_routes_without_amx_never_choose_it(cpu_route):
+    if cpu_route == "avx512-vnni" and "amx_bf16" in build.cpu_flags():
+        assert quant_amx.available()  # the native build on an AMX CPU must not silently lose the tiles
+        return
+    assert not quant_amx.available() and qg.choose_path("Q4_1_R8", 4096) != "amx"
+    with pytest.raises(RuntimeError, match="no AMX"):
+        quant_amx.amx_linear(torch.randn(32, 32), torch.zeros(8, 20, dtype=torch.uint8), "Q4_1_R8", None, 1)
+
+
+def test_wrong_shapes_are_refused(amx):
+    with pytest.raises(ValueError, match="whole 8-row groups"):
+        quant_amx.amx_linear(torch.randn(32, 32), torch.zeros(8, 20, dtype=torch.uint8), "Q4_1", None, 1)
