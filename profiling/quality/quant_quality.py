@@ -32,6 +32,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from cute_kernels.cpu import quant_gemm  # noqa: E402
 from profiling.common.executable_arg import executable  # noqa: E402
 from profiling.common.report_files import OUT, make_parents  # noqa: E402
 from profiling.common.workloads import TEXT  # noqa: E402
@@ -43,7 +44,8 @@ from weights.quantized import QuantizedTensor  # noqa: E402
 
 PPL_TARGET, LLAMA_CPP_TARGET = 0.02, 0.99
 BLOCK = 16
-CHUNK = 64  # tokens per step; under cute_kernels.cpu.quant_gemm.DEQUANT_MIN_ROWS
+# tokens per step: under quant_gemm.AMX_MIN_ROWS and DEQUANT_MIN_ROWS, so every host takes the int8 paths
+CHUNK = min(64, quant_gemm.AMX_MIN_ROWS - 1, quant_gemm.DEQUANT_MIN_ROWS - 1)
 # top-1 agreement is also reported where the reference's top two logits lie further apart than this: a near tie
 # flips with any change in the order of float32 sums (llama.cpp against itself with flash attention: 93.4% at
 # all 512 positions, 99.5% at the 393 clear ones; profiling/quality/llama_cpp_emulation.py)
@@ -78,9 +80,9 @@ def paths(tensors: dict, device: torch.device) -> list[tuple[str, str | None, to
 
 def all_logits(cfg, tensors: dict, quantization: str | None, ids: list[int], edit=None,
                kv_dtype: torch.dtype | None = None, weight_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """Every position's logits, fed CHUNK tokens per step: below the quantized linear's
-    DEQUANT_MIN_ROWS, so each product takes its decode path (int8 activations), the one that differs
-    most from float; a long prefill would take the dequantized-weight path instead. edit(model), when
+    """Every position's logits, fed CHUNK tokens per step: below the quantized linear's AMX_MIN_ROWS
+    and DEQUANT_MIN_ROWS, so each product takes its decode path (int8 activations), the one that differs
+    most from float; a long prefill would take the AMX or dequantized-weight path (bf16/fp32) instead. edit(model), when
     given, changes the built model before it runs (profiling/quality/fp8_quality_sweep.py swaps linears); kv_dtype:
     the KV cache's (None: float32), read by the chunks' prefill attention over the cached prefix."""
     blocks = math.ceil(len(ids) / BLOCK)
