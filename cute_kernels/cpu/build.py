@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CSRC = Path(__file__).parent / "csrc"
+SOURCE_DIRS = (CSRC, CSRC / "amx")  # amx/: the kernels on the AMX tiles; their sources #include csrc's headers
 # -ffast-math lets loops use glibc's vector expf (libmvec). It is given to the compile step only:
 # linked with it, GCC adds crtfastmath.o, which would flush denormals for the whole process.
 COMPILE_FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math", "-fPIC", "-std=c11"]
@@ -111,8 +112,9 @@ def _compiler_version(compiler: str) -> str:
 
 def _build(source: Path, compiler: str, extra_flags: tuple[str, ...] = (), link_flags: tuple[str, ...] = ()) -> Path:
     version = _compiler_version(compiler)
-    compile_flags, link = [*COMPILE_FLAGS, *extra_flags], [*LINK_FLAGS, *link_flags]
-    headers = [h.read_text() for h in sorted(source.parent.glob("*.h"))]  # what a source may #include
+    compile_flags, link = [*COMPILE_FLAGS, f"-I{CSRC}", *extra_flags], [*LINK_FLAGS, *link_flags]
+    dirs = dict.fromkeys((source.parent, *SOURCE_DIRS))  # what a source may #include
+    headers = [h.read_text() for d in dirs for h in sorted(d.glob("*.h"))]
     key = hashlib.sha256("\0".join([source.read_text(), *headers, compiler, version, *compile_flags, *link,
                                     _cpu_signature()]).encode())
     target = cache_dir() / f"{source.stem}-{key.hexdigest()[:16]}.so"
@@ -168,7 +170,7 @@ def _load(name: str, extra_flags: tuple[str, ...], link_flags: tuple[str, ...]) 
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         return None, "no C compiler found (set CC)"
-    source = CSRC / f"{name}.c"
+    source = next((d / f"{name}.c" for d in SOURCE_DIRS if (d / f"{name}.c").exists()), CSRC / f"{name}.c")
     try:
         lib = ctypes.CDLL(str(_build(source, compiler, extra_flags, link_flags)))
     except subprocess.CalledProcessError as exc:

@@ -1,4 +1,4 @@
-"""Quantized linears on AMX tiles (csrc/cpu_quant_amx.c, built by build.py): grouped Q4_0, Q4_1 and Q8_0
+"""Quantized linears on AMX tiles (csrc/amx/cpu_quant_amx.c, built by build.py): grouped Q4_0, Q4_1 and Q8_0
 weights (row_groups.py) dequantized a 32-column panel at a time to bf16 and multiplied by TDPBF16PS
 against bf16 activations, fp32 sums. quant_gemm.choose_path sends prefill row counts here on CPUs with
 AMX; the oracle in the tests is the fp32 product with the dequantized weight (quant_blocks.dequantize).

@@ -22,7 +22,7 @@ def test_editing_an_included_header_builds_a_new_library(tmp_path, monkeypatch):
     assert build._build(src / "a.c", compiler) != first
 
 
-LIBRARIES = sorted(p.stem for p in build.CSRC.glob("cpu_*.c"))
+LIBRARIES = sorted(p.stem for d in build.SOURCE_DIRS for p in d.glob("cpu_*.c"))
 # What makes a compiler target each route on any x86 machine, whatever -march=native found here.
 TARGET_FLAGS = {"avx512-vnni": ("-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512vl", "-mavx512vnni"),
                 "avx2": ("-mavx2", "-mfma", "-mf16c", *build.ROUTES["avx2"].flags),

@@ -1,4 +1,4 @@
-"""The AMX prefill attention (csrc/cpu_prefill_attention_amx.c) against the torch reference on the values it
+"""The AMX prefill attention (csrc/amx/cpu_prefill_attention_amx.c) against the torch reference on the values it
 multiplies, and when prefill_attention_cpu takes it. Kernel tests skip on a CPU without AMX-BF16.
 
 Oracle and tolerance: the kernel rounds q * scale * log2(e), k and v (a cache row after dequantizing) to

@@ -1,4 +1,4 @@
-"""The AMX quantized linear (csrc/cpu_quant_amx.c) against the float64 product of its bf16 operands, and where
+"""The AMX quantized linear (csrc/amx/cpu_quant_amx.c) against the float64 product of its bf16 operands, and where
 quant_gemm sends rows to it. The kernel tests skip on a CPU without AMX-BF16 (with that reason); the route
 tests run everywhere.
 
