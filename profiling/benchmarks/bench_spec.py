@@ -112,8 +112,10 @@ def main() -> None:
         args.max_tokens, args.reps, args.batches = 8, 1, "2"
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
     cfg, tensors, tok, _ = load_model(None)
+    # prefix caching off: every prompt runs again for off and each proposer, and a cache hit would hide its
+    # prefill from whichever run came later (and round its rows otherwise on AMX hosts: step_rows.py)
     engine = build_engine(EngineConfig(device="cpu", kv_cache_memory=512 << 20, log_ledger=False,
-                                       num_speculative_tokens=4), cfg, tensors, tok)
+                                       num_speculative_tokens=4, enable_prefix_caching=False), cfg, tensors, tok)
     tap = engine.runner = HiddenTap(engine.runner, engine.model_runner)
     heads = {k: getattr(args, k) for k in args.heads.split(",") if k}
     make = proposers(engine, cfg, tap, heads)

@@ -9,6 +9,9 @@ import torch
 from cute_kernels.cpu.quant_blocks import dequantize_rows
 from cute_kernels.cpu.quant_gemm import choose_path, gemv_layout, quant_linear, supports
 from runtime.model.linear import tensor_bytes
+from runtime.model.step_rows import leading_decode_rows
+
+ROUNDS_BY_COMPANY = ("amx", "dequant")  # quant_gemm routes whose row bits differ from the int8 ones
 
 
 def block_linear_supports(type_name: str, rows: int, cols: int, device: torch.device, dtype: torch.dtype) -> bool:
@@ -29,8 +32,18 @@ class BlockQuantLinear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
-        path = None if self.allow_dequant else choose_path(self.type_name, rows.shape[0], allow_dequant=False)
-        return quant_linear(rows, self.blocks, self.type_name, self.bias, path).reshape(*x.shape[:-1], -1)
+        return self._rows(rows, leading_decode_rows(rows.shape[0])).reshape(*x.shape[:-1], -1)
+
+    def _rows(self, rows: torch.Tensor, decode: int) -> torch.Tensor:
+        """The product, its leading `decode` rows (step_rows.py) on a route that gives a row the same bits
+        in any company, as --deterministic keeps every row; the other rows choose by their own count."""
+        m = rows.shape[0]
+        if not self.allow_dequant or decode == m:
+            return quant_linear(rows, self.blocks, self.type_name, self.bias,
+                                choose_path(self.type_name, m, allow_dequant=False))
+        if decode and choose_path(self.type_name, m) in ROUNDS_BY_COMPANY:
+            return torch.cat([self._rows(rows[:decode], decode), self._rows(rows[decode:], 0)])
+        return quant_linear(rows, self.blocks, self.type_name, self.bias)
 
     def weight_bytes(self) -> int:
         return tensor_bytes(self.blocks, self.bias)

@@ -15,6 +15,7 @@ from torch import nn
 
 import runtime.nvtx as nvtx
 from cute_kernels.kv_quant import KVScales
+from runtime.model import step_rows
 from runtime.model.attention_backend import AttentionBackend
 from runtime.model.attention_batch import AttentionBatch
 from runtime.model.embedding import Embedding
@@ -130,11 +131,13 @@ class LlamaModel(nn.Module):
             return self.decode_step(x, positions, batch, kv_caches)
         residual = None
         cos_sin = self.rope.lookup(positions)
-        for layer, kv in zip(self.layers, kv_caches):
-            x, residual = layer(x, residual, cos_sin, kv, batch, self.backend)
+        with step_rows.decode_rows(batch.num_decode_tokens):
+            for layer, kv in zip(self.layers, kv_caches):
+                x, residual = layer(x, residual, cos_sin, kv, batch, self.backend)
         return self.backend.add_rms_norm(x, residual, self.norm, self.cfg.rms_norm_eps)[0]
 
     @torch.inference_mode()
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Vocabulary logits in float32 for the rows that will be sampled."""
-        return self.head(hidden).float()
+        with step_rows.decode_rows(hidden.shape[0]):  # a sampled row's logits: the same with any company
+            return self.head(hidden).float()

@@ -27,12 +27,13 @@ def test_stream_cut_midway_aborts_and_frees_the_pool(server, monkeypatch):
     monkeypatch.setattr(engine, "step", lambda: (engine.stats.generated_tokens - generated < 4
                                                  or client_gone.wait(30)) and step())
     with httpx.stream("POST", server.url + "/v1/completions", json={**LONG, "stream": True}, timeout=60) as r:
-        events = 0
+        events = []
         for line in r.iter_lines():
-            events += line.startswith("data: ")
-            if events == 2:
+            if line.startswith("data: "):
+                events.append(line)
+            if len(events) == 2:
                 break
-        assert engine.pool.num_used > 0
+        assert engine.pool.num_used > 0, (events, engine.stats.finished)
     # the connection is closed here, mid-stream
     client_gone.set()
     server.wait_idle(timeout=5)

@@ -1,0 +1,19 @@
+"""The AMX quantized linear's rounding on any CPU, for tests of which rows reach it: x and the
+dequantized weight rounded to bf16 and multiplied exactly (float64, then float32), as the kernel does but
+for its fp32 summation order (test_quant_amx.py holds the kernel to this on AMX hosts)."""
+import torch
+
+from cute_kernels.cpu import quant_amx, quant_gemm
+
+
+def emulated_amx_linear(x: torch.Tensor, blocks: torch.Tensor, type_name: str, bias: torch.Tensor | None,
+                        threads: int) -> torch.Tensor:
+    w = quant_gemm.dequantize_c(blocks, type_name, x.shape[1])
+    y = x.bfloat16().double() @ w.bfloat16().double().T
+    return (y if bias is None else y + bias.double()).float()
+
+
+def emulate_amx(monkeypatch) -> None:
+    """quant_gemm routes rows to the AMX linear as on an AMX host, which runs emulated_amx_linear."""
+    monkeypatch.setattr(quant_amx, "available", lambda: True)
+    monkeypatch.setattr(quant_amx, "amx_linear", emulated_amx_linear)

@@ -1,0 +1,51 @@
+"""Decode rows keep their bits whatever shares the step (runtime/model/step_rows.py), also where prefill
+rows take a route that rounds otherwise (the AMX tiles, emulated here so that every host runs this)."""
+import pytest
+import torch
+
+from cute_kernels.cpu import quant_gemm, row_groups
+from runtime.accel.block_linear import BlockQuantLinear
+from runtime.build import make_runner
+from runtime.model.step_rows import decode_rows
+from runtime.sequence import SeqChunk
+from tests.amx_emulation import emulate_amx, emulated_amx_linear
+from tests.cute_kernels.cpu.test_cpu_quant_gemm import gguf_blocks
+from tests.tiny_engine import tiny_weights
+
+
+@pytest.fixture
+def amx(monkeypatch):
+    linear = BlockQuantLinear("Q4_1", gguf_blocks(torch.randn(96, 64, generator=torch.Generator().manual_seed(0)), "Q4_1"))
+    if linear.type_name not in row_groups.GROUPED.values():
+        pytest.skip(f"this build keeps the file's layout ({quant_gemm.isa()}), which the AMX route does not read")
+    emulate_amx(monkeypatch)
+    return linear
+
+
+def test_decode_rows_take_the_lone_row_route_and_the_rest_choose_by_their_own_count(amx):
+    x = torch.randn(48, 64, generator=torch.Generator().manual_seed(1))
+    alone = torch.cat([amx(x[i:i + 1]) for i in range(8)])
+    with decode_rows(8):
+        mixed = amx(x)  # 8 decode rows beside 40 prefill rows: those take the tiles
+        short = amx(x[:30])  # beside 22: fewer than AMX_MIN_ROWS, the int8 GEMM
+    assert torch.equal(mixed[:8], alone) and torch.equal(short[:8], alone)
+    assert torch.equal(mixed[8:], emulated_amx_linear(x[8:], amx.blocks, amx.type_name, None, 1))
+    assert torch.equal(short[8:], amx(x[8:30]))
+    assert torch.equal(amx(x), emulated_amx_linear(x, amx.blocks, amx.type_name, None, 1))  # no step: by count
+    assert not torch.equal(amx(x)[:8], alone)  # the emulated tiles do round otherwise
+    with decode_rows(48):
+        assert torch.equal(amx(x)[:8], alone)
+
+
+def test_a_verify_chunks_logits_do_not_depend_on_what_shares_its_step(amx):
+    """8 chunks of 5 tokens to verify (all sampled: decode rows) make 40 rows, past AMX_MIN_ROWS; beside
+    them a 33-token prefill chunk. Each verify chunk's logits are those it gets alone (5 rows). A vocabulary
+    of whole 8-row groups, so the LM head could take the tiles too."""
+    cfg, tensors = tiny_weights(vocab_size=264)
+    runner, _ = make_runner(cfg, tensors, 4 << 20, backend="torch", quantization="q4")
+    g = torch.Generator().manual_seed(2)
+    verify = [SeqChunk(torch.randint(0, 200, (5,), generator=g).tolist(), 0, [i], num_logits=5) for i in range(8)]
+    prefill = SeqChunk(torch.randint(0, 200, (33,), generator=g).tolist(), 0, [8, 9, 10], num_logits=1)
+    alone = torch.cat([runner.run([c]) for c in verify])
+    assert torch.equal(runner.run(verify), alone)
+    assert torch.equal(runner.run([prefill, *verify])[1:], alone)
