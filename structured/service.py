@@ -8,9 +8,12 @@ Requests asking for the same structure at once share one compile. Workers fork f
 that has imported xgrammar once, so a replacement starts in ~50 ms."""
 from __future__ import annotations
 
+import atexit
 import logging
 import multiprocessing
+import multiprocessing.util  # registers its exit handler now, so that _close_pools (registered later) runs first
 import threading
+import weakref
 from collections.abc import Callable
 from concurrent.futures import CancelledError, Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -114,12 +117,12 @@ class GrammarService:
         pool = self._pool
         return [] if pool is None else list(pool._pool_manager.worker_manager.workers)
 
-    def close(self) -> None:
+    def close(self, wait: float = 0.2) -> None:
         """Kill the workers; whoever waits gets CancelledError. Idempotent. A pool still starting (the
-        warm-up holds the lock for seconds while the forkserver imports) is not waited for: it stops
-        itself once started (submit), so a server exits at once."""
+        warm-up holds the lock for seconds while the forkserver imports) is waited for at most `wait`
+        seconds: past that it stops itself once started (submit), so a server exits at once."""
         self._closed = True
-        if self._lock.acquire(timeout=0.2):
+        if self._lock.acquire(timeout=wait):
             try:
                 self._stop_pool()
             finally:
@@ -146,6 +149,7 @@ class GrammarService:
             info = tokenizer_info(self.tokenizer, self.vocab_size).serialize_json()
             self._pool = pebble.ProcessPool(self.limits.compile_workers, initializer=start_worker, initargs=(info,),
                                             context=_forkserver())
+            _with_pools.add(self)
             if self._governor is not None:
                 self._governor.start()
         return self._pool.schedule(compile_serialized, args=(kind, text), timeout=self.limits.compile_seconds)
@@ -191,6 +195,16 @@ class GrammarService:
             error = GrammarError(f"compiling the {what} failed: the compiler process died ({exc})")
         self.cache.fail(key, error)  # sent again, it fails at once
         return error
+
+
+_with_pools: weakref.WeakSet[GrammarService] = weakref.WeakSet()  # services that started workers
+
+
+@atexit.register
+def _close_pools() -> None:
+    """At exit every pool is stopped: multiprocessing's exit handler would join its idle workers forever."""
+    for service in list(_with_pools):
+        service.close(wait=30)
 
 
 def _forkserver() -> Any:

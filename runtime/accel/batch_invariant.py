@@ -4,7 +4,7 @@ share the call (README, Deterministic inference).
 Block-quantized weights: the GEMV and the tiles GEMM sum each block exactly in integers and add the
 scaled block sums in one order (cute_kernels/cpu/csrc/quant_dot.h), so both routes give a row the same
 bits; only the dequantize + fp32 GEMM route (K-quants and the portable build, from DEQUANT_MIN_ROWS rows)
-sums otherwise, and is not taken. Float weights: oneDNN's packed product gives a row the same bits at
+and the AMX tiles (prefill rows from AMX_MIN_ROWS on CPUs with them) round otherwise, and are not taken. Float weights: oneDNN's packed product gives a row the same bits at
 every row count from 2 on (measured to 1100 rows, any position; test_cpu_linear.py holds it), but takes
 another kernel for 1 row, and F.linear (MKL) changes kernels at several row counts: so every product
 runs packed, a single row padded to 2. Without oneDNN, F.linear at a fixed FIXED_ROWS rows per call.

@@ -4,6 +4,8 @@ real 49k vocabulary, where an ambiguous grammar's masks blow up), and the list o
 xgrammar does not enforce kept true against xgrammar itself."""
 import json
 import os
+import subprocess
+import sys
 import time
 
 import psutil
@@ -264,3 +266,14 @@ def test_the_mask_budgets_reach_each_sequence(ambiguous):
     limits = GrammarLimits(mask_wait_ms=30, mask_cpu_ms=4)
     proc = CompiledStructure.under(limits, ambiguous[0], 0.0).processor([0])
     assert (proc.wait, proc.cpu) == (0.03, 0.004)
+
+
+
+def test_a_process_whose_server_never_closed_its_service_still_exits():
+    """A live server's service (the warm-up compiled on its workers) is not closed when the app goes away;
+    multiprocessing's exit handler joins live workers, so without the service's own handler stopping its
+    pool first a pytest run of one server test waited at exit forever."""
+    test = "tests/runtime/server/test_server_disconnect.py::test_non_streaming_client_timeout_aborts"
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:]
