@@ -43,6 +43,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker("cpu_kernel")
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """A run over many kernel test files builds every library for every route up front, all cores
+    compiling (else one at a time, on first load); a run of a file or two builds only what it loads."""
+    files = {item.path for item in session.items if "cpu_route" in getattr(item, "fixturenames", ())}
+    if len(files) > 3:
+        build.prebuild([r for r in _routes() if build.route_unavailable(r) is None])
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if report.when == "call" and report.passed:
         for key, value in report.user_properties:

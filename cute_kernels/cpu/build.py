@@ -24,6 +24,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,9 +34,10 @@ SOURCE_DIRS = (CSRC, CSRC / "amx")  # amx/: the kernels on the AMX tiles; their 
 # linked with it, GCC adds crtfastmath.o, which would flush denormals for the whole process.
 COMPILE_FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math", "-fPIC", "-std=c11"]
 LINK_FLAGS = ["-shared", "-fopenmp", "-lm"]
-# The sanitizer build: no fast-math, so no finite-math assumption hides what UBSan would see.
+# The sanitizer build: no fast-math, so no finite-math assumption hides what UBSan would see; -O1, the
+# level ASan documents (the instrumented kernels took 81 s to build at -O3 on 2 cores, 33 s at -O1).
 SANITIZE_COMPILE = ("-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer",
-                    "-fno-fast-math", "-g")
+                    "-fno-fast-math", "-g", "-O1")
 SANITIZE_LINK = ("-fsanitize=address,undefined",)
 
 
@@ -139,16 +141,36 @@ def load_with_signatures(name: str, signatures: dict[str, tuple[list, object]]) 
     return lib, reason
 
 
+def _route_flags(route: str | None) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(compile, link) flags beyond the defaults for a route (None: -march=native) in this process."""
+    flags = () if route is None else ROUTES[route].flags
+    return ((*flags, *SANITIZE_COMPILE), SANITIZE_LINK) if _SANITIZED else (flags, ())
+
+
 def load(name: str) -> tuple[ctypes.CDLL | None, str | None]:
     """(library, None) for csrc/<name>.c built for the active route, built if needed; (None, reason) where
     it cannot be."""
     route = _active_route[0]
     if route is not None and (reason := route_unavailable(route)):
         return None, reason
-    flags = () if route is None else ROUTES[route].flags
-    if _SANITIZED:
-        return _load(name, (*flags, *SANITIZE_COMPILE), SANITIZE_LINK)
-    return _load(name, flags, ())
+    return _load(name, *_route_flags(route))
+
+
+def prebuild(routes: list[str | None], jobs: int | None = None) -> None:
+    """Builds every library for each route into the cache, `jobs` compiles at a time (each a process of
+    its own), so the loads that follow find them built; a failed build is left for its load to report."""
+    compiler = _compiler()
+    if compiler is None:
+        return
+    sources = [p for d in SOURCE_DIRS for p in sorted(d.glob("*.c"))]
+    with ThreadPoolExecutor(jobs or os.cpu_count() or 1) as pool:
+        for done in [pool.submit(_build, src, compiler, *_route_flags(r)) for r in routes for src in sources]:
+            with contextlib.suppress(subprocess.CalledProcessError):
+                done.result()
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
 
 def loaded_routes() -> dict[str, str]:
@@ -167,7 +189,7 @@ def isa(lib: ctypes.CDLL) -> str:
 def _load(name: str, extra_flags: tuple[str, ...], link_flags: tuple[str, ...]) -> tuple[ctypes.CDLL | None, str | None]:
     if os.environ.get("CUTE_SERVE_CPU_KERNELS", "1") == "0":
         return None, "disabled by CUTE_SERVE_CPU_KERNELS=0"
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    compiler = _compiler()
     if compiler is None:
         return None, "no C compiler found (set CC)"
     source = next((d / f"{name}.c" for d in SOURCE_DIRS if (d / f"{name}.c").exists()), CSRC / f"{name}.c")

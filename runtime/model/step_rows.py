@@ -1,11 +1,6 @@
-"""Which rows of a linear's input are decode rows, for kernels that pick their route by row count.
-
-A decode (or draft-verify) row's logits must not depend on what shares its step: greedy output with
-speculation, or beside a prefill, is then the output without. Most CPU routes give a row the same bits
-at any row count; the AMX tiles (quant_gemm.choose_path) round otherwise, so a linear that can take
-them sends these rows down the decode route and only the rest, prefill chunk rows, to the tiles.
-The model sets the count around its forward (the decode rows lead the step, AttentionBatch) and around
-the LM head (every sampled row)."""
+"""The step's decode rows, for kernels that route by row count: a decode or verify row's logits must not
+depend on its company (greedy speculation = no speculation). The AMX tiles round otherwise
+(quant_gemm.choose_path), so a linear sends these rows, which lead the step, down the decode route."""
 from __future__ import annotations
 
 import contextlib

@@ -20,6 +20,15 @@ from cute_kernels.cpu import build
 from tests.paths import REPO
 
 COMPILER = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+KERNEL_TEST_DIRS = ("tests/cute_kernels/cpu", "tests/runtime/accel")  # where the cpu_kernel tests live
+
+
+def test_every_kernel_test_lives_where_the_sanitizer_run_looks():
+    """The run below collects only these folders (collecting all of tests/ costs ~30 s): a C kernel test
+    (one that takes conftest's cpu_route) anywhere else would silently escape the sanitizers."""
+    users = {p.relative_to(REPO).as_posix() for p in (REPO / "tests").rglob("*.py")
+             if "cpu_route" in p.read_text(encoding="utf-8") and p.name != "conftest.py" and p != Path(__file__)}
+    assert users and all(u.startswith(KERNEL_TEST_DIRS) for u in users), sorted(users)
 
 
 def sanitizer_env(tmp: Path) -> dict[str, str]:
@@ -57,8 +66,11 @@ def test_kernel_tests_pass_under_asan_and_ubsan(tmp_path):
     best = next(r for r in build.ROUTES if build.route_unavailable(r) is None)
     routes = best if best == "portable-c" else f"{best},portable-c"
     env = {**sanitizer_env(tmp_path), "CUTE_SERVE_TEST_ROUTES": routes}
+    prebuild = f"from cute_kernels.cpu import build; build.prebuild({routes.split(',')!r})"  # both cores compile
+    subprocess.run([sys.executable, "-c", prebuild], cwd=REPO, env={k: v for k, v in env.items() if k != "LD_PRELOAD"},
+                   check=True, timeout=900)
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "cpu_kernel and not slow",
-                          "tests/"], cwd=REPO, env=env, capture_output=True, text=True, timeout=1500)
+                          *KERNEL_TEST_DIRS], cwd=REPO, env=env, capture_output=True, text=True, timeout=1500)
     tail = (run.stdout + run.stderr)[-3000:] + reports(tmp_path)[:4000]
     assert run.returncode == 0, tail
     assert " passed" in run.stdout and "CPU kernel routes run per test file" in run.stdout, tail
