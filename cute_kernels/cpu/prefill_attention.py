@@ -5,9 +5,10 @@ rows over [paged prefix ; new keys], bottom-right causal alignment. Where the C 
 built the reason is in `unavailable_reason()` and callers keep the torch reference.
 
 On CPUs with AMX-BF16, csrc/amx/cpu_prefill_attention_amx.c runs the same contract on the tiles with Q, K, V and
-the softmax weights rounded to bf16 (fp32 sums). It is taken (use_amx) only where the KV cache holds bf16 or
-8-bit values, the CPU default (runtime/device.py): there the keys and values were rounded already, and a
-float32 cache keeps the fp32 kernel's precision.
+the softmax weights rounded to bf16 (fp32 sums); on CPUs with AVX-512 BF16 but no AMX, the same code on
+vdpbf16ps. One of them is taken (bf16_kernel) only where the KV cache holds bf16 or 8-bit values, the CPU
+default (runtime/device.py): there the keys and values were rounded already, and a float32 cache keeps the
+fp32 kernel's precision.
 """
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ MAX_HEAD_DIM = 256  # the kernel's per-thread scratch (MAX_D)
 MAX_GROUP = 64  # query heads per KV head (MV)
 
 
-AMX_MIN_Q_ROWS = 16  # fewer new rows (a decode-sized chunk) keep the fp32 kernel: AMX packs every key first
+BF16_MIN_Q_ROWS = 16  # fewer new rows (a decode-sized chunk) keep the fp32 kernel: the bf16 ones pack every key first
+KERNELS = ("fp32", "amx", "bf16")  # the fp32 FMA kernel, the AMX tiles, vdpbf16ps
 _ARGS = [ctypes.c_void_p] * 10 + [ctypes.c_int64] * 6 + [ctypes.c_float, ctypes.c_int, ctypes.c_int] + [ctypes.c_void_p] * 2
 
 
@@ -34,29 +36,33 @@ def _library() -> tuple[ctypes.CDLL | None, str | None]:
     return build.load_with_signatures("cpu_prefill_attention", {"paged_prefill_attention_f32": (_ARGS, ctypes.c_int)})
 
 
-def _amx_library() -> tuple[ctypes.CDLL | None, str | None]:
+def _bf16_library() -> tuple[ctypes.CDLL | None, str | None]:
     return build.load_with_signatures("cpu_prefill_attention_amx", {
-        "paged_prefill_attention_amx": (_ARGS, ctypes.c_int), "amx_available": ([], ctypes.c_int)})
+        "paged_prefill_attention_amx": (_ARGS, ctypes.c_int), "paged_prefill_attention_bf16": (_ARGS, ctypes.c_int),
+        "amx_available": ([], ctypes.c_int), "bf16_available": ([], ctypes.c_int)})
 
 
 @functools.cache  # per route: asks the kernel for the tile state once
-def _amx_built(route: str | None) -> bool:
-    lib = _amx_library()[0]
-    return lib is not None and lib.amx_available() == 1
+def _built(route: str | None, kernel: str) -> bool:
+    lib = _bf16_library()[0]
+    return lib is not None and (lib.amx_available() if kernel == "amx" else lib.bf16_available()) == 1
 
 
-def amx_available() -> bool:
-    """The AMX kernel is built for this route and this process may use the tile registers."""
-    return "amx_bf16" in build.cpu_flags() and _amx_built(build.active_route())
+def available(kernel: str) -> bool:
+    """The kernel is built for this route (and, for AMX, this process may use the tile registers)."""
+    if kernel == "fp32":
+        return unavailable_reason() is None
+    return {"amx": "amx_bf16", "bf16": "avx512_bf16"}[kernel] in build.cpu_flags() and _built(build.active_route(), kernel)
 
 
-def use_amx(args: PrefillArgs) -> bool:
-    """Whether prefill_attention_cpu takes the AMX kernel for args: a bf16 or 8-bit KV cache, head_dim a
-    multiple of 64, GQA groups of at most 32 heads, at least AMX_MIN_Q_ROWS new rows."""
+def bf16_kernel(args: PrefillArgs) -> str | None:
+    """The bf16 kernel prefill_attention_cpu takes for args ("amx" before "bf16"), None for the fp32 one: a bf16
+    or 8-bit KV cache, head_dim a multiple of 64, GQA groups of at most 32 heads, BF16_MIN_Q_ROWS new rows."""
     q, cache = args.q, args.k_cache
-    return (cache is not None and cache.dtype != torch.float32 and cache.dtype in KV_KINDS
-            and q.shape[2] % 64 == 0 and q.shape[1] // args.k.shape[1] <= 32 and q.shape[0] >= AMX_MIN_Q_ROWS
-            and amx_available())
+    if not (cache is not None and cache.dtype != torch.float32 and cache.dtype in KV_KINDS and q.shape[2] % 64 == 0
+            and q.shape[1] // args.k.shape[1] <= 32 and q.shape[0] >= BF16_MIN_Q_ROWS):
+        return None
+    return next((kernel for kernel in ("amx", "bf16") if available(kernel)), None)
 
 
 def unavailable_reason() -> str | None:
@@ -108,13 +114,13 @@ def prepare_tables(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, prefi
     return PrefillTables(cu_q, cu_k, prefix, tables, int(cu_q[-1]), int(cu_k[-1]), checked)
 
 
-def prefill_attention_cpu(args: PrefillArgs, amx: bool | None = None) -> torch.Tensor:
+def prefill_attention_cpu(args: PrefillArgs, kernel: str | None = None) -> torch.Tensor:
     """q [Tq, H, d], k/v [Tk, Hkv, d] (fp32; the paged caches fp32, bf16, or int8 / e4m3 with
     args.kv_scales) -> [Tq, H, d]; see reference.prefill_attention_ref.
 
     args.plan: the PrefillTables of prepare_tables(cu_seqlens_q, cu_seqlens_k, prefix_lens,
     block_tables, k_cache.shape[:2]), when the caller already made them; else they are made here.
-    amx: the AMX kernel (True), the fp32 one (False), or as use_amx says (None)."""
+    kernel: one of KERNELS, or as bf16_kernel says (None)."""
     q, k, v, k_cache, v_cache = args.q, args.k, args.v, args.k_cache, args.v_cache
     lib, reason = _library()
     if lib is None:
@@ -140,15 +146,16 @@ def prefill_attention_cpu(args: PrefillArgs, amx: bool | None = None) -> torch.T
     k_cache_ptr = k_cache.data_ptr() if has_cache else k.data_ptr()  # unread when no prefix
     v_cache_ptr = v_cache.data_ptr() if has_cache else v.data_ptr()
     block_size = k_cache.shape[1] if has_cache else 1
-    amx = use_amx(args) if amx is None else amx
-    if amx and not amx_available():
-        raise RuntimeError("the AMX prefill attention is not available here")
-    kernel = _amx_library()[0].paged_prefill_attention_amx if amx else lib.paged_prefill_attention_f32
-    status = kernel(
+    kernel = (bf16_kernel(args) or "fp32") if kernel is None else kernel
+    if not available(kernel):
+        raise RuntimeError(f"the {kernel} prefill attention is not available here")
+    run = (lib.paged_prefill_attention_f32 if kernel == "fp32" else
+           getattr(_bf16_library()[0], f"paged_prefill_attention_{kernel}"))
+    status = run(
         q.data_ptr(), k.data_ptr(), v.data_ptr(), k_cache_ptr, v_cache_ptr, tables.block_tables.data_ptr(),
         tables.cu_q.data_ptr(), tables.cu_k.data_ptr(), tables.prefix_lens.data_ptr(), out.data_ptr(),
         tables.prefix_lens.numel(), q.shape[1], k.shape[1], q.shape[2], block_size, tables.block_tables.shape[1],
         args.scale, int(args.causal), kv_kind(k_cache, v_cache) if has_cache else 0, k_scale, v_scale)
     if status:
-        raise RuntimeError("CPU prefill attention: " + {1: "bad sizes", 2: "out of memory"}.get(status, "no AMX"))
+        raise RuntimeError("CPU prefill attention: " + {1: "bad sizes", 2: "out of memory"}.get(status, f"no {kernel}"))
     return out

@@ -5,13 +5,14 @@
 - decode attention: the C paged kernel (cute_kernels/cpu/decode_attention.py) vs the torch
   reference decode_attention_ref, SmolLM2-135M shapes (9 query / 3 KV heads, d 64), batch x context.
 - prefill attention: the C varlen kernel (cute_kernels/cpu/prefill_attention.py) vs
-  prefill_attention_ref (torch SDPA per sequence), whole prompts and a chunk after a cached prefix.
+  prefill_attention_ref (torch SDPA per sequence), whole prompts and a chunk after a cached prefix; then
+  over a bf16 cache, each bf16 kernel this CPU runs (AMX tiles, vdpbf16ps) vs our fp32 kernel.
 - fused elementwise ops (cute_kernels/cpu/fused_ops.py) vs their torch references, by rows.
 - linear: oneDNN with the weight packed once (runtime/accel/cpu_linear.py) vs F.linear, the model's
   four layer shapes and its LM head, by rows (decode batch sizes up to prefill chunks).
 - sampling: runtime/sampling/sampler.py's sample() vs transformers' recipe (sort-based top-k/top-p warpers,
   softmax, torch.multinomial) on 64 rows of the default model's real next-token logits.
-Prints median milliseconds and the speed-up (torch / ours).
+Prints median milliseconds and the speed-up (torch / ours; for the bf16 kernels, our fp32 kernel / them).
 """
 from __future__ import annotations
 
@@ -95,7 +96,20 @@ def prefill_cases(repeats: int) -> list[dict]:
         ref = median_ms(lambda: prefill_attention_ref(args), repeats)
         ours = median_ms(lambda: cpu_prefill_attention.prefill_attention_cpu(args), repeats)
         rows.append({"op": "prefill attention", "case": name, "torch_ms": ref, "ours_ms": ours, "speedup": ref / ours})
+        rows += bf16_kernel_rows(args, name, repeats)
     return rows
+
+
+def bf16_kernel_rows(args: PrefillArgs, name: str, repeats: int) -> list[dict]:
+    """The same case over a bf16 cache (the CPU default): each bf16 kernel this CPU has against our fp32 kernel."""
+    k16, v16 = args.k_cache.bfloat16(), args.v_cache.bfloat16()
+    args = PrefillArgs(args.q, args.k, args.v, args.cu_seqlens_q, args.cu_seqlens_k, args.scale, args.causal,
+                       k16, v16, args.block_tables, args.prefix_lens)
+    base = median_ms(lambda: cpu_prefill_attention.prefill_attention_cpu(args, "fp32"), repeats)
+    return [{"op": f"prefill attn {kernel}", "case": f"{name}, bf16 KV", "torch_ms": base,
+             "ours_ms": (ms := median_ms(lambda k=kernel: cpu_prefill_attention.prefill_attention_cpu(args, k), repeats)),
+             "speedup": base / ms, "against": "our fp32 kernel"}
+            for kernel in ("amx", "bf16") if cpu_prefill_attention.available(kernel)]
 
 
 def fused_cases(repeats: int) -> list[dict]:
@@ -195,9 +209,10 @@ def main() -> int:
     print(f"{torch.get_num_threads()} threads, torch {torch.__version__}")
     rows = (attention_cases(args.repeats) + prefill_cases(args.repeats) + fused_cases(args.repeats)
             + linear_cases(args.repeats) + sampling_cases(args.repeats))
-    print(f"{'op':<20} {'case':<28} {'torch ms':>9} {'ours ms':>9} {'speed-up':>9}")
+    print(f"{'op':<20} {'case':<40} {'peer ms':>9} {'ours ms':>9} {'speed-up':>9}  peer")
     for r in rows:
-        print(f"{r['op']:<20} {r['case']:<28} {r['torch_ms']:>9.3f} {r['ours_ms']:>9.3f} {r['speedup']:>8.2f}x")
+        print(f"{r['op']:<20} {r['case']:<40} {r['torch_ms']:>9.3f} {r['ours_ms']:>9.3f} {r['speedup']:>8.2f}x"
+              f"  {r.get('against', 'torch')}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0

@@ -59,20 +59,38 @@ def _instrument(engine: LLMEngine, totals: dict[str, float], clock) -> list[int]
 
 
 def prefill_split(tokens: int, repeat: int, peak_gops: float | None, clock=time.perf_counter) -> None:
-    """Prints the best of `repeat` prefills of one `tokens`-token prompt, split into linears, attention, rest.
+    """Prints the best of `repeat` prefills of one `tokens`-token prompt, split into linears, attention, rest;
+    where a bf16 prefill attention kernel runs (AMX tiles, vdpbf16ps), the same again on our fp32 kernel.
     clock: time.process_time counts CPU seconds of all threads (steadier on a shared machine; with one
     thread, the seconds of work), and then the rates are per CPU second, as peak_gops must be."""
-    from runtime.sampling_params import SamplingParams
+    from cute_kernels.cpu import prefill_attention
 
     engine = _engine(tokens)
     totals: dict[str, float] = defaultdict(float)
     macs = sum(_instrument(engine, totals, clock))
+    routed = [k for k in ("amx", "bf16") if prefill_attention.available(k)]
+    attention = _split(engine, totals, macs, tokens, repeat, peak_gops, clock, f"attention kernel {routed[0] if routed else 'fp32'}")
+    if routed:
+        chosen = prefill_attention.bf16_kernel
+        prefill_attention.bf16_kernel = lambda args: None  # our fp32 kernel, the path without the feature
+        try:
+            fp32 = _split(engine, totals, macs, tokens, repeat, peak_gops, clock, "attention kernel fp32")
+        finally:
+            prefill_attention.bf16_kernel = chosen
+        print(f"attention: the {routed[0]} kernel {fp32 / attention:.2f}x our fp32 kernel")
+
+
+def _split(engine: LLMEngine, totals: dict[str, float], macs: int, tokens: int, repeat: int,
+           peak_gops: float | None, clock, label: str) -> float:
+    """One prefill_split measurement, printed; returns the attention seconds."""
+    from runtime.sampling_params import SamplingParams
+
     vocab = engine.model_config.vocab_size
     best = None
     for i in range(repeat + 1):  # the first is a warm-up
         ids = torch.randint(3, vocab, (tokens,), generator=torch.Generator().manual_seed(i)).tolist()
         totals.clear()
-        engine.add_request(f"split{i}", ids, SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
+        engine.add_request(f"split{i} {label}", ids, SamplingParams(temperature=0, max_tokens=1, ignore_eos=True))
         t0 = clock()
         while engine.has_unfinished_requests():
             engine.step()
@@ -83,6 +101,7 @@ def prefill_split(tokens: int, repeat: int, peak_gops: float | None, clock=time.
     rest = wall - parts["linears"] - parts["attention"]
     rate = 2 * macs * tokens / parts["linears"] / 1e9
     share = f", {rate / peak_gops:.0%} of the int8 peak" if peak_gops else ""
-    print(f"prefill of {tokens} tokens: {wall:.3f} s ({tokens / wall:.0f} tok/s); linears {parts['linears']:.3f} s "
-          f"({parts['linears'] / wall:.0%}, {rate:.0f} GOP/s{share}), attention {parts['attention']:.3f} s "
-          f"({parts['attention'] / wall:.0%}), the rest {rest:.3f} s ({rest / wall:.0%})")
+    print(f"prefill of {tokens} tokens ({label}): {wall:.3f} s ({tokens / wall:.0f} tok/s); linears "
+          f"{parts['linears']:.3f} s ({parts['linears'] / wall:.0%}, {rate:.0f} GOP/s{share}), attention "
+          f"{parts['attention']:.3f} s ({parts['attention'] / wall:.0%}), the rest {rest:.3f} s ({rest / wall:.0%})")
+    return parts["attention"]

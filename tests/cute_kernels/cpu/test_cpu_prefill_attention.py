@@ -150,7 +150,7 @@ def test_a_bf16_prefix_reads_as_its_widened_fp32_copy(heads, kv_heads, d, cpu_ro
     q, k, v, cu, k_cache, v_cache, tables, prefix = varlen_case(Q_LENS, PREFIXES, heads, kv_heads, d)
     k16, v16 = k_cache.bfloat16(), v_cache.bfloat16()
     head = (q, k, v, cu, cu, d ** -0.5, True)
-    got = prefill_attention_cpu(PrefillArgs(*head, k16, v16, tables, prefix), amx=False)  # AMX: its own tests
+    got = prefill_attention_cpu(PrefillArgs(*head, k16, v16, tables, prefix), "fp32")  # bf16: its own tests
     assert torch.equal(got, prefill_attention_cpu(PrefillArgs(*head, k16.float(), v16.float(), tables, prefix)))
     want = prefill_attention_ref(PrefillArgs(*head, k16.float(), v16.float(), tables, prefix))
     torch.testing.assert_close(got, want, rtol=0, atol=2e-5)
@@ -167,7 +167,7 @@ def test_an_8bit_prefix_reads_as_its_dequantized_copy(dtype, heads, kv_heads, d,
     q, k, v, cu, k_cache, v_cache, tables, prefix = varlen_case(Q_LENS, PREFIXES, heads, kv_heads, d)
     (k8, ks), (v8, vs) = quantized(k_cache, dtype), quantized(v_cache, dtype)
     head, scales = (q, k, v, cu, cu, d ** -0.5, True), KVScales(ks, vs)
-    got = prefill_attention_cpu(PrefillArgs(*head, k8, v8, tables, prefix, kv_scales=scales), amx=False)
+    got = prefill_attention_cpu(PrefillArgs(*head, k8, v8, tables, prefix, kv_scales=scales), "fp32")
     k32, v32 = dequantize(k8, ks), dequantize(v8, vs)
     assert torch.equal(got, prefill_attention_cpu(PrefillArgs(*head, k32, v32, tables, prefix)))
     want = prefill_attention_ref(PrefillArgs(*head, k8, v8, tables, prefix, kv_scales=scales))

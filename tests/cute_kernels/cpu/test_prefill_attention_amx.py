@@ -1,5 +1,6 @@
-"""The AMX prefill attention (csrc/amx/cpu_prefill_attention_amx.c) against the torch reference on the values it
-multiplies, and when prefill_attention_cpu takes it. Kernel tests skip on a CPU without AMX-BF16.
+"""The bf16 prefill attention (csrc/amx/cpu_prefill_attention_amx.c), on the AMX tiles and on vdpbf16ps, against
+the torch reference on the values it multiplies, and when prefill_attention_cpu takes which. Each kernel's
+tests skip on a CPU without its instructions (AMX-BF16; AVX-512 BF16).
 
 Oracle and tolerance: the kernel rounds q * scale * log2(e), k and v (a cache row after dequantizing) to
 bf16; the reference is run on those rounded values (q divided back), so what remains is the softmax
@@ -25,20 +26,23 @@ Q_LENS = [1, 5, 22, 64, 65, 130, 300]  # row tiles of 32 // group rows, key bloc
 PREFIXES = [0, 17, 0, 64, 100, 0, 333]
 
 
-@pytest.fixture
-def amx():
-    if not cpu_prefill.amx_available():
-        pytest.skip("this CPU or process has no AMX-BF16 tiles" if "amx_bf16" not in build.cpu_flags()
-                    else f"AMX library: {cpu_prefill._amx_library()[1] or 'tile state refused'}")
+@pytest.fixture(params=["amx", "bf16"])
+def kernel(request):
+    name, flag = request.param, {"amx": "amx_bf16", "bf16": "avx512_bf16"}[request.param]
+    if not cpu_prefill.available(name):
+        pytest.skip(f"this CPU has no {flag}" if flag not in build.cpu_flags()
+                    else f"bf16 attention library: {cpu_prefill._bf16_library()[1] or 'not built for ' + name}")
+    return name
 
 
 def rounded(t: torch.Tensor) -> torch.Tensor:
     return t.bfloat16().float()
 
 
-def check(args: PrefillArgs, k_rows: torch.Tensor | None = None, v_rows: torch.Tensor | None = None) -> None:
-    """The AMX kernel on args against the reference on the bf16 values it reads (caches given as fp32 rows)."""
-    got = cpu_prefill.prefill_attention_cpu(args, amx=True)
+def check(kernel: str, args: PrefillArgs, k_rows: torch.Tensor | None = None,
+          v_rows: torch.Tensor | None = None) -> None:
+    """The kernel on args against the reference on the bf16 values it reads (caches given as fp32 rows)."""
+    got = cpu_prefill.prefill_attention_cpu(args, kernel)
     fold = args.scale * math.log2(math.e)
     ref_args = PrefillArgs(rounded(args.q * fold) / fold, rounded(args.k), rounded(args.v), args.cu_seqlens_q,
                            args.cu_seqlens_k, args.scale, args.causal,
@@ -49,60 +53,62 @@ def check(args: PrefillArgs, k_rows: torch.Tensor | None = None, v_rows: torch.T
 
 
 @pytest.mark.parametrize("heads,kv_heads,d", [(9, 3, 64), (4, 4, 64), (8, 1, 128), (32, 1, 64), (6, 2, 192)])
-def test_matches_the_reference_on_a_bf16_cache(heads, kv_heads, d, amx):
+def test_matches_the_reference_on_a_bf16_cache(heads, kv_heads, d, kernel):
     q, k, v, cu, k_cache, v_cache, tables, prefix = varlen_case(Q_LENS, PREFIXES, heads, kv_heads, d)
     k16, v16 = k_cache.bfloat16(), v_cache.bfloat16()
-    check(PrefillArgs(q, k, v, cu, cu, d ** -0.5, True, k16, v16, tables, prefix), k16.float(), v16.float())
+    check(kernel, PrefillArgs(q, k, v, cu, cu, d ** -0.5, True, k16, v16, tables, prefix), k16.float(), v16.float())
 
 
 @pytest.mark.parametrize("dtype", [torch.int8, torch.float8_e4m3fn])
-def test_an_8bit_prefix_is_dequantized_then_rounded(dtype, amx):
+def test_an_8bit_prefix_is_dequantized_then_rounded(dtype, kernel):
     q, k, v, cu, k_cache, v_cache, tables, prefix = varlen_case(Q_LENS, PREFIXES, 9, 3, 64)
     (k8, ks), (v8, vs) = quantized(k_cache, dtype), quantized(v_cache, dtype)
     args = PrefillArgs(q, k, v, cu, cu, 0.125, True, k8, v8, tables, prefix, kv_scales=KVScales(ks, vs))
-    check(args, dequantize(k8, ks), dequantize(v8, vs))
+    check(kernel, args, dequantize(k8, ks), dequantize(v8, vs))
 
 
-def test_without_a_prefix_and_without_causality(amx):
+def test_without_a_prefix_and_without_causality(kernel):
     q, k, v, cu, k_cache, v_cache, *_ = varlen_case([3, 70, 129, 0], [0, 0, 0, 0], 6, 2, 64)
     for causal in (True, False):
-        check(PrefillArgs(q, k, v, cu, cu, 0.125, causal))
+        check(kernel, PrefillArgs(q, k, v, cu, cu, 0.125, causal))
 
 
-def test_reads_only_its_own_blocks_and_prefix(amx):
+def test_reads_only_its_own_blocks_and_prefix(kernel):
     q, k, v, cu, k_cache, v_cache, tables, prefix = varlen_case([7, 40], [20, 33], 6, 2, 64)
     k16, v16 = k_cache.bfloat16(), v_cache.bfloat16()
     args = PrefillArgs(q, k, v, cu, cu, 0.125, True, k16, v16, tables, prefix)
-    before = cpu_prefill.prefill_attention_cpu(args, amx=True)
+    before = cpu_prefill.prefill_attention_cpu(args, kernel)
     used = set(tables[0, :2].tolist()) | set(tables[1, :3].tolist())
     for blk in set(range(k16.shape[0])) - used:
         k16[blk] = float("nan")
         v16[blk] = float("nan")
     k16[tables[0, 1], 4:] = float("nan")
     v16[tables[1, 2], 1:] = float("nan")
-    torch.testing.assert_close(cpu_prefill.prefill_attention_cpu(args, amx=True), before)
+    torch.testing.assert_close(cpu_prefill.prefill_attention_cpu(args, kernel), before)
 
 
-def test_taken_for_a_bf16_cache_and_enough_rows_only(amx):
+def test_taken_for_a_bf16_cache_and_enough_rows_only(kernel):
     q, k, v, cu, k_cache, v_cache, tables, prefix = varlen_case([40], [20], 9, 3, 64)
     head = (q, k, v, cu, cu, 0.125, True)
-    assert cpu_prefill.use_amx(PrefillArgs(*head, k_cache.bfloat16(), v_cache.bfloat16(), tables, prefix))
-    assert not cpu_prefill.use_amx(PrefillArgs(*head, k_cache, v_cache, tables, prefix))  # fp32 cache: fp32 math
-    assert not cpu_prefill.use_amx(PrefillArgs(*head))
-    fq, fk, fv, fcu, fkc, fvc, ft, fp = varlen_case([cpu_prefill.AMX_MIN_Q_ROWS - 1], [20], 9, 3, 64)
-    assert not cpu_prefill.use_amx(PrefillArgs(fq, fk, fv, fcu, fcu, 0.125, True, fkc.bfloat16(), fvc.bfloat16(),
-                                               ft, fp))
+    best = "amx" if cpu_prefill.available("amx") else "bf16"
+    assert cpu_prefill.bf16_kernel(PrefillArgs(*head, k_cache.bfloat16(), v_cache.bfloat16(), tables, prefix)) == best
+    assert cpu_prefill.bf16_kernel(PrefillArgs(*head, k_cache, v_cache, tables, prefix)) is None  # fp32 cache
+    assert cpu_prefill.bf16_kernel(PrefillArgs(*head)) is None
+    fq, fk, fv, fcu, fkc, fvc, ft, fp = varlen_case([cpu_prefill.BF16_MIN_Q_ROWS - 1], [20], 9, 3, 64)
+    assert cpu_prefill.bf16_kernel(PrefillArgs(fq, fk, fv, fcu, fcu, 0.125, True, fkc.bfloat16(), fvc.bfloat16(),
+                                               ft, fp)) is None
     dq, dk, dv, dcu, dkc, dvc, dt, dp = varlen_case([40], [20], 4, 4, 32)  # head_dim 32: the fp32 kernel
-    assert not cpu_prefill.use_amx(PrefillArgs(dq, dk, dv, dcu, dcu, 0.1, True, dkc.bfloat16(), dvc.bfloat16(),
-                                               dt, dp))
+    assert cpu_prefill.bf16_kernel(PrefillArgs(dq, dk, dv, dcu, dcu, 0.1, True, dkc.bfloat16(), dvc.bfloat16(),
+                                               dt, dp)) is None
 
 
-def test_routes_without_amx_never_take_it(cpu_route):
-    if cpu_route == "avx512-vnni" and "amx_bf16" in build.cpu_flags():
-        assert cpu_prefill.amx_available()  # the native build on an AMX CPU must not silently lose the tiles
+@pytest.mark.parametrize("name,flag", [("amx", "amx_bf16"), ("bf16", "avx512_bf16")])
+def test_routes_without_the_instructions_never_take_them(cpu_route, name, flag):
+    if cpu_route == "avx512-vnni" and flag in build.cpu_flags():
+        assert cpu_prefill.available(name)  # the native build on such a CPU must not silently lose the kernel
         return
     q, k, v, cu, k_cache, v_cache, tables, prefix = varlen_case([40], [20], 9, 3, 64)
     args = PrefillArgs(q, k, v, cu, cu, 0.125, True, k_cache.bfloat16(), v_cache.bfloat16(), tables, prefix)
-    assert not cpu_prefill.amx_available() and not cpu_prefill.use_amx(args)
+    assert not cpu_prefill.available(name) and cpu_prefill.bf16_kernel(args) != name
     with pytest.raises(RuntimeError, match="not available"):
-        cpu_prefill.prefill_attention_cpu(args, amx=True)
+        cpu_prefill.prefill_attention_cpu(args, name)

@@ -50,12 +50,16 @@ def test_the_shipped_heads_speculate_on_the_default_model(kind):
     assert os.path.getsize(path) < 8 << 20  # a few MB, fp16
     head, _ = load_heads(path)
     assert all(p.dtype == torch.float32 for p in head.parameters())  # widened from the fp16 file at load
-    prompt = [{"role": "user", "content": "Why is the sky blue?"}]
+    # three prompts: on one alone, a last-bit change of the kernels (which greedy answer the model gives)
+    # moved position 0's acceptance between 0.07 and 0.24
+    prompts = [[{"role": "user", "content": c}] for c in ("Why is the sky blue?", "How do plants make their food?",
+                                                          "Explain what a computer does.")]
     params = SamplingParams(temperature=0, max_tokens=48)
-    off = LLM(device="cpu", log_ledger=False).chat([prompt], params, use_tqdm=False)[0].outputs[0].token_ids
+    plain = LLM(device="cpu", log_ledger=False)
+    off = [plain.chat([p], params, use_tqdm=False)[0].outputs[0].token_ids for p in prompts]
     llm = LLM(device="cpu", log_ledger=False, speculative=kind)  # no --speculative-model: the shipped file
     assert llm.engine.config.speculative_model is None
-    on = llm.chat([prompt], params, use_tqdm=False)[0].outputs[0].token_ids
+    on = [llm.chat([p], params, use_tqdm=False)[0].outputs[0].token_ids for p in prompts]
     stats = llm.engine.stats
     assert on == off, "greedy output changed"
     assert stats.spec_accepted > 0 and stats.spec_acceptance_by_pos[0] > 0.1, stats.spec_acceptance_by_pos

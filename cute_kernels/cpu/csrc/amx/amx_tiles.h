@@ -23,6 +23,23 @@
 
 #include "bf16_dot.h" /* to_bf16_row, CPU_BF16 */
 
+/* A buffer of at least `bytes` kept for the calling thread's next call: a fresh multi-MiB allocation is
+ * mapped anew by the kernel, and faulting its pages in cost as much as packing a 3072 x 576 weight. */
+typedef struct {
+    void *p;
+    size_t bytes;
+} AmxBuffer;
+
+static inline void *amx_buffer(AmxBuffer *b, size_t bytes) {
+    bytes = (bytes + 63) / 64 * 64;
+    if (b->bytes < bytes) {
+        free(b->p);
+        b->p = aligned_alloc(64, bytes);
+        b->bytes = b->p != NULL ? bytes : 0;
+    }
+    return b->p;
+}
+
 #if defined(CPU_BF16) && defined(__AMX_TILE__) && defined(__AMX_BF16__)
 #define CPU_AMX 1
 #include <sys/syscall.h>
@@ -115,23 +132,6 @@ static void amx_round_rows(const float *x, int64_t m, int64_t k, int64_t mp, int
             for (int64_t t = 0; t < kp / AMX_K; t++)
                 memcpy(xb + r0 * kp + t * AMX_TILE_VALUES + (r - r0) * AMX_K, row + t * AMX_K, 2 * AMX_K);
         }
-}
-
-/* A buffer of at least `bytes` kept for the calling thread's next call: a fresh multi-MiB allocation is
- * mapped anew by the kernel, and faulting its pages in cost as much as packing a 3072 x 576 weight. */
-typedef struct {
-    void *p;
-    size_t bytes;
-} AmxBuffer;
-
-static void *amx_buffer(AmxBuffer *b, size_t bytes) {
-    bytes = (bytes + 63) / 64 * 64;
-    if (b->bytes < bytes) {
-        free(b->p);
-        b->p = aligned_alloc(64, bytes);
-        b->bytes = b->p != NULL ? bytes : 0;
-    }
-    return b->p;
 }
 
 /* y[m, n] = bf16(x)[m, k] @ W^T (+ bias), W's panels from pack(weight, c0, packed). Returns 0, 2 when

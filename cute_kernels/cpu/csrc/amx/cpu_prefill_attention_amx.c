@@ -13,7 +13,12 @@
  * query vectors (rows x the heads of one GQA group) of one KV head, run FlashAttention-style over key
  * blocks: S = Q K^T into 4 C tiles per 16 vectors, an online softmax in base 2 (log2 e is folded into
  * Q's scale; exp2 by a degree-5 polynomial and vscalefps, relative error 3e-6), P rounded to bf16 as A
- * tiles, then O (fp32, in memory, rescaled per block) += P V on the tiles. */
+ * tiles, then O (fp32, in memory, rescaled per block) += P V on the tiles.
+ *
+ * Without AMX, on CPUs with AVX-512 BF16, paged_prefill_attention_bf16 runs the same steps with
+ * vdpbf16ps on the same packed layouts (each packed row of 16 pairs is one zmm; a Q or P pair is one
+ * broadcast word): the same bf16 roundings, the sums in another order. Why: the fp32 kernel's FMAs do 8
+ * (AVX2) products an instruction; one vdpbf16ps does 32. */
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
@@ -29,7 +34,7 @@
 #define MAX_D 256 /* head_dim bound of the per-thread scratch */
 #define NEG (-1e30f)
 
-#if defined(CPU_AMX)
+#if defined(CPU_BF16)
 #define LOG2E 1.4426950408889634f
 
 /* 2^x for x <= 0 (below -1000: 0): 2^f on f in [-1/2, 1/2] by Taylor to degree 5, times 2^n exactly. */
@@ -53,28 +58,54 @@ typedef struct {
 
 static inline int64_t blocks_of(int64_t keys) { return (keys + AKB - 1) / AKB; }
 
-/* Packs block j of (sequence b, KV head kvh): zero past the sequence's keys. */
+/* 32 floats as 16 bf16 pairs, word w = (x[2w], x[2w + 1]), rounded to nearest even as f32_to_bf16. */
+static inline __m512i bf16_pairs(const float *x) {
+    return (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + 16), _mm512_loadu_ps(x));
+}
+
+/* 16 floats of two rows interleaved as bf16 pairs, word i = (a[i], b[i]). */
+static inline __m512i bf16_interleave(const float *a, const float *b) {
+    const __m512i lo = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(a)));
+    const __m512i hi = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(b)));
+    return _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
+}
+
+/* Key t's K and V rows of (sequence b, KV head kvh) as fp32 (zeros past the sequence's keys). */
+static inline void key_rows(const Problem *p, int64_t b, int64_t kvh, int64_t t, float *stage, const float **kr,
+                            const float **vr) {
+    const int64_t d = p->d;
+    if (t >= keys_of(p, b)) {
+        memset(stage, 0, sizeof(float) * 2 * d);
+        *kr = stage, *vr = stage + d;
+        return;
+    }
+    int in_cache;
+    const int64_t off = key_offset(p, b, t, p->prefix[b], kvh, &in_cache);
+    const float ks = p->k_scale != NULL ? p->k_scale[kvh] : 1.f, vs = p->v_scale != NULL ? p->v_scale[kvh] : 1.f;
+    *kr = in_cache ? kv_row_f32(p->k_cache, p->kv_kind, off, d, ks, stage) : p->k + off;
+    *vr = in_cache ? kv_row_f32(p->v_cache, p->kv_kind, off, d, vs, stage + d) : p->v + off;
+}
+
+/* Packs block j of (sequence b, KV head kvh), a key pair at a time: K's dim pairs go down a tile's column
+ * (a scatter at the 16-word row stride), V's key pairs fill a tile row. stage: 4 * d floats. */
 static void pack_block(const Packed *pk, int64_t b, int64_t kvh, int64_t j, float *stage) {
     const Problem *p = pk->p;
-    const int64_t d = p->d, dch = d / 32, dt = d / 16, keys = keys_of(p, b), prefix = p->prefix[b];
-    uint16_t *kp = (uint16_t *)(pk->packs + (pk->pack_at[b * p->hkv + kvh] + j) * AKB * d);
-    uint16_t *vp = kp + AKB * d;
-    const float ks = p->k_scale != NULL ? p->k_scale[kvh] : 1.f, vs = p->v_scale != NULL ? p->v_scale[kvh] : 1.f;
-    for (int64_t key = 0; key < AKB; key++) {
-        const int64_t t = j * AKB + key;
-        const float *kr = NULL, *vr = NULL;
-        if (t < keys) {
-            int in_cache;
-            const int64_t off = key_offset(p, b, t, prefix, kvh, &in_cache);
-            kr = in_cache ? kv_row_f32(p->k_cache, p->kv_kind, off, d, ks, stage) : p->k + off;
-            vr = in_cache ? kv_row_f32(p->v_cache, p->kv_kind, off, d, vs, stage + d) : p->v + off;
+    const int64_t d = p->d, dch = d / 32, dt = d / 16;
+    uint32_t *kp = pk->packs + (pk->pack_at[b * p->hkv + kvh] + j) * AKB * d, *vp = kp + AKB * d / 2;
+    const __m512i rows = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32(16));
+    for (int64_t key = 0; key < AKB; key += 2) {
+        const float *kr[2], *vr[2];
+        key_rows(p, b, kvh, j * AKB + key, stage, &kr[0], &vr[0]);
+        key_rows(p, b, kvh, j * AKB + key + 1, stage + 2 * d, &kr[1], &vr[1]);
+        for (int h = 0; h < 2; h++) {
+            const int64_t kt = (key + h) / 16, col = (key + h) % 16;
+            for (int64_t c = 0; c < dch; c++)
+                _mm512_i32scatter_epi32(kp + (kt * dch + c) * 256 + col, rows, bf16_pairs(kr[h] + 32 * c), 4);
         }
-        const int64_t kt = key / 16, kc = key / 32;
-        for (int64_t i = 0; i < d; i++) {
-            const uint16_t kb = kr != NULL ? f32_to_bf16(kr[i]) : 0, vb = vr != NULL ? f32_to_bf16(vr[i]) : 0;
-            kp[2 * ((kt * dch + i / 32) * 256 + (i % 32 / 2) * 16 + key % 16) + i % 2] = kb;
-            vp[2 * ((kc * dt + i / 16) * 256 + (key % 32 / 2) * 16 + i % 16) + key % 2] = vb;
-        }
+        const int64_t kc = key / 32, row = key % 32 / 2;
+        for (int64_t t = 0; t < dt; t++)
+            _mm512_storeu_si512(vp + (kc * dt + t) * 256 + row * 16, bf16_interleave(vr[0] + 16 * t, vr[1] + 16 * t));
     }
 }
 
@@ -87,8 +118,9 @@ typedef struct {
     int32_t limit[AM]; /* vector m sees keys < limit (causal: its own position + 1) */
 } Scratch;
 
+#if defined(CPU_AMX)
 /* S for row tile mt against key block kb: 4 C tiles of 16 keys, d / 32 dim chunks. */
-static inline void scores(const Scratch *w, float *s, const uint16_t *kb, int64_t dch, int mt) {
+static inline void scores_amx(const Scratch *w, float *s, const uint16_t *kb, int64_t dch, int mt) {
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);
@@ -112,7 +144,7 @@ static inline void scores(const Scratch *w, float *s, const uint16_t *kb, int64_
 }
 
 /* O[row tile mt][dims 64g .. 64g + 63] += P V for one key block (two key chunks of 32). */
-static inline void weigh(Scratch *w, const uint16_t *vb, int64_t d, int mt, int64_t g) {
+static inline void weigh_amx(Scratch *w, const uint16_t *vb, int64_t d, int mt, int64_t g) {
     const int64_t dt = d / 16;
     float *o = w->o + mt * 16 * d + 64 * g;
     _tile_loadd(0, o, d * 4);
@@ -135,6 +167,78 @@ static inline void weigh(Scratch *w, const uint16_t *vb, int64_t d, int mt, int6
     _tile_stored(1, o + 16, d * 4);
     _tile_stored(2, o + 32, d * 4);
     _tile_stored(3, o + 48, d * 4);
+}
+#endif
+
+#define VR 4 /* query vectors per register block of the vector route: VR x 4 accumulators of 16 lanes */
+
+/* scores_amx with vdpbf16ps: K's packed row (dim pair, 16 keys) against a broadcast Q pair. */
+static inline void scores_vec(const Scratch *w, float *s, const uint16_t *kb, int64_t dch, int mt) {
+    for (int m0 = 0; m0 < 16; m0 += VR) {
+        __m512 acc[VR][4];
+        for (int r = 0; r < VR; r++)
+            for (int t = 0; t < 4; t++) acc[r][t] = _mm512_setzero_ps();
+        for (int64_t c = 0; c < dch; c++) {
+            const uint32_t *qa = (const uint32_t *)(w->qa + (mt * dch + c) * 512) + m0 * 16;
+            for (int pr = 0; pr < 16; pr++) {
+                __m512bh k[4];
+                for (int t = 0; t < 4; t++) k[t] = (__m512bh)_mm512_loadu_si512(kb + 2 * (t * dch + c) * 256 + pr * 32);
+                for (int r = 0; r < VR; r++) {
+                    const __m512bh q = (__m512bh)_mm512_set1_epi32((int)qa[r * 16 + pr]);
+                    for (int t = 0; t < 4; t++) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], k[t], q);
+                }
+            }
+        }
+        for (int r = 0; r < VR; r++)
+            for (int t = 0; t < 4; t++) _mm512_storeu_ps(s + (mt * 16 + m0 + r) * AKB + 16 * t, acc[r][t]);
+    }
+}
+
+/* weigh_amx with vdpbf16ps: V's packed row (key pair, 16 dims) against a broadcast P pair. */
+static inline void weigh_vec(Scratch *w, const uint16_t *vb, int64_t d, int mt, int64_t g) {
+    const int64_t dt = d / 16;
+    for (int m0 = 0; m0 < 16; m0 += VR) {
+        float *o = w->o + (mt * 16 + m0) * d + 64 * g;
+        __m512 acc[VR][4];
+        for (int r = 0; r < VR; r++)
+            for (int t = 0; t < 4; t++) acc[r][t] = _mm512_loadu_ps(o + r * d + 16 * t);
+        for (int64_t c = 0; c < 2; c++) {
+            const uint32_t *pa = (const uint32_t *)(w->pa + (mt * 2 + c) * 512) + m0 * 16;
+            const uint16_t *v = vb + 2 * (c * dt + 4 * g) * 256;
+            for (int kp = 0; kp < 16; kp++) {
+                __m512bh vv[4];
+                for (int t = 0; t < 4; t++) vv[t] = (__m512bh)_mm512_loadu_si512(v + t * 512 + kp * 32);
+                for (int r = 0; r < VR; r++) {
+                    const __m512bh pp = (__m512bh)_mm512_set1_epi32((int)pa[r * 16 + kp]);
+                    for (int t = 0; t < 4; t++) acc[r][t] = _mm512_dpbf16_ps(acc[r][t], vv[t], pp);
+                }
+            }
+        }
+        for (int r = 0; r < VR; r++)
+            for (int t = 0; t < 4; t++) _mm512_storeu_ps(o + r * d + 16 * t, acc[r][t]);
+    }
+}
+
+static inline void scores(const Scratch *w, float *s, const uint16_t *kb, int64_t dch, int mt, int tiles) {
+#if defined(CPU_AMX)
+    if (tiles) {
+        scores_amx(w, s, kb, dch, mt);
+        return;
+    }
+#endif
+    (void)tiles;
+    scores_vec(w, s, kb, dch, mt);
+}
+
+static inline void weigh(Scratch *w, const uint16_t *vb, int64_t d, int mt, int64_t g, int tiles) {
+#if defined(CPU_AMX)
+    if (tiles) {
+        weigh_amx(w, vb, d, mt, g);
+        return;
+    }
+#endif
+    (void)tiles;
+    weigh_vec(w, vb, d, mt, g);
 }
 
 /* The online softmax over one block's scores (keys t0..t0+63): P as bf16 A tiles, O rescaled. */
@@ -169,7 +273,7 @@ static void softmax_block(Scratch *w, const float *scores_of_block, int64_t t0, 
     }
 }
 
-static void run_task(const Packed *pk, const Task *task, Scratch *w) {
+static void run_task(const Packed *pk, const Task *task, Scratch *w, int tiles) {
     const Problem *p = pk->p;
     const int64_t b = task->b, kvh = task->kvh, r0 = task->r0, g = p->g, d = p->d, dch = d / 32;
     const int64_t q_len = p->cu_q[b + 1] - p->cu_q[b], k_len = keys_of(p, b);
@@ -181,29 +285,29 @@ static void run_task(const Packed *pk, const Task *task, Scratch *w) {
         w->limit[m] = (int32_t)(p->causal ? pos0 + row + 1 : k_len);
         w->mx[m] = NEG, w->l[m] = 0.f;
         uint16_t *qa = w->qa + (m / 16 * dch) * 512 + (m % 16) * 32;
-        if (m >= nvec) {
-            for (int64_t i = 0; i < d; i++) qa[i / 32 * 512 + i % 32] = 0;
-            continue;
+        const float *qm = m < nvec ? p->q + ((p->cu_q[b] + r0 + m / g) * p->heads + kvh * g + m % g) * d : NULL;
+        for (int64_t c = 0; c < dch; c++) {
+            float *scaled = w->o; /* free until the memset below */
+            for (int64_t i = 0; i < 32; i++) scaled[i] = m < nvec ? qscale * qm[32 * c + i] : 0.f;
+            _mm512_storeu_si512(qa + c * 512, bf16_pairs(scaled));
         }
-        const float *qm = p->q + ((p->cu_q[b] + r0 + m / g) * p->heads + kvh * g + m % g) * d;
-        for (int64_t i = 0; i < d; i++) qa[i / 32 * 512 + i % 32] = f32_to_bf16(qscale * qm[i]);
     }
     memset(w->o, 0, sizeof(float) * AM * d);
     const uint16_t *base = (const uint16_t *)(pk->packs + pk->pack_at[b * p->hkv + kvh] * AKB * d);
     /* the next block's scores go to the tiles before this block's softmax, so the two overlap */
     const int64_t bstride = 2 * AKB * d; /* u16 per packed block */
-    scores(w, w->s, base, dch, 0);
-    scores(w, w->s, base, dch, 1);
+    scores(w, w->s, base, dch, 0, tiles);
+    scores(w, w->s, base, dch, 1, tiles);
     for (int64_t t0 = 0, j = 0; t0 < key_end; t0 += AKB, j++) {
         float *s = w->s + (j % 2) * AM * AKB;
         if (t0 + AKB < key_end) {
-            scores(w, w->s + ((j + 1) % 2) * AM * AKB, base + (j + 1) * bstride, dch, 0);
-            scores(w, w->s + ((j + 1) % 2) * AM * AKB, base + (j + 1) * bstride, dch, 1);
+            scores(w, w->s + ((j + 1) % 2) * AM * AKB, base + (j + 1) * bstride, dch, 0, tiles);
+            scores(w, w->s + ((j + 1) % 2) * AM * AKB, base + (j + 1) * bstride, dch, 1, tiles);
         }
         softmax_block(w, s, t0, d);
         const uint16_t *vb = base + j * bstride + AKB * d;
         for (int mt = 0; mt < 2; mt++)
-            for (int64_t gq = 0; gq < d / 64; gq++) weigh(w, vb, d, mt, gq);
+            for (int64_t gq = 0; gq < d / 64; gq++) weigh(w, vb, d, mt, gq, tiles);
     }
     for (int64_t m = 0; m < nvec; m++) {
         float *o = p->out + ((p->cu_q[b] + r0 + m / g) * p->heads + kvh * g + m % g) * d;
@@ -224,8 +328,9 @@ static void pack_item(const Packed *pk, const int64_t *seq_start, int64_t batch,
     pack_block(pk, lo, local / nkb, local % nkb, stage);
 }
 
-static int run(const Problem *p, int64_t batch) {
-    if (!amx_ready()) return 3;
+/* tiles: AMX (3 where this process may not use them), else vdpbf16ps. */
+static int run(const Problem *p, int64_t batch, int tiles) {
+    if (tiles && !amx_usable()) return 3;
     const int64_t d = p->d;
     int64_t *seq_start = malloc(sizeof(int64_t) * (size_t)(batch + 1)), *pack_at = malloc(sizeof(int64_t) * (size_t)(batch * p->hkv + 1));
     int64_t num_tasks = 0;
@@ -244,7 +349,7 @@ static int run(const Problem *p, int64_t batch) {
 #pragma omp parallel
         {
             Scratch w;
-            float *stage = malloc(sizeof(float) * 2 * MAX_D);
+            float *stage = malloc(sizeof(float) * 4 * MAX_D);
             w.qa = aligned_alloc(64, 2 * AM * MAX_D), w.pa = aligned_alloc(64, 2 * AM * AKB);
             w.s = aligned_alloc(64, 2 * 4 * AM * AKB), w.o = aligned_alloc(64, 4 * AM * MAX_D);
             const int ok = stage != NULL && w.qa != NULL && w.pa != NULL && w.s != NULL && w.o != NULL;
@@ -255,11 +360,15 @@ static int run(const Problem *p, int64_t batch) {
 #pragma omp for schedule(dynamic, 4)
             for (int64_t i = 0; i < total * p->hkv; i++)
                 if (ok) pack_item(&pk, seq_start, batch, i, stage);
-            if (ok) amx_configure();
+#if defined(CPU_AMX)
+            if (ok && tiles) amx_configure();
+#endif
 #pragma omp for schedule(dynamic, 1)
             for (int64_t i = 0; i < num_tasks; i++)
-                if (ok) run_task(&pk, &tasks[i], &w);
-            if (ok) _tile_release();
+                if (ok) run_task(&pk, &tasks[i], &w, tiles);
+#if defined(CPU_AMX)
+            if (ok && tiles) _tile_release();
+#endif
             free(stage), free(w.qa), free(w.pa), free(w.s), free(w.o);
         }
     }
@@ -268,27 +377,48 @@ static int run(const Problem *p, int64_t batch) {
 }
 #endif
 
-/* paged_prefill_attention_f32's arguments and returns (0; 1 bad sizes; 2 out of memory), and 3 where this
- * build or process has no AMX; head_dim must be a multiple of 64 here, a GQA group at most 32 heads. */
-int paged_prefill_attention_amx(const float *q, const float *k, const float *v, const void *k_cache,
-                                const void *v_cache, const int32_t *block_tables, const int32_t *cu_q,
-                                const int32_t *cu_k, const int32_t *prefix_lens, float *out, int64_t batch,
-                                int64_t heads, int64_t hkv, int64_t d, int64_t bs, int64_t max_blocks, float scale,
-                                int causal, int kv_kind, const float *k_scale, const float *v_scale) {
+#define PREFILL_ARGS                                                                                         \
+    const float *q, const float *k, const float *v, const void *k_cache, const void *v_cache,                \
+        const int32_t *block_tables, const int32_t *cu_q, const int32_t *cu_k, const int32_t *prefix_lens,  \
+        float *out, int64_t batch, int64_t heads, int64_t hkv, int64_t d, int64_t bs, int64_t max_blocks,   \
+        float scale, int causal, int kv_kind, const float *k_scale, const float *v_scale
+
+static int attend(PREFILL_ARGS, int tiles) {
     if (hkv <= 0 || heads % hkv || d <= 0 || d % 64 || d > MAX_D || bs <= 0 || heads / hkv > AM) return 1;
     if (!kv_kind_known(kv_kind) || (kv_quantized(kv_kind) && (k_scale == NULL || v_scale == NULL))) return 1;
     if (!kv_quantized(kv_kind)) k_scale = v_scale = NULL;
-#if defined(CPU_AMX)
+#if defined(CPU_BF16)
     const Problem p = {q, k, v, k_cache, v_cache, k_scale, v_scale, block_tables, cu_q, cu_k, prefix_lens, out,
                        heads, hkv, d, bs, max_blocks, heads / hkv, scale, causal, kv_kind};
-    return run(&p, batch);
+    return run(&p, batch, tiles);
 #else
     (void)q, (void)k, (void)v, (void)k_cache, (void)v_cache, (void)block_tables, (void)cu_q, (void)cu_k;
-    (void)prefix_lens, (void)out, (void)batch, (void)max_blocks, (void)scale, (void)causal;
+    (void)prefix_lens, (void)out, (void)batch, (void)max_blocks, (void)scale, (void)causal, (void)tiles;
     return 3;
 #endif
 }
 
+/* paged_prefill_attention_f32's arguments and returns (0; 1 bad sizes; 2 out of memory), and 3 where this
+ * build or process has no AMX; head_dim must be a multiple of 64 here, a GQA group at most 32 heads. */
+int paged_prefill_attention_amx(PREFILL_ARGS) {
+    return attend(q, k, v, k_cache, v_cache, block_tables, cu_q, cu_k, prefix_lens, out, batch, heads, hkv, d, bs,
+                  max_blocks, scale, causal, kv_kind, k_scale, v_scale, 1);
+}
+
+/* The same on vdpbf16ps: 3 where this build has no AVX-512 BF16. */
+int paged_prefill_attention_bf16(PREFILL_ARGS) {
+    return attend(q, k, v, k_cache, v_cache, block_tables, cu_q, cu_k, prefix_lens, out, batch, heads, hkv, d, bs,
+                  max_blocks, scale, causal, kv_kind, k_scale, v_scale, 0);
+}
+
 int amx_available(void) { return amx_usable(); }
+
+int bf16_available(void) {
+#if defined(CPU_BF16)
+    return 1;
+#else
+    return 0;
+#endif
+}
 
 const char *cpu_kernel_isa(void) { return cpu_isa_name(); }
