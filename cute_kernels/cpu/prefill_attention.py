@@ -56,11 +56,12 @@ def available(kernel: str) -> bool:
 
 
 def bf16_kernel(args: PrefillArgs) -> str | None:
-    """The bf16 kernel prefill_attention_cpu takes for args ("amx" before "bf16"), None for the fp32 one: a bf16
-    or 8-bit KV cache, head_dim a multiple of 64, GQA groups of at most 32 heads, BF16_MIN_Q_ROWS new rows."""
+    """The bf16 kernel prefill_attention_cpu takes for args' sequences of BF16_MIN_Q_ROWS new rows or more ("amx"
+    before "bf16"; the others take the fp32 one), None for all on the fp32 one: it needs a bf16 or 8-bit KV
+    cache, head_dim a multiple of 64, GQA groups of at most 32 heads."""
     q, cache = args.q, args.k_cache
     if not (cache is not None and cache.dtype != torch.float32 and cache.dtype in KV_KINDS and q.shape[2] % 64 == 0
-            and q.shape[1] // args.k.shape[1] <= 32 and q.shape[0] >= BF16_MIN_Q_ROWS):
+            and q.shape[1] // args.k.shape[1] <= 32):
         return None
     return next((kernel for kernel in ("amx", "bf16") if available(kernel)), None)
 
@@ -114,13 +115,30 @@ def prepare_tables(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, prefi
     return PrefillTables(cu_q, cu_k, prefix, tables, int(cu_q[-1]), int(cu_k[-1]), checked)
 
 
+def _rows(cu: torch.Tensor, seqs: list[int]) -> torch.Tensor:
+    return torch.cat([torch.arange(int(cu[b]), int(cu[b + 1])) for b in seqs])
+
+
+def _offsets(cu: torch.Tensor, seqs: torch.Tensor) -> torch.Tensor:
+    return torch.cat([torch.zeros(1, dtype=torch.int32), cu.diff()[seqs].cumsum(0).to(torch.int32)])
+
+
+def subset(tables: PrefillTables, seqs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, PrefillTables]:
+    """(query row indices, key row indices, tables) of the smaller call made of sequences `seqs` (ascending)."""
+    q_rows, k_rows = _rows(tables.cu_q, seqs.tolist()), _rows(tables.cu_k, seqs.tolist())
+    sub = PrefillTables(_offsets(tables.cu_q, seqs), _offsets(tables.cu_k, seqs), tables.prefix_lens[seqs].contiguous(),
+                        tables.block_tables[seqs].contiguous(), q_rows.numel(), k_rows.numel(), tables.cache_shape)
+    return q_rows, k_rows, sub
+
+
 def prefill_attention_cpu(args: PrefillArgs, kernel: str | None = None) -> torch.Tensor:
     """q [Tq, H, d], k/v [Tk, Hkv, d] (fp32; the paged caches fp32, bf16, or int8 / e4m3 with
     args.kv_scales) -> [Tq, H, d]; see reference.prefill_attention_ref.
 
     args.plan: the PrefillTables of prepare_tables(cu_seqlens_q, cu_seqlens_k, prefix_lens,
     block_tables, k_cache.shape[:2]), when the caller already made them; else they are made here.
-    kernel: one of KERNELS, or as bf16_kernel says (None)."""
+    kernel: one of KERNELS for every sequence, or (None) bf16_kernel's for sequences of BF16_MIN_Q_ROWS new rows
+    or more and the fp32 one for the others."""
     q, k, v, k_cache, v_cache = args.q, args.k, args.v, args.k_cache, args.v_cache
     lib, reason = _library()
     if lib is None:
@@ -142,11 +160,30 @@ def prefill_attention_cpu(args: PrefillArgs, kernel: str | None = None) -> torch
     if tables.cache_shape is not None and (not has_cache or tables.cache_shape != tuple(k_cache.shape[:2])):
         raise ValueError("the prepared tables were checked against another cache")
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    if kernel is not None:
+        return _launch(lib, kernel, args, q, k, v, tables, k_scale, v_scale)
+    bf16 = bf16_kernel(args)
+    few = tables.cu_q.diff() < BF16_MIN_Q_ROWS  # a sequence's kernel follows its own rows, not its company
+    if bf16 is None or bool(few.all()):
+        return _launch(lib, "fp32", args, q, k, v, tables, k_scale, v_scale)
+    if not bool(few.any()):
+        return _launch(lib, bf16, args, q, k, v, tables, k_scale, v_scale)
+    out = torch.empty_like(q)
+    for name, seqs in (("fp32", few.nonzero().flatten()), (bf16, (~few).nonzero().flatten())):
+        q_rows, k_rows, sub = subset(tables, seqs)
+        out[q_rows] = _launch(lib, name, args, q[q_rows], k[k_rows], v[k_rows], sub, k_scale, v_scale)
+    return out
+
+
+def _launch(lib: ctypes.CDLL, kernel: str, args: PrefillArgs, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+            tables: PrefillTables, k_scale, v_scale) -> torch.Tensor:
+    """One kernel call on contiguous q, k, v and their checked tables."""
+    k_cache, v_cache = args.k_cache, args.v_cache
+    has_cache = k_cache is not None and v_cache is not None
     out = torch.empty_like(q)
     k_cache_ptr = k_cache.data_ptr() if has_cache else k.data_ptr()  # unread when no prefix
     v_cache_ptr = v_cache.data_ptr() if has_cache else v.data_ptr()
     block_size = k_cache.shape[1] if has_cache else 1
-    kernel = (bf16_kernel(args) or "fp32") if kernel is None else kernel
     if not available(kernel):
         raise RuntimeError(f"the {kernel} prefill attention is not available here")
     run = (lib.paged_prefill_attention_f32 if kernel == "fp32" else

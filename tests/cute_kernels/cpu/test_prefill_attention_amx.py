@@ -87,19 +87,38 @@ def test_reads_only_its_own_blocks_and_prefix(kernel):
     torch.testing.assert_close(cpu_prefill.prefill_attention_cpu(args, kernel), before)
 
 
-def test_taken_for_a_bf16_cache_and_enough_rows_only(kernel):
+def test_taken_for_a_bf16_cache_only(kernel):
     q, k, v, cu, k_cache, v_cache, tables, prefix = varlen_case([40], [20], 9, 3, 64)
     head = (q, k, v, cu, cu, 0.125, True)
     best = "amx" if cpu_prefill.available("amx") else "bf16"
     assert cpu_prefill.bf16_kernel(PrefillArgs(*head, k_cache.bfloat16(), v_cache.bfloat16(), tables, prefix)) == best
     assert cpu_prefill.bf16_kernel(PrefillArgs(*head, k_cache, v_cache, tables, prefix)) is None  # fp32 cache
     assert cpu_prefill.bf16_kernel(PrefillArgs(*head)) is None
-    fq, fk, fv, fcu, fkc, fvc, ft, fp = varlen_case([cpu_prefill.BF16_MIN_Q_ROWS - 1], [20], 9, 3, 64)
-    assert cpu_prefill.bf16_kernel(PrefillArgs(fq, fk, fv, fcu, fcu, 0.125, True, fkc.bfloat16(), fvc.bfloat16(),
-                                               ft, fp)) is None
     dq, dk, dv, dcu, dkc, dvc, dt, dp = varlen_case([40], [20], 4, 4, 32)  # head_dim 32: the fp32 kernel
     assert cpu_prefill.bf16_kernel(PrefillArgs(dq, dk, dv, dcu, dcu, 0.1, True, dkc.bfloat16(), dvc.bfloat16(),
                                                dt, dp)) is None
+
+
+def one_of(args: PrefillArgs, b: int) -> PrefillArgs:
+    """Sequence b of args as a call of its own: the same rows, prefix and blocks."""
+    rows = slice(int(args.cu_seqlens_q[b]), int(args.cu_seqlens_q[b + 1]))
+    cu = torch.tensor([0, rows.stop - rows.start], dtype=torch.int32)
+    return PrefillArgs(args.q[rows], args.k[rows], args.v[rows], cu, cu, args.scale, args.causal, args.k_cache,
+                       args.v_cache, args.block_tables[b:b + 1], args.prefix_lens[b:b + 1])
+
+
+def test_a_sequence_takes_its_kernel_by_its_own_rows_whatever_shares_the_call(kernel):
+    """Few new rows run the fp32 kernel (packing every key would cost more), many a bf16 one, per sequence:
+    a short chunk beside long prompts gives the bits it gives alone, and so do they."""
+    q, k, v, cu, k_cache, v_cache, tables, prefix = varlen_case([40, cpu_prefill.BF16_MIN_Q_ROWS - 1, 70, 3],
+                                                                [20, 30, 0, 100], 9, 3, 64)
+    both = PrefillArgs(q, k, v, cu, cu, 0.125, True, k_cache.bfloat16(), v_cache.bfloat16(), tables, prefix)
+    mixed = cpu_prefill.prefill_attention_cpu(both)
+    bf16 = cpu_prefill.bf16_kernel(both)
+    for b, kind in enumerate((bf16, "fp32", bf16, "fp32")):
+        alone = one_of(both, b)
+        assert torch.equal(mixed[int(cu[b]):int(cu[b + 1])], cpu_prefill.prefill_attention_cpu(alone, kind)), b
+        assert torch.equal(cpu_prefill.prefill_attention_cpu(alone), cpu_prefill.prefill_attention_cpu(alone, kind)), b
 
 
 @pytest.mark.parametrize("name,flag", [("amx", "amx_bf16"), ("bf16", "avx512_bf16")])
