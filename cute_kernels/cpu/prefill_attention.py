@@ -91,6 +91,18 @@ class PrefillTables:
     k_rows: int
     cache_shape: tuple[int, int] | None  # (num_blocks, block_size) checked against; None: no prefix read
 
+    # Derived once per step (the engine prepares one PrefillTables for every layer), not once per layer.
+    @functools.cached_property
+    def short(self) -> tuple[bool, ...]:
+        """Per sequence: fewer than BF16_MIN_Q_ROWS new rows, so the fp32 kernel whatever the others take."""
+        return tuple((self.cu_q.diff() < BF16_MIN_Q_ROWS).tolist())
+
+    @functools.cached_property
+    def halves(self) -> tuple[tuple[torch.Tensor, torch.Tensor, PrefillTables], ...]:
+        """subset() of the short sequences, then of the others."""
+        return tuple(subset(self, torch.tensor([b for b, short in enumerate(self.short) if short == want]))
+                     for want in (True, False))
+
 
 def prepare_tables(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, prefix_lens: torch.Tensor | None,
                    block_tables: torch.Tensor | None, cache_shape: tuple[int, int] | None) -> PrefillTables:
@@ -162,15 +174,13 @@ def prefill_attention_cpu(args: PrefillArgs, kernel: str | None = None) -> torch
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     if kernel is not None:
         return _launch(lib, kernel, args, q, k, v, tables, k_scale, v_scale)
-    bf16 = bf16_kernel(args)
-    few = tables.cu_q.diff() < BF16_MIN_Q_ROWS  # a sequence's kernel follows its own rows, not its company
-    if bf16 is None or bool(few.all()):
+    bf16 = bf16_kernel(args)  # a sequence's kernel follows its own rows (tables.short), not its company
+    if bf16 is None or all(tables.short):
         return _launch(lib, "fp32", args, q, k, v, tables, k_scale, v_scale)
-    if not bool(few.any()):
+    if not any(tables.short):
         return _launch(lib, bf16, args, q, k, v, tables, k_scale, v_scale)
     out = torch.empty_like(q)
-    for name, seqs in (("fp32", few.nonzero().flatten()), (bf16, (~few).nonzero().flatten())):
-        q_rows, k_rows, sub = subset(tables, seqs)
+    for name, (q_rows, k_rows, sub) in zip(("fp32", bf16), tables.halves):
         out[q_rows] = _launch(lib, name, args, q[q_rows], k[k_rows], v[k_rows], sub, k_scale, v_scale)
     return out
 
