@@ -173,6 +173,8 @@ def prefill_attention_cpu(args: PrefillArgs, kernel: str | None = None) -> torch
         raise ValueError("the prepared tables were checked against another cache")
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     if kernel is not None:
+        if kernel not in KERNELS:
+            raise ValueError(f"unknown prefill attention kernel {kernel!r} (one of {', '.join(KERNELS)})")
         return _launch(lib, kernel, args, q, k, v, tables, k_scale, v_scale)
     bf16 = bf16_kernel(args)  # a sequence's kernel follows its own rows (tables.short), not its company
     if bf16 is None or all(tables.short):

@@ -131,3 +131,5 @@ def test_routes_without_the_instructions_never_take_them(cpu_route, name, flag):
     assert not cpu_prefill.available(name) and cpu_prefill.bf16_kernel(args) != name
     with pytest.raises(RuntimeError, match="not available"):
         cpu_prefill.prefill_attention_cpu(args, name)
+    with pytest.raises(ValueError, match="unknown prefill attention kernel"):
+        cpu_prefill.prefill_attention_cpu(args, "bf32")
