@@ -209,38 +209,73 @@ static inline void weigh_block(float *acc, int64_t g_n, int64_t d, const float *
         for (int64_t j = 0; j < n; j++) axpy(acc + g * d, p[g * ps + j], (const float *)v.p + j * v.stride, d);
 }
 
-/* The partial of the g_n query heads q [g_n][d] of KV head kvh over tokens t_begin..t_end (block
- * aligned at t_begin): part[g] = (sum_t exp(s_t - max) v_t [d], max, sum_t exp(s_t - max)).
- * scores: work space of g_n * chunk_tokens(bs) floats. */
+/* Bytes of one cache element of type kind. */
+static inline int64_t kv_elem_bytes(int kind) { return kind == KV_F32 ? 4 : kind == KV_BF16 ? 2 : 1; }
+
+/* Asks for rows j0..j1 of KV head kvh in block blk ahead of use. */
+static inline void prefetch_rows(const KVCache *kc, const void *cache, int32_t blk, int64_t kvh, int64_t j0,
+                                 int64_t j1, int64_t hkv, int64_t d, int64_t bs) {
+    const int64_t eb = kv_elem_bytes(kc->kind), row = d * eb, stride = hkv * d * eb;
+    const char *p = (const char *)cache + ((int64_t)blk * bs * hkv + kvh) * d * eb;
+    for (int64_t j = j0; j < j1; j++)
+        for (int64_t b = 0; b < row; b += 64) __builtin_prefetch(p + j * stride + b, 0, 3);
+}
+
+/* Scores of one KV head's g_n query heads q [g_n][d] against its rows of the block at t0 (n rows), 4 rows
+ * at a time, asking meanwhile for the rows read next: the next block's K rows, or after the last the
+ * chunk's first V rows (a sequence's blocks lie anywhere in the pool, so the hardware prefetcher loses
+ * the stream at every block edge). */
+static inline void score_rows(const float *q, const KVCache *kc, const int32_t *table, int64_t t_begin, int64_t t0,
+                              int64_t t_end, int64_t g_n, int64_t kvh, int64_t hkv, int64_t d, int64_t bs, float scale,
+                              float *scores, int64_t ss) {
+    const int64_t n = t_end - t0 < bs ? t_end - t0 : bs, next = t_end - t0 - bs < bs ? t_end - t0 - bs : bs;
+    const Rows k = block_rows(kc, kc->k, kc->k_scale, table[t0 / bs], kvh, n, hkv, d, bs);
+    const int64_t eb = k.bf16 ? 2 : 4;
+    for (int64_t j = 0; j < n; j += 4) {
+        const int64_t nj = n - j < 4 ? n - j : 4;
+        if (next > 0) prefetch_rows(kc, kc->k, table[t0 / bs + 1], kvh, j, j + nj < next ? j + nj : next, hkv, d, bs);
+        else prefetch_rows(kc, kc->v, table[t_begin / bs], kvh, j, j + nj, hkv, d, bs);
+        score_block(q, g_n, d, (Rows){(const char *)k.p + j * k.stride * eb, k.stride, k.bf16}, nj, scale,
+                    scores + t0 - t_begin + j, ss);
+    }
+}
+
+/* The partials of KV heads kvh0..kvh0 + hg (each with its g_n query heads, q [hg * g_n][d]) over tokens
+ * t_begin..t_end (block aligned at t_begin): part[h * part_stride + g] = (sum_t exp(s_t - max) v_t [d], max,
+ * sum_t exp(s_t - max)). The heads are interleaved block by block, so with hg = hkv every token row is read
+ * whole, in order; each head's arithmetic is the same whatever hg is. scores: hg * g_n * chunk_tokens(bs) floats. */
 static inline void attend_chunk(const float *q, const KVCache *kc, const int32_t *table, int64_t t_begin,
-                                int64_t t_end, int64_t g_n, int64_t kvh, int64_t hkv, int64_t d, int64_t bs,
-                                float scale, float *scores, float *part) {
-    const int64_t ss = t_end - t_begin, pf = d + 2;
-    for (int64_t t0 = t_begin; t0 < t_end; t0 += bs) {
-        const int64_t n = t_end - t0 < bs ? t_end - t0 : bs;
-        const Rows k = block_rows(kc, kc->k, kc->k_scale, table[t0 / bs], kvh, n, hkv, d, bs);
-        score_block(q, g_n, d, k, n, scale, scores + t0 - t_begin, ss);
-    }
-    float acc[g_n * d];
-    for (int64_t g = 0; g < g_n; g++) {
-        float *s = scores + g * ss, m = -FLT_MAX, sum = 0.f;
+                                int64_t t_end, int64_t g_n, int64_t kvh0, int64_t hg, int64_t hkv, int64_t d,
+                                int64_t bs, float scale, float *scores, float *part, int64_t part_stride) {
+    const int64_t ss = t_end - t_begin, pf = d + 2, hs = g_n * ss; /* hs: one KV head's scores */
+    for (int64_t t0 = t_begin; t0 < t_end; t0 += bs)
+        for (int64_t h = 0; h < hg; h++)
+            score_rows(q + h * g_n * d, kc, table, t_begin, t0, t_end, g_n, kvh0 + h, hkv, d, bs, scale, scores + h * hs, ss);
+    float acc[hg * g_n * d];
+    for (int64_t h = 0; h < hg; h++)
+        for (int64_t g = 0; g < g_n; g++) {
+            float *s = scores + h * hs + g * ss, m = -FLT_MAX, sum = 0.f, *pg = part + h * part_stride + g * pf;
 #pragma omp simd reduction(max : m)
-        for (int64_t t = 0; t < ss; t++) m = s[t] > m ? s[t] : m;
+            for (int64_t t = 0; t < ss; t++) m = s[t] > m ? s[t] : m;
 #pragma omp simd reduction(+ : sum) /* vector expf from glibc's libmvec */
-        for (int64_t t = 0; t < ss; t++) {
-            s[t] = expf(s[t] - m);
-            sum += s[t];
+            for (int64_t t = 0; t < ss; t++) {
+                s[t] = expf(s[t] - m);
+                sum += s[t];
+            }
+            pg[d] = m;
+            pg[d + 1] = sum;
         }
-        part[g * pf + d] = m;
-        part[g * pf + d + 1] = sum;
-    }
     memset(acc, 0, sizeof acc);
     for (int64_t t0 = t_begin; t0 < t_end; t0 += bs) {
-        const int64_t n = t_end - t0 < bs ? t_end - t0 : bs;
-        const Rows v = block_rows(kc, kc->v, kc->v_scale, table[t0 / bs], kvh, n, hkv, d, bs);
-        weigh_block(acc, g_n, d, scores + t0 - t_begin, ss, v, n);
+        const int64_t n = t_end - t0 < bs ? t_end - t0 : bs, next = t_end - t0 - bs < bs ? t_end - t0 - bs : bs;
+        for (int64_t h = 0; h < hg; h++) {
+            if (next > 0) prefetch_rows(kc, kc->v, table[t0 / bs + 1], kvh0 + h, 0, next, hkv, d, bs);
+            const Rows v = block_rows(kc, kc->v, kc->v_scale, table[t0 / bs], kvh0 + h, n, hkv, d, bs);
+            weigh_block(acc + h * g_n * d, g_n, d, scores + h * hs + t0 - t_begin, ss, v, n);
+        }
     }
-    for (int64_t g = 0; g < g_n; g++) memcpy(part + g * pf, acc + g * d, sizeof(float) * d);
+    for (int64_t h = 0; h < hg; h++)
+        for (int64_t g = 0; g < g_n; g++) memcpy(part + h * part_stride + g * pf, acc + (h * g_n + g) * d, sizeof(float) * d);
 }
 
 /* out[g][0:d] = softmax-weighted sum of the g_n heads over nch chunk partials part [nch][g_n][d + 2]:
@@ -261,19 +296,26 @@ static inline void merge_chunks(const float *part, int64_t nch, int64_t g_n, int
     }
 }
 
-/* Task `task` of a decode attention over rows of lengths lens (one task per row, KV head and chunk; a
- * chunk past its row's length does nothing): its partial into parts [rows][hkv][max_chunks][partial].
- * q: the rows' queries [rows][q_stride], heads of a group adjacent. */
-static inline void attend_task(int64_t task, const float *q, int64_t q_stride, const KVCache *kc,
+/* KV heads per split-KV task: all of them (each token row read whole, in order) when the rows' chunks
+ * alone make tasks enough for `threads` threads, else one (so a short batch-1 context still spans both
+ * cores). The partials, and so the result, are the same either way. */
+static inline int64_t heads_per_task(int64_t rows, int64_t max_chunks, int64_t hkv, int64_t threads) {
+    return rows * max_chunks >= 4 * threads ? hkv : 1;
+}
+
+/* Task `task` of a decode attention over rows of lengths lens, of (row, group of hg KV heads, chunk) tasks
+ * (a chunk past its row's length does nothing): its partials into parts [rows][hkv][max_chunks][partial].
+ * q: the rows' queries [rows][q_stride], heads of a group adjacent. scores: hg * g_n * chunk_tokens(bs). */
+static inline void attend_task(int64_t task, int64_t hg, const float *q, int64_t q_stride, const KVCache *kc,
                                const int32_t *tables, int64_t max_blocks, const int32_t *lens, int64_t max_chunks,
                                int64_t g_n, int64_t hkv, int64_t d, int64_t bs, float scale, float *scores,
                                float *parts) {
-    const int64_t c = task % max_chunks, kvh = task / max_chunks % hkv, r = task / max_chunks / hkv;
-    const int64_t t_begin = c * chunk_tokens(bs), len = lens[r];
+    const int64_t groups = hkv / hg, c = task % max_chunks, kvh = task / max_chunks % groups * hg;
+    const int64_t r = task / max_chunks / groups, t_begin = c * chunk_tokens(bs), len = lens[r];
     if (t_begin >= len) return;
-    const int64_t t_end = t_begin + chunk_tokens(bs) < len ? t_begin + chunk_tokens(bs) : len;
-    attend_chunk(q + r * q_stride + kvh * g_n * d, kc, tables + r * max_blocks, t_begin, t_end, g_n, kvh, hkv, d, bs,
-                 scale, scores, parts + task * partial_floats(g_n, d));
+    const int64_t t_end = t_begin + chunk_tokens(bs) < len ? t_begin + chunk_tokens(bs) : len, pf = partial_floats(g_n, d);
+    attend_chunk(q + r * q_stride + kvh * g_n * d, kc, tables + r * max_blocks, t_begin, t_end, g_n, kvh, hg, hkv, d,
+                 bs, scale, scores, parts + ((r * hkv + kvh) * max_chunks + c) * pf, max_chunks * pf);
 }
 
 /* out [rows][out_stride] of (row, KV head) pair `pair` from its chunks' partials, as attend_task left them. */

@@ -17,8 +17,8 @@
 #include "attention_rows.h"
 
 /* Returns 0 on success, 1 on bad sizes, 2 when a work buffer could not be allocated.
- * Tasks: one per (sequence, KV head, chunk of KV_CHUNK tokens), attention_rows.h's split-KV; then one
- * merge per (sequence, KV head). */
+ * Tasks: one per (sequence, chunk of KV_CHUNK tokens, KV head or all of them: heads_per_task), attention_rows.h's
+ * split-KV; then one merge per (sequence, KV head). */
 int paged_decode_attention_f32(const float *q, const void *k_cache, const void *v_cache,
                                const int32_t *block_tables, const int32_t *context_lens, float *out,
                                int64_t batch, int64_t heads, int64_t hkv, int64_t d, int64_t bs,
@@ -29,13 +29,15 @@ int paged_decode_attention_f32(const float *q, const void *k_cache, const void *
     const int64_t g_n = heads / hkv;
     int64_t max_len = 1;
     for (int64_t b = 0; b < batch; b++) max_len = context_lens[b] > max_len ? context_lens[b] : max_len;
-    const int64_t max_chunks = num_chunks(max_len, bs), tasks = batch * hkv * max_chunks;
-    float *parts = malloc(sizeof(float) * (tasks ? tasks : 1) * partial_floats(g_n, d));
+    const int64_t max_chunks = num_chunks(max_len, bs), hg = heads_per_task(batch, max_chunks, hkv, omp_get_max_threads());
+    const int64_t tasks = batch * hkv / hg * max_chunks;
+    const int64_t pairs = batch * hkv * max_chunks; /* one partial per (sequence, KV head, chunk) */
+    float *parts = malloc(sizeof(float) * (pairs ? pairs : 1) * partial_floats(g_n, d));
     if (parts == NULL) return 2;
     int status = 0;
 #pragma omp parallel
     {
-        float *scores = malloc(sizeof(float) * g_n * chunk_tokens(bs));
+        float *scores = malloc(sizeof(float) * hg * g_n * chunk_tokens(bs));
         const int64_t staged = stage_floats(kv_kind, bs, d);
         KVCache kc = {k_cache, v_cache, kv_kind, staged ? malloc(sizeof(float) * staged) : NULL, k_scale, v_scale};
         const int ok = scores != NULL && (staged == 0 || kc.stage != NULL);
@@ -46,7 +48,7 @@ int paged_decode_attention_f32(const float *q, const void *k_cache, const void *
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < tasks; task++)
             if (ok)
-                attend_task(task, q, heads * d, &kc, block_tables, max_blocks, context_lens, max_chunks, g_n, hkv, d,
+                attend_task(task, hg, q, heads * d, &kc, block_tables, max_blocks, context_lens, max_chunks, g_n, hkv, d,
                             bs, scale, scores, parts);
 #pragma omp for schedule(static)
         for (int64_t pair = 0; pair < batch * hkv; pair++)

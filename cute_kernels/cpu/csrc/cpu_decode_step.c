@@ -145,16 +145,17 @@ static void rope_and_write_kv(const DecodeModel *md, const DecodeLayer *L, const
     }
 }
 
-/* attn[r] = decode attention of row r's query heads: split-KV tasks (row, KV head, chunk), then a merge
+/* attn[r] = decode attention of row r's query heads: split-KV tasks (row, KV heads, chunk), then a merge
  * per (row, KV head) (attention_rows.h); parts: their partials, scratch: the thread's scores, then its stage. */
 static void attend(const DecodeModel *md, const DecodeLayer *L, const Work *wk, int64_t m, const int32_t *tables,
                    int64_t max_blocks, const int32_t *lens, int64_t max_chunks, float *parts, float *scratch) {
     const int64_t d = md->head_dim, g_n = md->heads / md->kv_heads, hkv = md->kv_heads, bs = md->block_size;
-    float *stage = scratch + g_n * chunk_tokens(bs);
+    float *stage = scratch + md->heads * chunk_tokens(bs);
     const KVCache kc = {L->k_cache, L->v_cache, md->kv_kind, stage, L->k_scale, L->v_scale};
+    const int64_t hg = heads_per_task(m, max_chunks, hkv, omp_get_num_threads());
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t task = 0; task < m * hkv * max_chunks; task++)
-        attend_task(task, wk->qkv, (md->heads + 2 * hkv) * d, &kc, tables, max_blocks, lens, max_chunks, g_n, hkv, d,
+    for (int64_t task = 0; task < m * hkv / hg * max_chunks; task++)
+        attend_task(task, hg, wk->qkv, (md->heads + 2 * hkv) * d, &kc, tables, max_blocks, lens, max_chunks, g_n, hkv, d,
                     bs, md->scale, scratch, parts);
 #pragma omp for schedule(static)
     for (int64_t pair = 0; pair < m * hkv; pair++)
@@ -230,7 +231,7 @@ int decode_step_f32(const DecodeModel *md, float *x, float *out, int64_t m, cons
 #pragma omp parallel num_threads(nthreads)
     {
         /* the attention's scores for one chunk, then a bf16 or 8-bit cache's stage of block_size rows */
-        float *scratch = malloc(sizeof(float) * (g_n * chunk_tokens(md->block_size) + md->block_size * d));
+        float *scratch = malloc(sizeof(float) * (md->heads * chunk_tokens(md->block_size) + md->block_size * d));
         if (scratch == NULL) {
 #pragma omp atomic write
             failed = 1;
