@@ -2,10 +2,11 @@
  * scores of a GQA group's query heads against the paged K rows, softmax, weighted sum of the V rows.
  * Layouts: k/v cache [num_blocks, BS, HKV, D], a sequence's block table of int32 block ids.
  *
- * Split-KV: a (sequence, KV head) pair's context is cut into chunks of KV_CHUNK tokens (whole blocks),
- * each a task of its own that leaves its partial (unnormalized sum, max, sum of exps); merge_chunks
- * combines them by log-sum-exp. So both cores share one long sequence, and since the cut depends on the
- * context length alone, a row's bits do not depend on its batch or on the thread count.
+ * Split-KV: a sequence's context is cut into chunks of KV_CHUNK tokens (whole blocks), each a task of its
+ * own (per KV head, or for all KV heads at once: heads_per_task) that leaves one partial (unnormalized
+ * sum, max, sum of exps) per KV head; merge_chunks combines them by log-sum-exp. So both cores share one
+ * long sequence, and since the cut depends on the context length alone and a head's arithmetic not on
+ * its task's other heads, a row's bits do not depend on its batch or on the thread count.
  *
  * Blocking: within a block every query head of the group is scored against 4 K rows at once (each K
  * element loaded once for all heads), and V rows are weighed into every head's accumulators in
