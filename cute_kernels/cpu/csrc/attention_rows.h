@@ -210,6 +210,9 @@ static inline void weigh_block(float *acc, int64_t g_n, int64_t d, const float *
         for (int64_t j = 0; j < n; j++) axpy(acc + g * d, p[g * ps + j], (const float *)v.p + j * v.stride, d);
 }
 
+/* Tokens of the block that starts at t0 in a span ending at t_end (<= 0: none). */
+static inline int64_t rows_in(int64_t t0, int64_t t_end, int64_t bs) { return t_end - t0 < bs ? t_end - t0 : bs; }
+
 /* Bytes of one cache element of type kind. */
 static inline int64_t kv_elem_bytes(int kind) { return kind == KV_F32 ? 4 : kind == KV_BF16 ? 2 : 1; }
 
@@ -229,7 +232,7 @@ static inline void prefetch_rows(const KVCache *kc, const void *cache, int32_t b
 static inline void score_rows(const float *q, const KVCache *kc, const int32_t *table, int64_t t_begin, int64_t t0,
                               int64_t t_end, int64_t g_n, int64_t kvh, int64_t hkv, int64_t d, int64_t bs, float scale,
                               float *scores, int64_t ss) {
-    const int64_t n = t_end - t0 < bs ? t_end - t0 : bs, next = t_end - t0 - bs < bs ? t_end - t0 - bs : bs;
+    const int64_t n = rows_in(t0, t_end, bs), next = rows_in(t0 + bs, t_end, bs);
     const Rows k = block_rows(kc, kc->k, kc->k_scale, table[t0 / bs], kvh, n, hkv, d, bs);
     const int64_t eb = k.bf16 ? 2 : 4;
     for (int64_t j = 0; j < n; j += 4) {
@@ -268,7 +271,7 @@ static inline void attend_chunk(const float *q, const KVCache *kc, const int32_t
         }
     memset(acc, 0, sizeof acc);
     for (int64_t t0 = t_begin; t0 < t_end; t0 += bs) {
-        const int64_t n = t_end - t0 < bs ? t_end - t0 : bs, next = t_end - t0 - bs < bs ? t_end - t0 - bs : bs;
+        const int64_t n = rows_in(t0, t_end, bs), next = rows_in(t0 + bs, t_end, bs);
         for (int64_t h = 0; h < hg; h++) {
             if (next > 0) prefetch_rows(kc, kc->v, table[t0 / bs + 1], kvh0 + h, 0, next, hkv, d, bs);
             const Rows v = block_rows(kc, kc->v, kc->v_scale, table[t0 / bs], kvh0 + h, n, hkv, d, bs);
