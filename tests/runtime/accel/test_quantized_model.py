@@ -7,9 +7,11 @@ activation in a later layer (one step is 1/254 of its block's largest value), so
 are compared by relative error (0.5%; a wrong block or scale gives O(1)). Against the float path the
 int8 rounding of activations (<= 0.4% of each block's largest value) and, for int8/q4, of weights
 moves logits by ~1% (q4 on these random weights: ~9%); the bounds are 2-5x what these seeds show.
-The AMX path (40 rows here, where the host has the tiles) rounds activations and dequantized weights
-to bf16 (2^-9 relative) instead: it lands 0.46-0.50% from the float path on these seeds, against
-1.0% for the int8 path, so it is held to 1% of the float path rather than to the int8 reference.
+The AMX path (a 40-row prefill chunk, where the host has the tiles) rounds activations and dequantized
+weights to bf16 (2^-9 relative) instead: its last hidden state lands 0.41-0.48% from the float path's on
+these seeds, against 0.92-1.17% for the int8 path, so it is held to 0.75% of the float path rather than
+to the int8 reference; a chunk whose every row is sampled is a verify chunk, whose rows keep the int8
+route (runtime/model/step_rows.py), so that test samples only the last row.
 """
 import pytest
 import torch
@@ -33,6 +35,13 @@ IDS = torch.randint(0, 120, (40,), generator=torch.Generator().manual_seed(4)).t
 def logits(cfg, tensors, quantization):
     runner, ledger = make_runner(cfg, tensors, 4 << 20, backend="torch", quantization=quantization)
     return runner.run([SeqChunk(IDS, 0, list(range(3)), num_logits=len(IDS))]), runner.model, ledger
+
+
+def last_hidden(cfg, tensors, quantization):
+    """The final hidden state of a prefill chunk's last row (the body's product, before the LM head)."""
+    runner, _ = make_runner(cfg, tensors, 4 << 20, backend="torch", quantization=quantization)
+    runner.run([SeqChunk(IDS, 0, list(range(3)), num_logits=1)])
+    return runner.hidden
 
 
 def gguf_tensors(tmp_path, qtype):
@@ -76,7 +85,7 @@ def test_amx_tiles_inside_the_model_stay_near_the_float_path(tmp_path, qtype):
     load = gguf_tensors(tmp_path, qtype)
     cfg, tensors = load()
     assert quant_gemm.choose_path(f"{qtype}_R8", len(IDS)) == "amx"
-    assert relative_error(logits(cfg, tensors, None)[0], logits(*load(), "none")[0]) < 0.01
+    assert relative_error(last_hidden(cfg, tensors, None), last_hidden(*load(), "none")) < 0.0075
 
 
 def test_quantized_embedding_rows_are_the_dequantized_table(tmp_path):
