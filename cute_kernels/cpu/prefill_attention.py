@@ -4,9 +4,9 @@ Same contract (PrefillArgs) as reference.prefill_attention_ref, which is its ora
 rows over [paged prefix ; new keys], bottom-right causal alignment. Where the C kernel cannot be
 built the reason is in `unavailable_reason()` and callers keep the torch reference.
 
-On CPUs with AMX-BF16, csrc/amx/cpu_prefill_attention_amx.c runs the same contract on the tiles with Q, K, V and
-the softmax weights rounded to bf16 (fp32 sums); on CPUs with AVX-512 BF16 but no AMX, the same code on
-vdpbf16ps. One of them is taken (bf16_kernel) only where the KV cache holds bf16 or 8-bit values, the CPU
+On CPUs with AMX-BF16, csrc/amx/cpu_prefill_attention_amx.c runs the same contract on the tiles (keys down their
+rows: csrc/amx/attention_tiles.h) with Q, K, V and the softmax weights rounded to bf16 (fp32 sums); on CPUs with
+AVX-512 BF16 but no AMX, the same roundings on vdpbf16ps. One of them is taken (bf16_kernel) only where the KV cache holds bf16 or 8-bit values, the CPU
 default (runtime/device.py): there the keys and values were rounded already, and a float32 cache keeps the
 fp32 kernel's precision.
 """

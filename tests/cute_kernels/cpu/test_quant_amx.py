@@ -18,8 +18,10 @@ from tests.cute_kernels.cpu.test_cpu_quant_gemm import gguf_blocks
 
 TYPES = ("Q4_0", "Q4_1", "Q8_0")
 # (rows, n, k): panel edges in n (40: one whole and one partial panel), row blocks (33: a tile and a row),
-# k from one block up to the default model's down projection
-SHAPES = [(32, 32, 32), (33, 40, 64), (1, 8, 96), (100, 576, 576), (64, 192, 1536), (257, 968, 160)]
+# k from one block up to the default model's down projection; 3072 x 576 (gate_up): 48 panels a thread,
+# packed in sets of 21 (the last partial); 24 x 64 with 65 rows: one panel, so the threads split the rows
+SHAPES = [(32, 32, 32), (33, 40, 64), (1, 8, 96), (100, 576, 576), (64, 192, 1536), (257, 968, 160),
+          (70, 3072, 576), (65, 24, 64)]
 
 
 @pytest.fixture

@@ -49,8 +49,7 @@ long syscall(long number, ...); /* unistd.h declares it only outside strict C11 
 #define AMX_M 32 /* activation rows per register block */
 #define AMX_N 32 /* output columns per panel */
 #define AMX_TILE_VALUES 512 /* bf16 values of one A tile: 16 rows x 32 */
-#define AMX_PACK_BYTES (4 << 20) /* packed panels at a time: half per thread, in its L2 */
-#define AMX_ROW_BYTES (256 << 10) /* bf16 activation rows passed against them at a time */
+#define AMX_PANEL_BYTES (768 << 10) /* packed panels a thread holds at a time: under half its L2 */
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
 
@@ -136,26 +135,36 @@ static void amx_round_rows(const float *x, int64_t m, int64_t k, int64_t mp, int
 
 /* y[m, n] = bf16(x)[m, k] @ W^T (+ bias), W's panels from pack(weight, c0, packed). Returns 0, 2 when
  * a buffer cannot be allocated, 3 when the kernel refuses this process the tile registers.
- * Blocking: up to AMX_PACK_BYTES of panels are packed at a time (each thread packs the panels it then
- * multiplies, so they stay in its L2), and the activations pass in blocks of about AMX_ROW_BYTES, each
- * block against all of a thread's panels before the next: read once per panel set from L3, not once
- * per panel (that alone halved the rate at 4096 rows). */
+ * Blocking: each thread owns a contiguous run of panels (or, with fewer panels than threads, a share of
+ * the rows against all of them) and packs AMX_PANEL_BYTES of them at a time into a buffer of its own,
+ * which stays in its L2; then every 32-row block of activations passes against that set, rows outer,
+ * so a row block is read once per set and the set once per row block, both from L2. Measured on the
+ * 2-core AMX machine, one core, 2016 rows: 1.1-1.3 TFLOP/s this way against 0.9-1.0 with panels outer
+ * and rows streamed past each panel (the panel fell out of L1 between uses either way); with no sync
+ * between threads past the rounding. */
 static int amx_gemm(const float *x, int64_t m, int64_t k, amx_pack_fn pack, const void *weight, const float *bias,
                     float *y, int64_t n, int nthreads) {
     if (!amx_ready()) return 3;
     const int64_t kp = (k + AMX_K - 1) / AMX_K * AMX_K, mp = (m + AMX_M - 1) / AMX_M * AMX_M;
     const int64_t panel_words = kp / 2 * AMX_N, panels = (n + AMX_N - 1) / AMX_N;
-    int64_t chunk = AMX_PACK_BYTES / (panel_words * 4), rows = AMX_ROW_BYTES / (kp * 2) / AMX_M * AMX_M;
-    chunk = chunk < nthreads ? nthreads : chunk > panels ? panels : chunk;
-    rows = rows < AMX_M ? AMX_M : rows;
-    static _Thread_local AmxBuffer rows_buffer, panels_buffer;
+    int64_t chunk = AMX_PANEL_BYTES / (panel_words * 4);
+    chunk = chunk < 1 ? 1 : chunk;
+    static _Thread_local AmxBuffer rows_buffer;
     uint16_t *xb = amx_buffer(&rows_buffer, sizeof(uint16_t) * (size_t)(mp * kp));
-    uint32_t *packed = amx_buffer(&panels_buffer, sizeof(uint32_t) * (size_t)(chunk * panel_words));
-    int failed = xb == NULL || packed == NULL;
+    int failed = xb == NULL;
 #pragma omp parallel num_threads(nthreads) if (nthreads > 1)
     {
+        static _Thread_local AmxBuffer panels_buffer;
+        const int nt = omp_get_num_threads(), t = omp_get_thread_num();
+        const int by_panel = panels >= nt ? nt : (int)panels, by_row = nt / by_panel; /* thread grid */
+        const int64_t blocks = mp / AMX_M, pi = t % by_panel, ri = t / by_panel;
+        const int64_t p_begin = panels * pi / by_panel, p_end = panels * (pi + 1) / by_panel;
+        const int64_t r_begin = AMX_M * (blocks * ri / by_row), r_end_block = AMX_M * (blocks * (ri + 1) / by_row);
+        const int64_t r_end = r_end_block < m ? r_end_block : m;
+        const int64_t have = p_end - p_begin < chunk ? p_end - p_begin : chunk;
+        uint32_t *packed = ri < by_row ? amx_buffer(&panels_buffer, sizeof(uint32_t) * (size_t)(have * panel_words)) : NULL;
         float *scratch = aligned_alloc(64, sizeof(float) * AMX_M * AMX_N);
-        if (scratch == NULL) {
+        if (scratch == NULL || (ri < by_row && have > 0 && packed == NULL)) {
 #pragma omp atomic write
             failed = 1;
         }
@@ -163,17 +172,14 @@ static int amx_gemm(const float *x, int64_t m, int64_t k, amx_pack_fn pack, cons
         if (!failed) {
             amx_round_rows(x, m, k, mp, kp, xb);
             amx_configure();
-            for (int64_t p0 = 0; p0 < panels; p0 += chunk) {
-                const int64_t p1 = p0 + chunk < panels ? p0 + chunk : panels;
-#pragma omp for schedule(static)
+            for (int64_t p0 = p_begin; ri < by_row && p0 < p_end; p0 += chunk) {
+                const int64_t p1 = p0 + chunk < p_end ? p0 + chunk : p_end;
                 for (int64_t p = p0; p < p1; p++) pack(weight, p * AMX_N, packed + (p - p0) * panel_words);
-                for (int64_t r0 = 0; r0 < m; r0 += rows) {
-                    const int64_t r1 = r0 + rows < m ? r0 + rows : m;
-#pragma omp for schedule(static) nowait
+                for (int64_t r0 = r_begin; r0 < r_end; r0 += AMX_M) {
+                    const int64_t r1 = r0 + AMX_M < r_end ? r0 + AMX_M : r_end;
                     for (int64_t p = p0; p < p1; p++)
                         amx_panel(xb, r0, r1, kp, packed + (p - p0) * panel_words, bias, y, n, p * AMX_N, scratch);
                 }
-#pragma omp barrier
             }
             _tile_release();
         }

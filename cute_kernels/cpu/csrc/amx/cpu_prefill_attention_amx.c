@@ -1,55 +1,35 @@
-/* Varlen prefill attention on AMX tiles (CPUs with AMX-BF16): the contract of cpu_prefill_attention.c
- * (new query rows over [paged prefix ; new keys], bottom-right causal; caches fp32, bf16, int8 or e4m3),
- * with Q, K, V and the softmax weights P rounded to bf16 and every sum in fp32.
+/* Varlen prefill attention in bf16 (CPUs with AMX-BF16 or AVX-512 BF16): the contract of
+ * cpu_prefill_attention.c (new query rows over [paged prefix ; new keys], bottom-right causal; caches
+ * fp32, bf16, int8 or e4m3), with Q, K, V and the softmax weights P rounded to bf16 and every sum in fp32.
  *
  * Why: attention was ~60% of a 2000-token prefill of the default model on the fp32 FMA kernel (1.2 s of
- * 1.85 s on 2 cores); one TDPBF16PS is 16 rows x 16 columns x 32 products. prefill_attention.py sends
- * work here only where the KV cache is already held at bf16 precision or below (the default), so the
- * keys and values lose nothing the cache did not; Q and P gain a bf16 rounding (relative 2^-9).
+ * 1.85 s on 2 cores). prefill_attention.py sends work here only where the KV cache is already held at
+ * bf16 precision or below (the default), so the keys and values lose nothing the cache did not; Q and P
+ * gain a bf16 rounding (relative 2^-9).
  *
- * Steps: (1) every (sequence, KV head)'s keys and values are packed once per call, 64 keys a block, as
- * the B tiles read them (K: for 16 keys and 32 dims, 16 rows of (dim pair) x 16 keys; V: for 32 keys and
- * 16 dims, 16 rows of (key pair) x 16 dims); the prefix is read from the paged cache. (2) A task is 32
- * query vectors (rows x the heads of one GQA group) of one KV head, run FlashAttention-style over key
- * blocks: S = Q K^T into 4 C tiles per 16 vectors, an online softmax in base 2 (log2 e is folded into
- * Q's scale; exp2 by a degree-5 polynomial and vscalefps, relative error 3e-6), P rounded to bf16 as A
- * tiles, then O (fp32, in memory, rescaled per block) += P V on the tiles.
- *
- * Without AMX, on CPUs with AVX-512 BF16, paged_prefill_attention_bf16 runs the same steps with
- * vdpbf16ps on the same packed layouts (each packed row of 16 pairs is one zmm; a Q or P pair is one
- * broadcast word): the same bf16 roundings, the sums in another order. Why: the fp32 kernel's FMAs do 8
- * (AVX2) products an instruction; one vdpbf16ps does 32. */
+ * Two routes, one rounding: paged_prefill_attention_amx runs on the AMX tiles with keys down the tiles'
+ * rows (attention_tiles.h); paged_prefill_attention_bf16, here, on vdpbf16ps for CPUs without AMX
+ * (one vdpbf16ps does 32 products, an AVX2 FMA 8). Its steps: (1) every (sequence, KV head)'s keys and
+ * values are packed once per call, 64 keys a block (K: for 16 keys and 32 dims, 16 rows of (dim pair) x
+ * 16 keys; V: for 32 keys and 16 dims, 16 rows of (key pair) x 16 dims), each packed row of 16 pairs one
+ * zmm; the prefix is read from the paged cache. (2) A task is 32 query vectors (rows x the heads of one
+ * GQA group) of one KV head, run FlashAttention-style over key blocks: S = Q K^T (a Q pair a broadcast
+ * word), an online softmax in base 2 (log2 e is folded into Q's scale; exp2 by a degree-5 polynomial and
+ * vscalefps, relative error 3e-6), P rounded to bf16, then O (fp32, in memory, rescaled per block) += P V. */
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "amx_tiles.h"
-#include "kv_elem.h"
-#include "prefill_problem.h"
+#include "attention_tiles.h" /* the AMX route */
+#include "bf16_attention.h"
 
 #define AM 32     /* query vectors per task: two row tiles */
 #define AKB 64    /* keys per block: four key tiles of 16, two chunks of 32 */
 #define MAX_D 256 /* head_dim bound of the per-thread scratch */
-#define NEG (-1e30f)
 
 #if defined(CPU_BF16)
-#define LOG2E 1.4426950408889634f
-
-/* 2^x for x <= 0 (below -1000: 0): 2^f on f in [-1/2, 1/2] by Taylor to degree 5, times 2^n exactly. */
-static inline __m512 exp2_ps(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-1000.f));
-    const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), f = _mm512_sub_ps(x, n);
-    __m512 p = _mm512_set1_ps(1.3333558e-3f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504109e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022651e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
-    return _mm512_scalef_ps(p, n);
-}
-
 typedef struct {
     const Problem *p;
     const int64_t *pack_at; /* (sequence, KV head) -> its first packed block */
@@ -58,32 +38,11 @@ typedef struct {
 
 static inline int64_t blocks_of(int64_t keys) { return (keys + AKB - 1) / AKB; }
 
-/* 32 floats as 16 bf16 pairs, word w = (x[2w], x[2w + 1]), rounded to nearest even as f32_to_bf16. */
-static inline __m512i bf16_pairs(const float *x) {
-    return (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + 16), _mm512_loadu_ps(x));
-}
-
 /* 16 floats of two rows interleaved as bf16 pairs, word i = (a[i], b[i]). */
 static inline __m512i bf16_interleave(const float *a, const float *b) {
     const __m512i lo = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(a)));
     const __m512i hi = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(b)));
     return _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16));
-}
-
-/* Key t's K and V rows of (sequence b, KV head kvh) as fp32 (zeros past the sequence's keys). */
-static inline void key_rows(const Problem *p, int64_t b, int64_t kvh, int64_t t, float *stage, const float **kr,
-                            const float **vr) {
-    const int64_t d = p->d;
-    if (t >= keys_of(p, b)) {
-        memset(stage, 0, sizeof(float) * 2 * d);
-        *kr = stage, *vr = stage + d;
-        return;
-    }
-    int in_cache;
-    const int64_t off = key_offset(p, b, t, p->prefix[b], kvh, &in_cache);
-    const float ks = p->k_scale != NULL ? p->k_scale[kvh] : 1.f, vs = p->v_scale != NULL ? p->v_scale[kvh] : 1.f;
-    *kr = in_cache ? kv_row_f32(p->k_cache, p->kv_kind, off, d, ks, stage) : p->k + off;
-    *vr = in_cache ? kv_row_f32(p->v_cache, p->kv_kind, off, d, vs, stage + d) : p->v + off;
 }
 
 /* Packs block j of (sequence b, KV head kvh), a key pair at a time: K's dim pairs go down a tile's column
@@ -110,69 +69,17 @@ static void pack_block(const Packed *pk, int64_t b, int64_t kvh, int64_t j, floa
 }
 
 typedef struct {
-    uint16_t *qa;  /* Q as A tiles: [row tile][dim chunk][16][32] */
+    uint16_t *qa;  /* Q as 16-row blocks: [row tile][dim chunk][16][32] */
     float *s;      /* scores [2][AM][AKB]: this block's and the next's */
-    uint16_t *pa;  /* P as A tiles: [row tile][key chunk][16][32] */
+    uint16_t *pa;  /* P as 16-row blocks: [row tile][key chunk][16][32] */
     float *o;      /* [AM][d] */
     float mx[AM], l[AM];
     int32_t limit[AM]; /* vector m sees keys < limit (causal: its own position + 1) */
 } Scratch;
 
-#if defined(CPU_AMX)
-/* S for row tile mt against key block kb: 4 C tiles of 16 keys, d / 32 dim chunks. */
-static inline void scores_amx(const Scratch *w, float *s, const uint16_t *kb, int64_t dch, int mt) {
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-    for (int64_t c = 0; c < dch; c++) {
-        _tile_loadd(4, w->qa + (mt * dch + c) * 512, 64);
-        _tile_loadd(5, kb + 2 * (0 * dch + c) * 256, 64);
-        _tile_dpbf16ps(0, 4, 5);
-        _tile_loadd(6, kb + 2 * (1 * dch + c) * 256, 64);
-        _tile_dpbf16ps(1, 4, 6);
-        _tile_loadd(7, kb + 2 * (2 * dch + c) * 256, 64);
-        _tile_dpbf16ps(2, 4, 7);
-        _tile_loadd(5, kb + 2 * (3 * dch + c) * 256, 64);
-        _tile_dpbf16ps(3, 4, 5);
-    }
-    s += mt * 16 * AKB;
-    _tile_stored(0, s, AKB * 4);
-    _tile_stored(1, s + 16, AKB * 4);
-    _tile_stored(2, s + 32, AKB * 4);
-    _tile_stored(3, s + 48, AKB * 4);
-}
-
-/* O[row tile mt][dims 64g .. 64g + 63] += P V for one key block (two key chunks of 32). */
-static inline void weigh_amx(Scratch *w, const uint16_t *vb, int64_t d, int mt, int64_t g) {
-    const int64_t dt = d / 16;
-    float *o = w->o + mt * 16 * d + 64 * g;
-    _tile_loadd(0, o, d * 4);
-    _tile_loadd(1, o + 16, d * 4);
-    _tile_loadd(2, o + 32, d * 4);
-    _tile_loadd(3, o + 48, d * 4);
-    for (int64_t c = 0; c < 2; c++) {
-        const uint16_t *v = vb + 2 * (c * dt + 4 * g) * 256;
-        _tile_loadd(4, w->pa + (mt * 2 + c) * 512, 64);
-        _tile_loadd(5, v, 64);
-        _tile_dpbf16ps(0, 4, 5);
-        _tile_loadd(6, v + 512, 64);
-        _tile_dpbf16ps(1, 4, 6);
-        _tile_loadd(7, v + 1024, 64);
-        _tile_dpbf16ps(2, 4, 7);
-        _tile_loadd(5, v + 1536, 64);
-        _tile_dpbf16ps(3, 4, 5);
-    }
-    _tile_stored(0, o, d * 4);
-    _tile_stored(1, o + 16, d * 4);
-    _tile_stored(2, o + 32, d * 4);
-    _tile_stored(3, o + 48, d * 4);
-}
-#endif
-
 #define VR 4 /* query vectors per register block of the vector route: VR x 4 accumulators of 16 lanes */
 
-/* scores_amx with vdpbf16ps: K's packed row (dim pair, 16 keys) against a broadcast Q pair. */
+/* S for row tile mt against key block kb: K's packed row (dim pair, 16 keys) against a broadcast Q pair. */
 static inline void scores_vec(const Scratch *w, float *s, const uint16_t *kb, int64_t dch, int mt) {
     for (int m0 = 0; m0 < 16; m0 += VR) {
         __m512 acc[VR][4];
@@ -194,7 +101,7 @@ static inline void scores_vec(const Scratch *w, float *s, const uint16_t *kb, in
     }
 }
 
-/* weigh_amx with vdpbf16ps: V's packed row (key pair, 16 dims) against a broadcast P pair. */
+/* O[row tile mt][dims 64g .. 64g + 63] += P V for one key block: V's packed row (key pair, 16 dims) against a broadcast P pair. */
 static inline void weigh_vec(Scratch *w, const uint16_t *vb, int64_t d, int mt, int64_t g) {
     const int64_t dt = d / 16;
     for (int m0 = 0; m0 < 16; m0 += VR) {
@@ -219,29 +126,7 @@ static inline void weigh_vec(Scratch *w, const uint16_t *vb, int64_t d, int mt, 
     }
 }
 
-static inline void scores(const Scratch *w, float *s, const uint16_t *kb, int64_t dch, int mt, int tiles) {
-#if defined(CPU_AMX)
-    if (tiles) {
-        scores_amx(w, s, kb, dch, mt);
-        return;
-    }
-#endif
-    (void)tiles;
-    scores_vec(w, s, kb, dch, mt);
-}
-
-static inline void weigh(Scratch *w, const uint16_t *vb, int64_t d, int mt, int64_t g, int tiles) {
-#if defined(CPU_AMX)
-    if (tiles) {
-        weigh_amx(w, vb, d, mt, g);
-        return;
-    }
-#endif
-    (void)tiles;
-    weigh_vec(w, vb, d, mt, g);
-}
-
-/* The online softmax over one block's scores (keys t0..t0+63): P as bf16 A tiles, O rescaled. */
+/* The online softmax over one block's scores (keys t0..t0+63): P in bf16, O rescaled. */
 static void softmax_block(Scratch *w, const float *scores_of_block, int64_t t0, int64_t d) {
     const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     for (int m = 0; m < AM; m++) {
@@ -273,7 +158,7 @@ static void softmax_block(Scratch *w, const float *scores_of_block, int64_t t0, 
     }
 }
 
-static void run_task(const Packed *pk, const Task *task, Scratch *w, int tiles) {
+static void run_task(const Packed *pk, const Task *task, Scratch *w) {
     const Problem *p = pk->p;
     const int64_t b = task->b, kvh = task->kvh, r0 = task->r0, g = p->g, d = p->d, dch = d / 32;
     const int64_t q_len = p->cu_q[b + 1] - p->cu_q[b], k_len = keys_of(p, b);
@@ -296,18 +181,18 @@ static void run_task(const Packed *pk, const Task *task, Scratch *w, int tiles) 
     const uint16_t *base = (const uint16_t *)(pk->packs + pk->pack_at[b * p->hkv + kvh] * AKB * d);
     /* the next block's scores go to the tiles before this block's softmax, so the two overlap */
     const int64_t bstride = 2 * AKB * d; /* u16 per packed block */
-    scores(w, w->s, base, dch, 0, tiles);
-    scores(w, w->s, base, dch, 1, tiles);
+    scores_vec(w, w->s, base, dch, 0);
+    scores_vec(w, w->s, base, dch, 1);
     for (int64_t t0 = 0, j = 0; t0 < key_end; t0 += AKB, j++) {
         float *s = w->s + (j % 2) * AM * AKB;
         if (t0 + AKB < key_end) {
-            scores(w, w->s + ((j + 1) % 2) * AM * AKB, base + (j + 1) * bstride, dch, 0, tiles);
-            scores(w, w->s + ((j + 1) % 2) * AM * AKB, base + (j + 1) * bstride, dch, 1, tiles);
+            scores_vec(w, w->s + ((j + 1) % 2) * AM * AKB, base + (j + 1) * bstride, dch, 0);
+            scores_vec(w, w->s + ((j + 1) % 2) * AM * AKB, base + (j + 1) * bstride, dch, 1);
         }
         softmax_block(w, s, t0, d);
         const uint16_t *vb = base + j * bstride + AKB * d;
         for (int mt = 0; mt < 2; mt++)
-            for (int64_t gq = 0; gq < d / 64; gq++) weigh(w, vb, d, mt, gq, tiles);
+            for (int64_t gq = 0; gq < d / 64; gq++) weigh_vec(w, vb, d, mt, gq);
     }
     for (int64_t m = 0; m < nvec; m++) {
         float *o = p->out + ((p->cu_q[b] + r0 + m / g) * p->heads + kvh * g + m % g) * d;
@@ -328,9 +213,8 @@ static void pack_item(const Packed *pk, const int64_t *seq_start, int64_t batch,
     pack_block(pk, lo, local / nkb, local % nkb, stage);
 }
 
-/* tiles: AMX (3 where this process may not use them), else vdpbf16ps. */
-static int run(const Problem *p, int64_t batch, int tiles) {
-    if (tiles && !amx_usable()) return 3;
+/* The vdpbf16ps route over the whole call: 0, or 2 when out of memory. */
+static int run_vec(const Problem *p, int64_t batch) {
     const int64_t d = p->d;
     int64_t *seq_start = malloc(sizeof(int64_t) * (size_t)(batch + 1)), *pack_at = malloc(sizeof(int64_t) * (size_t)(batch * p->hkv + 1));
     int64_t num_tasks = 0;
@@ -360,15 +244,9 @@ static int run(const Problem *p, int64_t batch, int tiles) {
 #pragma omp for schedule(dynamic, 4)
             for (int64_t i = 0; i < total * p->hkv; i++)
                 if (ok) pack_item(&pk, seq_start, batch, i, stage);
-#if defined(CPU_AMX)
-            if (ok && tiles) amx_configure();
-#endif
 #pragma omp for schedule(dynamic, 1)
             for (int64_t i = 0; i < num_tasks; i++)
-                if (ok) run_task(&pk, &tasks[i], &w, tiles);
-#if defined(CPU_AMX)
-            if (ok && tiles) _tile_release();
-#endif
+                if (ok) run_task(&pk, &tasks[i], &w);
             free(stage), free(w.qa), free(w.pa), free(w.s), free(w.o);
         }
     }
@@ -390,7 +268,12 @@ static int attend(PREFILL_ARGS, int tiles) {
 #if defined(CPU_BF16)
     const Problem p = {q, k, v, k_cache, v_cache, k_scale, v_scale, block_tables, cu_q, cu_k, prefix_lens, out,
                        heads, hkv, d, bs, max_blocks, heads / hkv, scale, causal, kv_kind};
-    return run(&p, batch, tiles);
+#if defined(CPU_AMX)
+    if (tiles) return run_tiles(&p, batch);
+#else
+    if (tiles) return 3;
+#endif
+    return run_vec(&p, batch);
 #else
     (void)q, (void)k, (void)v, (void)k_cache, (void)v_cache, (void)block_tables, (void)cu_q, (void)cu_k;
     (void)prefix_lens, (void)out, (void)batch, (void)max_blocks, (void)scale, (void)causal, (void)tiles;
