@@ -11,7 +11,10 @@ import ctypes
 import torch
 
 from cute_kernels.cpu import build
+from cute_kernels.cpu.kv_elem import KV_KINDS, kv_kind, scale_pointers
+from cute_kernels.kv_quant import KVScales, dequantize
 from cute_kernels.reference import add_rms_norm_ref, rope_ref, silu_and_mul_ref
+from cute_kernels.reference import write_kv as write_kv_ref
 
 _P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 
@@ -21,6 +24,8 @@ def _library() -> tuple[ctypes.CDLL | None, str | None]:
         "add_rms_norm_f32": ([_P] * 5 + [_I, _I, _F], None),
         "silu_and_mul_f32": ([_P, _P, _I, _I], None),
         "rope_f32": ([_P] * 3 + [_I] * 4, None),
+        "write_kv_f32": ([_P, _I, _P, _P, _I, _I, _I, ctypes.c_int, _P], None),
+        "read_kv_f32": ([_P, _P, _I, _I, _I, ctypes.c_int, _P, _P], None),
     })
 
 
@@ -68,3 +73,44 @@ def rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
         return rope_ref(x, cos, sin)
     _library()[0].rope_f32(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), tokens, heads, d, x.stride(0))
     return x
+
+
+def _kv_ready(caches: tuple[torch.Tensor, torch.Tensor], slots: torch.Tensor, *rows: torch.Tensor) -> bool:
+    """The C KV paths take these: fp32 rows of heads x d contiguous values, contiguous caches of one type the
+    C code reads ([blocks, block_size, heads, d]), int64 slots inside them."""
+    k_cache, v_cache = caches
+    heads_d = tuple(k_cache.shape[2:])
+    return (unavailable_reason() is None and k_cache.dtype == v_cache.dtype and k_cache.dtype in KV_KINDS
+            and k_cache.shape == v_cache.shape and k_cache.is_contiguous() and v_cache.is_contiguous()
+            and k_cache.device.type == "cpu" and slots.dtype == torch.int64 and slots.dim() == 1
+            and slots.is_contiguous() and all(
+                r.dtype == torch.float32 and tuple(r.shape) == (slots.numel(), *heads_d) and r.stride(2) == 1
+                and r.stride(1) == heads_d[1] for r in rows)
+            and (slots.numel() == 0 or 0 <= int(slots.min()) <= int(slots.max()) < k_cache.shape[0] * k_cache.shape[1]))
+
+
+def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+             kv_scales: KVScales | None = None) -> None:
+    """reference.write_kv_ref (k/v [tokens, kv_heads, d] into the caches at flat slots), in one C pass each."""
+    if not _kv_ready((k_cache, v_cache), slots, k, v):
+        return write_kv_ref(k, v, k_cache, v_cache, slots, kv_scales)
+    kind, scales = kv_kind(k_cache, v_cache), scale_pointers(k_cache, kv_scales, k.shape[1])
+    for x, cache, scale in ((k, k_cache, scales[0]), (v, v_cache, scales[1])):
+        _library()[0].write_kv_f32(x.data_ptr(), x.stride(0), cache.data_ptr(), slots.data_ptr(), slots.numel(),
+                                   x.shape[1], x.shape[2], kind, scale)
+
+
+def read_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+            kv_scales: KVScales | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows at flat slots of both caches as fp32 [tokens, kv_heads, d]: what write_kv stored, read back."""
+    if not _kv_ready((k_cache, v_cache), slots):
+        scales = (None, None) if kv_scales is None else (kv_scales.k, kv_scales.v)
+        return tuple(dequantize(c.view(-1, *c.shape[2:])[slots], s) for c, s in zip((k_cache, v_cache), scales))
+    kind, scales = kv_kind(k_cache, v_cache), scale_pointers(k_cache, kv_scales, k_cache.shape[2])
+    out = []
+    for cache, scale in ((k_cache, scales[0]), (v_cache, scales[1])):
+        rows = torch.empty(slots.numel(), *cache.shape[2:])
+        _library()[0].read_kv_f32(cache.data_ptr(), slots.data_ptr(), slots.numel(), cache.shape[2], cache.shape[3],
+                                  kind, scale, rows.data_ptr())
+        out.append(rows)
+    return out[0], out[1]

@@ -9,6 +9,7 @@ from cute_kernels.attention_args import DecodeArgs, PrefillArgs
 from cute_kernels.cpu import decode_attention as cpu_decode
 from cute_kernels.cpu import fused_ops as fused
 from cute_kernels.cpu import prefill_attention as cpu_prefill
+from cute_kernels.kv_quant import KVScales
 from cute_kernels.reference_static import StaticDecodePlan
 from runtime.accel.cpu_decode_step import CpuDecodeStep
 from runtime.model.attention_batch import AttentionBatch
@@ -64,6 +65,19 @@ class CpuBackend(TorchBackend):
         return super().decode(args)
 
     # each fused op falls back to its reference by itself for inputs the C code does not take
+    def write_kv(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 slot_mapping: torch.Tensor, kv_scales: KVScales | None = None) -> None:
+        if self.c_fused:
+            return fused.write_kv(k, v, k_cache, v_cache, slot_mapping, kv_scales)
+        return super().write_kv(k, v, k_cache, v_cache, slot_mapping, kv_scales)
+
+    def cached_rows(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    slots: torch.Tensor, kv_scales: KVScales | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rows write_kv just stored, read back from the caches in one C pass (not a second rounding)."""
+        if self.c_fused:
+            return fused.read_kv(k_cache, v_cache, slots, kv_scales)
+        return super().cached_rows(k, v, k_cache, v_cache, slots, kv_scales)
+
     def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
                      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
         if self.c_fused:

@@ -77,19 +77,12 @@ class AttentionBackend(ABC):
         if nd == q.shape[0]:
             return self.decode(batch.decode_args(q, k_cache, v_cache, scale, kv_scales))
         if k.dtype != k_cache.dtype:  # new keys as the cache holds them: a prefix hit then computes the same
-            k = round_trip(k, k_cache.dtype, kv_scales and kv_scales.k)
-            v = round_trip(v, v_cache.dtype, kv_scales and kv_scales.v)
-        out = torch.empty_like(q)
-        if nd:
-            out[:nd] = self.decode(batch.decode_args(q[:nd], k_cache, v_cache, scale, kv_scales))
-        out[nd:] = self.prefill(batch.prefill_args(q[nd:], k[nd:], v[nd:], k_cache, v_cache, scale, kv_scales))
-        return out
+            k, v = self.cached_rows(k, v, k_cache, v_cache, batch.slot_mapping, kv_scales)
+        decoded = [self.decode(batch.decode_args(q[:nd], k_cache, v_cache, scale, kv_scales))] if nd else []
+        out = self.prefill(batch.prefill_args(q[nd:], k[nd:], v[nd:], k_cache, v_cache, scale, kv_scales))
+        return torch.cat([*decoded, out]) if nd else out  # a prefill-only step returns the kernel's output uncopied
 
-
-def as_cached(x: torch.Tensor, cache: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
-    """x rounded to what `cache` stores and read back (an e4m3 cache: quantized with its scales)."""
-    if cache.dtype == torch.float8_e4m3fn:
-        from cute_kernels.kv_e4m3 import dequantize_e4m3, quantize_e4m3
-
-        return dequantize_e4m3(quantize_e4m3(x, scale), scale, x.dtype)
-    return x.to(cache.dtype).to(x.dtype)
+    def cached_rows(self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                    slots: torch.Tensor, kv_scales: KVScales | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """k and v as write_kv stored them at slots, back in their dtype."""
+        return round_trip(k, k_cache.dtype, kv_scales and kv_scales.k), round_trip(v, v_cache.dtype, kv_scales and kv_scales.v)

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "fused_rows.h"
+#include "kv_elem.h"
 
 #define PARALLEL_MIN 32768 /* elements below which threading costs more than it saves */
 
@@ -39,6 +40,26 @@ void rope_f32(float *x, const float *cos_t, const float *sin_t, int64_t tokens, 
 #pragma omp parallel for schedule(static) if (tokens * heads * d >= PARALLEL_MIN)
     for (int64_t t = 0; t < tokens; t++)
         for (int64_t h = 0; h < heads; h++) rope_head(x + t * token_stride + h * d, cos_t + t * half, sin_t + t * half, half);
+}
+
+/* Token t's k or v row (heads x d fp32 at src + t * stride) stored at slot slots[t] of a paged cache of
+ * type kind ([slots, heads, d]) as kv_elem.h stores rows (torch's rounding; 8-bit: scales[h] per head). */
+void write_kv_f32(const float *src, int64_t stride, void *cache, const int64_t *slots, int64_t tokens, int64_t heads,
+                  int64_t d, int kind, const float *scales) {
+#pragma omp parallel for schedule(static) if (tokens * heads * d >= PARALLEL_MIN)
+    for (int64_t t = 0; t < tokens; t++) kv_store_heads(cache, kind, slots[t] * heads * d, src + t * stride, heads, d, scales);
+}
+
+/* out[t] = the row at slot slots[t] of such a cache as fp32: what a prefix hit reads back. */
+void read_kv_f32(const void *cache, const int64_t *slots, int64_t tokens, int64_t heads, int64_t d, int kind,
+                 const float *scales, float *out) {
+#pragma omp parallel for schedule(static) if (tokens * heads * d >= PARALLEL_MIN)
+    for (int64_t t = 0; t < tokens; t++)
+        for (int64_t h = 0; h < heads; h++) {
+            float *dst = out + (t * heads + h) * d;
+            const float *row = kv_row_f32(cache, kind, (slots[t] * heads + h) * d, d, scales != NULL ? scales[h] : 1.f, dst);
+            if (row != dst) memcpy(dst, row, sizeof(float) * (size_t)d);
+        }
 }
 
 /* The SIMD route this library was built for (isa.h), so tests and benchmarks can say which ran. */

@@ -12,6 +12,7 @@ import torch
 from cute_kernels import reference as ref
 from cute_kernels.cpu import build
 from cute_kernels.cpu import fused_ops as fused
+from cute_kernels.kv_quant import KVScales, round_trip
 from tests.tiny_engine import tiny_engine
 
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -57,6 +58,35 @@ def test_rope_in_place_on_the_fused_qkv_rows(tokens, cpu_route):
     assert torch.equal(qkv[:, (heads + kv) * d:], v_before)  # v untouched
 
 
+KV_DTYPES = (torch.float32, torch.bfloat16, torch.int8, torch.float8_e4m3fn)
+
+
+@pytest.mark.parametrize("dtype", KV_DTYPES)
+@pytest.mark.parametrize("tokens", [1, 7, 700])
+def test_write_kv_stores_the_references_bytes_and_read_kv_gives_the_round_trip(dtype, tokens, cpu_route):
+    """k and v as the model hands them (rows strided by the whole qkv row, values past fp16's and e4m3's range,
+    ties of the bf16 rounding), written at scattered slots: the same cache bytes as the torch reference, other
+    slots untouched, and read back exactly as kv_quant.round_trip rounds them."""
+    g = torch.Generator().manual_seed(tokens)
+    heads, kv, d, blocks, bs = 9, 3, 64, 80, 16
+    qkv = torch.randn(tokens, (heads + 2 * kv) * d, generator=g) * 300
+    qkv[0, heads * d:heads * d + 4] = torch.tensor([1 + 2**-8, 1 + 3 * 2**-8, -7e4, 1e-40])
+    k = qkv[:, heads * d:(heads + kv) * d].view(tokens, kv, d)
+    v = qkv[:, (heads + kv) * d:].view(tokens, kv, d)
+    slots = torch.randperm(blocks * bs, generator=g)[:tokens]
+    scales = KVScales(torch.rand(kv, generator=g) + 0.5, torch.rand(kv, generator=g) + 0.5) if dtype in (
+        torch.int8, torch.float8_e4m3fn) else None
+    fill = torch.randn(blocks, bs, kv, d, generator=g).to(dtype)
+    got_k, got_v, want_k, want_v = fill.clone(), fill.clone(), fill.clone(), fill.clone()
+    fused.write_kv(k, v, got_k, got_v, slots, scales)
+    ref.write_kv(k, v, want_k, want_v, slots, scales)
+    for got, want in ((got_k, want_k), (got_v, want_v)):
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))
+    back = fused.read_kv(got_k, got_v, slots, scales)
+    for rows, x, s in zip(back, (k, v), (None, None) if scales is None else (scales.k, scales.v)):
+        assert torch.equal(rows, round_trip(x, dtype, s))
+
+
 def test_inputs_the_kernels_do_not_take_run_the_references():
     x = torch.randn(4, 64, dtype=torch.bfloat16)
     w = torch.randn(64, dtype=torch.bfloat16)
@@ -66,6 +96,15 @@ def test_inputs_the_kernels_do_not_take_run_the_references():
     qk = torch.randn(3, 2, 8).transpose(0, 1)  # heads not contiguous
     cos, sin = torch.randn(2, 1, 4), torch.randn(2, 1, 4)
     torch.testing.assert_close(fused.rope_(qk, cos, sin), ref.rope_ref(qk, cos, sin))
+    k, v, slots = torch.randn(3, 8, 2).transpose(1, 2), torch.randn(3, 2, 8), torch.tensor([5, 0, 9])
+    got, want = torch.zeros(2, 4, 4, 2, 8, dtype=torch.bfloat16), torch.zeros(2, 4, 4, 2, 8, dtype=torch.bfloat16)
+    fused.write_kv(k, v, got[0], got[1], slots)  # k's dims strided: torch's index_copy_
+    ref.write_kv(k, v, want[0], want[1], slots)
+    assert torch.equal(got, want)
+    back = fused.read_kv(got[0], got[1], slots.int())  # int32 slots: torch's gather
+    assert all(torch.equal(r, x.bfloat16().float()) for r, x in zip(back, (k, v)))
+    with pytest.raises(IndexError):  # a slot past the cache: the reference's error, never a wild write
+        fused.write_kv(k, v, got[0], got[1], torch.tensor([5, 0, 64]))
 
 
 def test_model_logits_are_the_same_with_the_references(monkeypatch):
