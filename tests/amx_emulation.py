@@ -3,7 +3,7 @@ dequantized weight rounded to bf16 and multiplied exactly (float64, then float32
 for its fp32 summation order (test_quant_amx.py holds the kernel to this on AMX hosts)."""
 import torch
 
-from cute_kernels.cpu import quant_amx, quant_gemm
+from cute_kernels.cpu import fused_ops, quant_amx, quant_gemm
 
 
 def emulated_amx_linear(x: torch.Tensor, blocks: torch.Tensor, type_name: str, bias: torch.Tensor | None,
@@ -13,7 +13,14 @@ def emulated_amx_linear(x: torch.Tensor, blocks: torch.Tensor, type_name: str, b
     return (y if bias is None else y + bias.double()).float()
 
 
+def emulated_amx_glu(x: torch.Tensor, blocks: torch.Tensor, type_name: str, threads: int) -> torch.Tensor:
+    """The AMX gate/up pass: emulated_amx_linear's product, then the C silu_and_mul (the kernel's epilogue)."""
+    return fused_ops.silu_and_mul(emulated_amx_linear(x, blocks, type_name, None, threads))
+
+
 def emulate_amx(monkeypatch) -> None:
-    """quant_gemm routes rows to the AMX linear as on an AMX host, which runs emulated_amx_linear."""
+    """quant_gemm routes rows to the AMX linear as on an AMX host, which runs emulated_amx_linear (and
+    emulated_amx_glu for a gate/up pair)."""
     monkeypatch.setattr(quant_amx, "available", lambda: True)
     monkeypatch.setattr(quant_amx, "amx_linear", emulated_amx_linear)
+    monkeypatch.setattr(quant_amx, "amx_glu", emulated_amx_glu)

@@ -19,6 +19,7 @@ _P, _I, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 def _library() -> tuple[ctypes.CDLL | None, str | None]:
     return build.load_with_signatures("cpu_quant_amx", {
         "quant_linear_amx": ([_P, _P, _C, _P, _P, _I, _I, _I, _C], _C),
+        "quant_glu_amx": ([_P, _P, _C, _P, _I, _I, _I, _C], _C),
         "amx_available": ([], _C)})
 
 
@@ -45,11 +46,26 @@ def amx_linear(x: torch.Tensor, blocks: torch.Tensor, type_name: str, bias: torc
     rc = _library()[0].quant_linear_amx(x.data_ptr(), blocks.data_ptr(), TYPE_IDS[type_name],
                                         None if bias is None else bias.data_ptr(), y.data_ptr(), m,
                                         blocks.shape[0], k, threads)
+    _check(rc, type_name, blocks)
+    return y
+
+
+def amx_glu(x: torch.Tensor, blocks: torch.Tensor, type_name: str, threads: int) -> torch.Tensor:
+    """silu(x W_gate^T) * (x W_up^T) [rows, inter] for a fused gate/up weight's grouped blocks (2 * inter rows, gate
+    first; inter a multiple of 32), x [rows, k] float32 contiguous: amx_linear and silu_and_mul in one pass, the
+    same bits, without the [rows, 2 * inter] product in memory."""
+    m, k = x.shape
+    y = torch.empty(m, blocks.shape[0] // 2)
+    _check(_library()[0].quant_glu_amx(x.data_ptr(), blocks.data_ptr(), TYPE_IDS[type_name], y.data_ptr(), m,
+                                       y.shape[1], k, threads), type_name, blocks)
+    return y
+
+
+def _check(rc: int, type_name: str, blocks: torch.Tensor) -> None:
     if rc == 1:
-        raise ValueError(f"the AMX linear reads whole 8-row groups of {', '.join(row_groups.BASE)}, not "
-                         f"{type_name} with {blocks.shape[0]} rows")
+        raise ValueError(f"the AMX linear reads whole 8-row groups of {', '.join(row_groups.BASE)} (a gate/up pair "
+                         f"whole panels of 32), not {type_name} with {blocks.shape[0]} rows")
     if rc == 2:
-        raise MemoryError("quant_linear_amx could not allocate its buffers")
+        raise MemoryError("the AMX linear could not allocate its buffers")
     if rc == 3:
         raise RuntimeError("this build or process has no AMX tiles")
-    return y

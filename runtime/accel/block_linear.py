@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from cute_kernels.cpu import quant_amx
 from cute_kernels.cpu.quant_blocks import dequantize_rows
 from cute_kernels.cpu.quant_gemm import choose_path, gemv_layout, quant_linear, supports
 from runtime.model.linear import tensor_bytes
@@ -44,6 +45,18 @@ class BlockQuantLinear:
         if decode and choose_path(self.type_name, m) in ROUNDS_BY_COMPANY:
             return torch.cat([self._rows(rows[:decode], decode), self._rows(rows[decode:], 0)])
         return quant_linear(rows, self.blocks, self.type_name, self.bias)
+
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor | None:
+        """silu_and_mul(self(x)) for a fused gate/up weight in one AMX pass (quant_amx.amx_glu: the same bits, no
+        [rows, 2 * inter] product in memory) where every row takes the tiles: prefill rows with no decode rows
+        beside them (step_rows.py), no bias, whole panels; None elsewhere, and the caller runs the two ops."""
+        rows = x.reshape(-1, x.shape[-1])
+        m = rows.shape[0]
+        if (self.bias is not None or not self.allow_dequant or leading_decode_rows(m) or self.blocks.shape[0] % 64
+                or choose_path(self.type_name, m) != "amx"):
+            return None
+        y = quant_amx.amx_glu(rows.contiguous(), self.blocks, self.type_name, torch.get_num_threads())
+        return y.reshape(*x.shape[:-1], -1)
 
     def weight_bytes(self) -> int:
         return tensor_bytes(self.blocks, self.bias)

@@ -13,6 +13,7 @@ from cute_kernels.kv_quant import KVScales
 from cute_kernels.reference_static import StaticDecodePlan
 from runtime.accel.cpu_decode_step import CpuDecodeStep
 from runtime.model.attention_batch import AttentionBatch
+from runtime.model.linear import Linear
 from runtime.model.torch_backend import TorchBackend
 
 
@@ -86,6 +87,12 @@ class CpuBackend(TorchBackend):
 
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         return fused.silu_and_mul(gate_up) if self.c_fused else super().silu_and_mul(gate_up)
+
+    def gated(self, gate_up: Linear, x: torch.Tensor) -> torch.Tensor:
+        """One pass where the linear offers it (a quantized gate/up pair on the AMX tiles: the same bits)."""
+        joined = getattr(gate_up, "silu_and_mul", None) if self.c_fused else None
+        out = joined(x) if joined is not None else None
+        return out if out is not None else self.silu_and_mul(gate_up(x))
 
     def rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         return fused.rope_(x, cos, sin) if self.c_fused else super().rope(x, cos, sin)

@@ -13,6 +13,7 @@ from torch import nn
 from cute_kernels.attention_args import DecodeArgs, PrefillArgs
 from cute_kernels.kv_quant import KVScales, round_trip
 from runtime.model.attention_batch import AttentionBatch
+from runtime.model.linear import Linear
 
 
 class AttentionBackend(ABC):
@@ -62,6 +63,10 @@ class AttentionBackend(ABC):
     @abstractmethod
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """silu(first half of the last dim) * second half."""
+
+    def gated(self, gate_up: Linear, x: torch.Tensor) -> torch.Tensor:
+        """silu_and_mul(gate_up(x)); a backend whose linears can join the two in one pass overrides it."""
+        return self.silu_and_mul(gate_up(x))
 
     @abstractmethod
     def rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

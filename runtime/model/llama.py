@@ -88,7 +88,7 @@ class DecoderLayer(nn.Module):
         x = self.o_proj(attn.view(-1, cfg.q_size))
         if nvtx.ON: nvtx.swap("mlp")
         h, residual = backend.add_rms_norm(x, residual, self.post_norm, eps)
-        x = self.down(backend.silu_and_mul(self.gate_up(h)))
+        x = self.down(backend.gated(self.gate_up, h))
         if nvtx.ON: nvtx.pop()
         return x, residual
 

@@ -10,7 +10,7 @@ output by O(|x_j w_j|), far above it.
 import pytest
 import torch
 
-from cute_kernels.cpu import build, quant_amx
+from cute_kernels.cpu import build, fused_ops, quant_amx
 from cute_kernels.cpu import quant_gemm as qg
 from cute_kernels.cpu import row_groups as rg
 from cute_kernels.cpu.quant_blocks import dequantize
@@ -90,3 +90,21 @@ def test_routes_without_amx_never_choose_it(cpu_route):
 def test_wrong_shapes_are_refused(amx):
     with pytest.raises(ValueError, match="whole 8-row groups"):
         quant_amx.amx_linear(torch.randn(32, 32), torch.zeros(8, 20, dtype=torch.uint8), "Q4_1", None, 1)
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+@pytest.mark.parametrize("m,inter,k", [(1, 32, 32), (33, 64, 96), (100, 1536, 576), (65, 96, 1536)])
+def test_the_gate_up_pass_is_silu_and_mul_of_the_linear_bit_for_bit(type_name, m, inter, k, amx):
+    """amx_glu joins the gate and up products in the kernel: the same bits as the two ops, row edges included."""
+    g = torch.Generator().manual_seed(m + inter + k)
+    grouped = rg.group(gguf_blocks(torch.randn(2 * inter, k, generator=g) * 0.1, type_name), type_name)
+    x, kind = torch.randn(m, k, generator=g) * 3, rg.GROUPED[type_name]
+    joined = quant_amx.amx_glu(x, grouped, kind, 2)
+    assert joined.shape == (m, inter)
+    assert torch.equal(joined, fused_ops.silu_and_mul(quant_amx.amx_linear(x, grouped, kind, None, 2)))
+
+
+def test_a_gate_up_pair_of_part_panels_is_refused(amx):
+    grouped = rg.group(gguf_blocks(torch.randn(80, 64), "Q4_1"), "Q4_1")
+    with pytest.raises(ValueError, match="whole panels of 32"):
+        quant_amx.amx_glu(torch.randn(40, 64), grouped, "Q4_1_R8", 2)

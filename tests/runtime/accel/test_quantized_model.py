@@ -88,6 +88,17 @@ def test_amx_tiles_inside_the_model_stay_near_the_float_path(tmp_path, qtype):
     assert relative_error(last_hidden(cfg, tensors, None), last_hidden(*load(), "none")) < 0.0075
 
 
+def test_the_joined_gate_up_pass_gives_the_models_bits(tmp_path, monkeypatch):
+    """A prefill chunk on the AMX tiles runs gate/up and SiLU in one pass (BlockQuantLinear.silu_and_mul):
+    the same logits, bit for bit, as the linear and silu_and_mul apart."""
+    if not quant_amx.available():
+        pytest.skip("this CPU or build has no AMX-BF16 tiles")
+    load = gguf_tensors(tmp_path, "Q4_1")
+    joined = last_hidden(*load(), None)
+    monkeypatch.setattr(BlockQuantLinear, "silu_and_mul", lambda self, x: None)
+    assert torch.equal(joined, last_hidden(*load(), None))
+
+
 def test_quantized_embedding_rows_are_the_dequantized_table(tmp_path):
     cfg, tensors = gguf_tensors(tmp_path, "Q4_1")()
     table = tensors["model.embed_tokens.weight"]

@@ -3,8 +3,9 @@ rows take a route that rounds otherwise (the AMX tiles, emulated here so that ev
 import pytest
 import torch
 
-from cute_kernels.cpu import quant_gemm, row_groups
+from cute_kernels.cpu import fused_ops, quant_gemm, row_groups
 from runtime.accel.block_linear import BlockQuantLinear
+from runtime.accel.cpu_backend import CpuBackend
 from runtime.build import make_runner
 from runtime.model.step_rows import decode_rows
 from runtime.sequence import SeqChunk
@@ -49,3 +50,18 @@ def test_a_verify_chunks_logits_do_not_depend_on_what_shares_its_step(amx):
     alone = torch.cat([runner.run([c]) for c in verify])
     assert torch.equal(runner.run(verify), alone)
     assert torch.equal(runner.run([prefill, *verify])[1:], alone)
+
+
+def test_a_gate_up_pair_joins_silu_where_every_row_takes_the_tiles(amx):
+    """BlockQuantLinear.silu_and_mul (one AMX pass, backend.gated's seam) takes a call whose rows all reach the
+    tiles, and declines (None: the backend runs the linear, then silu_and_mul) where any would not."""
+    pair = BlockQuantLinear("Q4_1", gguf_blocks(torch.randn(128, 64, generator=torch.Generator().manual_seed(3)), "Q4_1"))
+    x, backend = torch.randn(48, 64, generator=torch.Generator().manual_seed(4)), CpuBackend()
+    joined = pair.silu_and_mul(x)
+    assert joined is not None and torch.equal(joined, fused_ops.silu_and_mul(pair(x)))
+    assert torch.equal(backend.gated(pair, x), joined)
+    assert pair.silu_and_mul(x[:20]) is None  # fewer rows than AMX_MIN_ROWS: the int8 tiles
+    assert amx.silu_and_mul(x) is None  # 96 rows: a gate half of 48, not whole panels of 32
+    with decode_rows(8):
+        assert pair.silu_and_mul(x) is None  # decode rows keep the lone-row route
+        assert torch.equal(backend.gated(pair, x), fused_ops.silu_and_mul(pair(x)))

@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "bf16_dot.h" /* to_bf16_row, CPU_BF16 */
+#include "fused_rows.h" /* silu_mul_row */
 
 /* A buffer of at least `bytes` kept for the calling thread's next call: a fresh multi-MiB allocation is
  * mapped anew by the kernel, and faulting its pages in cost as much as packing a 3072 x 576 weight. */
@@ -119,6 +120,17 @@ static void amx_panel(const uint16_t *xb, int64_t r0, int64_t r1, int64_t kp, co
     }
 }
 
+/* Rows r0..r1 of y[:, c0 : c0 + 32] (row stride n) = silu(gate) * up, the two products of one row block
+ * against a gate panel and its up panel (packed after it), through scratch: fused_rows.h's silu_mul_row,
+ * so a row gets the bits silu_and_mul_f32 gives it over the two products stored. */
+static void amx_glu_block(const uint16_t *xb, int64_t r0, int64_t r1, int64_t kp, const uint32_t *gate,
+                          const uint32_t *up, float *y, int64_t n, int64_t c0, float *scratch) {
+    amx_block(xb + r0 * kp, kp / AMX_K, gate, scratch, AMX_N);
+    amx_block(xb + r0 * kp, kp / AMX_K, up, scratch + AMX_M * AMX_N, AMX_N);
+    for (int64_t r = 0; r < r1 - r0; r++)
+        silu_mul_row(scratch + r * AMX_N, scratch + (AMX_M + r) * AMX_N, y + (r0 + r) * n + c0, AMX_N);
+}
+
 /* Rows as the tiles read them: bf16, tile-major (16 rows x 32 values contiguous, k-tiles in order), zero
  * past m and k. */
 static void amx_round_rows(const float *x, int64_t m, int64_t k, int64_t mp, int64_t kp, uint16_t *xb) {
@@ -133,7 +145,9 @@ static void amx_round_rows(const float *x, int64_t m, int64_t k, int64_t mp, int
         }
 }
 
-/* y[m, n] = bf16(x)[m, k] @ W^T (+ bias), W's panels from pack(weight, c0, packed). Returns 0, 2 when
+/* y[m, n] = bf16(x)[m, k] @ W^T (+ bias), W's panels from pack(weight, c0, packed); with glu, W has 2n rows
+ * (gate, then up: n a multiple of AMX_N, no bias) and y[m, n] = silu(x W_gate^T) * (x W_up^T), each output
+ * panel's gate and up panels packed side by side, so the [m, 2n] product is never written. Returns 0, 2 when
  * a buffer cannot be allocated, 3 when the kernel refuses this process the tile registers.
  * Blocking: each thread owns a contiguous run of panels (or, with fewer panels than threads, a share of
  * the rows against all of them) and packs AMX_PANEL_BYTES of them at a time into a buffer of its own,
@@ -143,10 +157,10 @@ static void amx_round_rows(const float *x, int64_t m, int64_t k, int64_t mp, int
  * and rows streamed past each panel (the panel fell out of L1 between uses either way); with no sync
  * between threads past the rounding. */
 static int amx_gemm(const float *x, int64_t m, int64_t k, amx_pack_fn pack, const void *weight, const float *bias,
-                    float *y, int64_t n, int nthreads) {
+                    float *y, int64_t n, int nthreads, int glu) {
     if (!amx_ready()) return 3;
     const int64_t kp = (k + AMX_K - 1) / AMX_K * AMX_K, mp = (m + AMX_M - 1) / AMX_M * AMX_M;
-    const int64_t panel_words = kp / 2 * AMX_N, panels = (n + AMX_N - 1) / AMX_N;
+    const int64_t panels = (n + AMX_N - 1) / AMX_N, panel_words = kp / 2 * AMX_N * (glu ? 2 : 1);
     int64_t chunk = AMX_PANEL_BYTES / (panel_words * 4);
     chunk = chunk < 1 ? 1 : chunk;
     static _Thread_local AmxBuffer rows_buffer;
@@ -163,7 +177,7 @@ static int amx_gemm(const float *x, int64_t m, int64_t k, amx_pack_fn pack, cons
         const int64_t r_end = r_end_block < m ? r_end_block : m;
         const int64_t have = p_end - p_begin < chunk ? p_end - p_begin : chunk;
         uint32_t *packed = ri < by_row ? amx_buffer(&panels_buffer, sizeof(uint32_t) * (size_t)(have * panel_words)) : NULL;
-        float *scratch = aligned_alloc(64, sizeof(float) * AMX_M * AMX_N);
+        float *scratch = aligned_alloc(64, sizeof(float) * AMX_M * AMX_N * 2);
         if (scratch == NULL || (ri < by_row && have > 0 && packed == NULL)) {
 #pragma omp atomic write
             failed = 1;
@@ -174,11 +188,18 @@ static int amx_gemm(const float *x, int64_t m, int64_t k, amx_pack_fn pack, cons
             amx_configure();
             for (int64_t p0 = p_begin; ri < by_row && p0 < p_end; p0 += chunk) {
                 const int64_t p1 = p0 + chunk < p_end ? p0 + chunk : p_end;
-                for (int64_t p = p0; p < p1; p++) pack(weight, p * AMX_N, packed + (p - p0) * panel_words);
+                for (int64_t p = p0; p < p1; p++) {
+                    uint32_t *at = packed + (p - p0) * panel_words;
+                    pack(weight, p * AMX_N, at);
+                    if (glu) pack(weight, n + p * AMX_N, at + panel_words / 2); /* its up panel */
+                }
                 for (int64_t r0 = r_begin; r0 < r_end; r0 += AMX_M) {
                     const int64_t r1 = r0 + AMX_M < r_end ? r0 + AMX_M : r_end;
-                    for (int64_t p = p0; p < p1; p++)
-                        amx_panel(xb, r0, r1, kp, packed + (p - p0) * panel_words, bias, y, n, p * AMX_N, scratch);
+                    for (int64_t p = p0; p < p1; p++) {
+                        const uint32_t *at = packed + (p - p0) * panel_words;
+                        if (glu) amx_glu_block(xb, r0, r1, kp, at, at + panel_words / 2, y, n, p * AMX_N, scratch);
+                        else amx_panel(xb, r0, r1, kp, at, bias, y, n, p * AMX_N, scratch);
+                    }
                 }
             }
             _tile_release();

@@ -96,9 +96,24 @@ int quant_linear_amx(const float *x, const uint8_t *w, int type, const float *bi
     if (!IS_GROUPED(type) || BASE_TYPE(type) > Q8_0 || n % GROUP_ROWS || k % QK) return 1;
 #if defined(CPU_AMX)
     const GroupedWeight gw = {w, n, k, BASE_TYPE(type)};
-    return amx_gemm(x, m, k, pack_panel, &gw, bias, y, n, nthreads);
+    return amx_gemm(x, m, k, pack_panel, &gw, bias, y, n, nthreads, 0);
 #else
     (void)x, (void)w, (void)bias, (void)y, (void)m, (void)nthreads;
+    return 3;
+#endif
+}
+
+/* y[m, inter] = silu(x W_gate^T) * (x W_up^T) for a fused gate/up weight of 2 * inter rows (gate first), the
+ * same types, as quant_linear_amx computes both halves and silu_and_mul_f32 joins them (the same bits);
+ * inter a multiple of 32. Returns as quant_linear_amx. */
+int quant_glu_amx(const float *x, const uint8_t *w, int type, float *y, int64_t m, int64_t inter, int64_t k,
+                  int nthreads) {
+    if (!IS_GROUPED(type) || BASE_TYPE(type) > Q8_0 || inter % 32 || k % QK) return 1;
+#if defined(CPU_AMX)
+    const GroupedWeight gw = {w, 2 * inter, k, BASE_TYPE(type)};
+    return amx_gemm(x, m, k, pack_panel, &gw, NULL, y, inter, nthreads, 1);
+#else
+    (void)x, (void)w, (void)y, (void)m, (void)nthreads;
     return 3;
 #endif
 }
