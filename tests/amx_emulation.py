@@ -7,15 +7,21 @@ from cute_kernels.cpu import fused_ops, quant_amx, quant_gemm
 
 
 def emulated_amx_linear(x: torch.Tensor, blocks: torch.Tensor, type_name: str, bias: torch.Tensor | None,
-                        threads: int) -> torch.Tensor:
+                        threads: int, out: torch.Tensor | None = None) -> torch.Tensor:
     w = quant_gemm.dequantize_c(blocks, type_name, x.shape[1])
     y = x.bfloat16().double() @ w.bfloat16().double().T
-    return (y if bias is None else y + bias.double()).float()
+    return _into(out, (y if bias is None else y + bias.double()).float())
 
 
-def emulated_amx_glu(x: torch.Tensor, blocks: torch.Tensor, type_name: str, threads: int) -> torch.Tensor:
+def emulated_amx_glu(x: torch.Tensor, blocks: torch.Tensor, type_name: str, threads: int,
+                     out: torch.Tensor | None = None) -> torch.Tensor:
     """The AMX gate/up pass: emulated_amx_linear's product, then the C silu_and_mul (the kernel's epilogue)."""
-    return fused_ops.silu_and_mul(emulated_amx_linear(x, blocks, type_name, None, threads))
+    return _into(out, fused_ops.silu_and_mul(emulated_amx_linear(x, blocks, type_name, None, threads)))
+
+
+def _into(out: torch.Tensor | None, y: torch.Tensor) -> torch.Tensor:
+    """y, written into out where the caller gave one (as the kernel writes a row slice of a larger output)."""
+    return y if out is None else out.copy_(y)
 
 
 def emulate_amx(monkeypatch) -> None:

@@ -39,10 +39,11 @@ def reads(type_name: str) -> bool:
 
 
 def amx_linear(x: torch.Tensor, blocks: torch.Tensor, type_name: str, bias: torch.Tensor | None,
-               threads: int) -> torch.Tensor:
-    """x [rows, k] float32 contiguous @ W^T (+ bias, float32 contiguous) for a grouped weight's blocks."""
+               threads: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [rows, k] float32 contiguous @ W^T (+ bias, float32 contiguous) for a grouped weight's blocks; into out
+    (contiguous float32 [rows, n], e.g. a row slice of a larger output) where given."""
     m, k = x.shape
-    y = torch.empty(m, blocks.shape[0])
+    y = _output(out, m, blocks.shape[0])
     rc = _library()[0].quant_linear_amx(x.data_ptr(), blocks.data_ptr(), TYPE_IDS[type_name],
                                         None if bias is None else bias.data_ptr(), y.data_ptr(), m,
                                         blocks.shape[0], k, threads)
@@ -50,15 +51,25 @@ def amx_linear(x: torch.Tensor, blocks: torch.Tensor, type_name: str, bias: torc
     return y
 
 
-def amx_glu(x: torch.Tensor, blocks: torch.Tensor, type_name: str, threads: int) -> torch.Tensor:
+def amx_glu(x: torch.Tensor, blocks: torch.Tensor, type_name: str, threads: int,
+            out: torch.Tensor | None = None) -> torch.Tensor:
     """silu(x W_gate^T) * (x W_up^T) [rows, inter] for a fused gate/up weight's grouped blocks (2 * inter rows, gate
     first; inter a multiple of 32), x [rows, k] float32 contiguous: amx_linear and silu_and_mul in one pass, the
-    same bits, without the [rows, 2 * inter] product in memory."""
+    same bits, without the [rows, 2 * inter] product in memory; into out as amx_linear."""
     m, k = x.shape
-    y = torch.empty(m, blocks.shape[0] // 2)
+    y = _output(out, m, blocks.shape[0] // 2)
     _check(_library()[0].quant_glu_amx(x.data_ptr(), blocks.data_ptr(), TYPE_IDS[type_name], y.data_ptr(), m,
                                        y.shape[1], k, threads), type_name, blocks)
     return y
+
+
+def _output(out: torch.Tensor | None, m: int, n: int) -> torch.Tensor:
+    if out is None:
+        return torch.empty(m, n)
+    if out.shape != (m, n) or out.dtype != torch.float32 or not out.is_contiguous():
+        raise ValueError(f"the AMX linear writes a contiguous float32 [{m}, {n}] output, not {out.dtype} "
+                         f"{tuple(out.shape)}")
+    return out
 
 
 def _check(rc: int, type_name: str, blocks: torch.Tensor) -> None:

@@ -102,6 +102,11 @@ def test_the_gate_up_pass_is_silu_and_mul_of_the_linear_bit_for_bit(type_name, m
     joined = quant_amx.amx_glu(x, grouped, kind, 2)
     assert joined.shape == (m, inter)
     assert torch.equal(joined, fused_ops.silu_and_mul(quant_amx.amx_linear(x, grouped, kind, None, 2)))
+    whole = torch.full((m + 3, inter), 7.0)  # into a row slice of a larger output, the rows before untouched
+    assert quant_amx.amx_glu(x, grouped, kind, 2, out=whole[3:]).data_ptr() == whole[3:].data_ptr()
+    assert torch.equal(whole[3:], joined) and (whole[:3] == 7).all()
+    with pytest.raises(ValueError, match="contiguous float32"):
+        quant_amx.amx_linear(x, grouped, kind, None, 2, out=torch.empty(m + 1, 2 * inter))
 
 
 def test_a_gate_up_pair_of_part_panels_is_refused(amx):

@@ -52,9 +52,10 @@ def test_a_verify_chunks_logits_do_not_depend_on_what_shares_its_step(amx):
     assert torch.equal(runner.run([prefill, *verify])[1:], alone)
 
 
-def test_a_gate_up_pair_joins_silu_where_every_row_takes_the_tiles(amx):
-    """BlockQuantLinear.silu_and_mul (one AMX pass, backend.gated's seam) takes a call whose rows all reach the
-    tiles, and declines (None: the backend runs the linear, then silu_and_mul) where any would not."""
+def test_a_gate_up_pair_joins_silu_where_its_prefill_rows_take_the_tiles(amx):
+    """BlockQuantLinear.silu_and_mul (one AMX pass, backend.gated's seam) takes a call whose prefill rows reach the
+    tiles, decode rows beside them on their own route, each row the bits of the two ops apart; it declines (None:
+    the backend runs the linear, then silu_and_mul) where the prefill rows would not reach the tiles."""
     pair = BlockQuantLinear("Q4_1", gguf_blocks(torch.randn(128, 64, generator=torch.Generator().manual_seed(3)), "Q4_1"))
     x, backend = torch.randn(48, 64, generator=torch.Generator().manual_seed(4)), CpuBackend()
     joined = pair.silu_and_mul(x)
@@ -62,6 +63,10 @@ def test_a_gate_up_pair_joins_silu_where_every_row_takes_the_tiles(amx):
     assert torch.equal(backend.gated(pair, x), joined)
     assert pair.silu_and_mul(x[:20]) is None  # fewer rows than AMX_MIN_ROWS: the int8 tiles
     assert amx.silu_and_mul(x) is None  # 96 rows: a gate half of 48, not whole panels of 32
-    with decode_rows(8):
-        assert pair.silu_and_mul(x) is None  # decode rows keep the lone-row route
-        assert torch.equal(backend.gated(pair, x), fused_ops.silu_and_mul(pair(x)))
+    alone = torch.cat([fused_ops.silu_and_mul(pair(x[i:i + 1])) for i in range(8)])
+    with decode_rows(8):  # 8 decode rows keep the lone-row route, the other 40 take the tiles
+        split = pair.silu_and_mul(x)
+        assert torch.equal(split, fused_ops.silu_and_mul(pair(x))) and torch.equal(split[:8], alone)
+        assert torch.equal(split[8:], joined[8:]) and torch.equal(backend.gated(pair, x), split)
+    with decode_rows(20):  # 28 prefill rows: the int8 tiles
+        assert pair.silu_and_mul(x) is None
