@@ -1,5 +1,6 @@
 """Where one long prefill's time goes on the CPU: the default model's linears (every layer's q/k/v, o,
-gate/up and down, the int8 tiles GEMM on GGUF blocks), its attention (the backend's attention call),
+gate/up and down on GGUF blocks: the int8 tiles GEMM, or on CPUs with AMX the bf16 tiles, gate/up joined
+with its SiLU), its attention (the backend's attention call),
 and the rest (norms, RoPE, embedding, the last row's head, step overhead). bench_quant_gemm.py
 --prefill-split prints it; each part is timed around its call on the engine's own objects.
 """
@@ -10,6 +11,7 @@ from collections import defaultdict
 
 import torch
 
+from cute_kernels.cpu import quant_amx
 from runtime.engine import LLMEngine
 from runtime.model.llama import DecoderLayer
 
@@ -28,7 +30,9 @@ class _Timed:
             self.totals[self.name] += self.clock() - t0
 
     def __getattr__(self, attr):
-        return getattr(self.inner, attr)
+        inner = getattr(self.inner, attr)
+        # gate/up joined with its SiLU in one pass (backend.gated) is the linear's time too
+        return _Timed(inner, self.name, self.totals, self.clock) if attr == "silu_and_mul" else inner
 
 
 def _engine(tokens: int) -> LLMEngine:
@@ -101,6 +105,8 @@ def _split(engine: LLMEngine, totals: dict[str, float], macs: int, tokens: int, 
     rest = wall - parts["linears"] - parts["attention"]
     rate = 2 * macs * tokens / parts["linears"] / 1e9
     share = f", {rate / peak_gops:.0%} of the int8 peak" if peak_gops else ""
+    if quant_amx.available():  # prefill rows take the AMX bf16 tiles, past the int8 peak
+        share = ", AMX tiles"
     print(f"prefill of {tokens} tokens ({label}): {wall:.3f} s ({tokens / wall:.0f} tok/s); linears "
           f"{parts['linears']:.3f} s ({parts['linears'] / wall:.0%}, {rate:.0f} GOP/s{share}), attention "
           f"{parts['attention']:.3f} s ({parts['attention'] / wall:.0%}), the rest {rest:.3f} s ({rest / wall:.0%})")
