@@ -78,28 +78,50 @@ static inline void amx_configure(void) { /* per thread: every tile 16 rows x 64 
     _tile_loadconfig(&c);
 }
 
+/* The 2 x 2 register block every AMX product here runs: C tiles 0-3 += A rows (a0, a1) x B columns (b0,
+ * b1), the A tiles with row stride sa bytes, the B tiles sb; C tile 2i + j takes a_i x b_j. */
+static inline void amx_step2x2(const void *a0, const void *a1, int64_t sa, const void *b0, const void *b1, int64_t sb) {
+    _tile_loadd(4, a0, sa);
+    _tile_loadd(5, a1, sa);
+    _tile_loadd(6, b0, sb);
+    _tile_loadd(7, b1, sb);
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+}
+
+/* C tiles 0-3 from / to a 32 x 32 fp32 block at c (row stride ld floats; zeroed where c is NULL). */
+static inline void amx_load2x2(const float *c, int64_t ld) {
+    if (c == NULL) {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        return;
+    }
+    _tile_loadd(0, c, ld * 4);
+    _tile_loadd(1, c + 16, ld * 4);
+    _tile_loadd(2, c + 16 * ld, ld * 4);
+    _tile_loadd(3, c + 16 * ld + 16, ld * 4);
+}
+
+static inline void amx_store2x2(float *c, int64_t ld) {
+    _tile_stored(0, c, ld * 4);
+    _tile_stored(1, c + 16, ld * 4);
+    _tile_stored(2, c + 16 * ld, ld * 4);
+    _tile_stored(3, c + 16 * ld + 16, ld * 4);
+}
+
 /* out[32][32] (row stride ldo floats) = the two A row tiles at a (tile-major, tiles_k of them each) .
  * the packed panel, over tiles_k steps of AMX_K values. */
 static inline void amx_block(const uint16_t *a, int64_t tiles_k, const uint32_t *packed, float *out, int64_t ldo) {
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
+    amx_load2x2(NULL, 0);
     const uint16_t *a1 = a + tiles_k * AMX_TILE_VALUES;
-    for (int64_t t = 0; t < tiles_k; t++) {
-        _tile_loadd(4, a + t * AMX_TILE_VALUES, 64);
-        _tile_loadd(5, a1 + t * AMX_TILE_VALUES, 64);
-        _tile_loadd(6, packed + t * 16 * AMX_N, AMX_N * 4);
-        _tile_loadd(7, packed + t * 16 * AMX_N + 16, AMX_N * 4);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
-    }
-    _tile_stored(0, out, ldo * 4);
-    _tile_stored(1, out + 16, ldo * 4);
-    _tile_stored(2, out + 16 * ldo, ldo * 4);
-    _tile_stored(3, out + 16 * ldo + 16, ldo * 4);
+    for (int64_t t = 0; t < tiles_k; t++)
+        amx_step2x2(a + t * AMX_TILE_VALUES, a1 + t * AMX_TILE_VALUES, 64, packed + t * 16 * AMX_N,
+                    packed + t * 16 * AMX_N + 16, AMX_N * 4);
+    amx_store2x2(out, ldo);
 }
 
 /* One panel against activation rows r0..r1: full blocks land in y, edges pass through scratch. */

@@ -57,25 +57,11 @@ static void tiles_pack_block(const TilePacks *pk, int64_t b, int64_t kvh, int64_
 static inline void tiles_scores(const TileScratch *w, float *s, const uint16_t *kb, int64_t d) {
     const int64_t dch = d / 32;
     for (int kc = 0; kc < 2; kc++) {
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
-        for (int64_t c = 0; c < dch; c++) {
-            _tile_loadd(4, kb + kc * 32 * d + c * 32, d * 2);
-            _tile_loadd(5, kb + (kc * 32 + 16) * d + c * 32, d * 2);
-            _tile_loadd(6, w->qt + c * 256, 64);
-            _tile_loadd(7, w->qt + (dch + c) * 256, 64);
-            _tile_dpbf16ps(0, 4, 6);
-            _tile_dpbf16ps(1, 4, 7);
-            _tile_dpbf16ps(2, 5, 6);
-            _tile_dpbf16ps(3, 5, 7);
-        }
-        float *o = s + kc * 32 * TV;
-        _tile_stored(0, o, TV * 4);
-        _tile_stored(1, o + 16, TV * 4);
-        _tile_stored(2, o + 16 * TV, TV * 4);
-        _tile_stored(3, o + 16 * TV + 16, TV * 4);
+        amx_load2x2(NULL, 0);
+        for (int64_t c = 0; c < dch; c++)
+            amx_step2x2(kb + kc * 32 * d + c * 32, kb + (kc * 32 + 16) * d + c * 32, d * 2, w->qt + c * 256,
+                        w->qt + (dch + c) * 256, 64);
+        amx_store2x2(s + kc * 32 * TV, TV);
     }
 }
 
@@ -83,24 +69,11 @@ static inline void tiles_scores(const TileScratch *w, float *s, const uint16_t *
 static inline void tiles_weigh(TileScratch *w, const uint16_t *vt, int64_t d) {
     for (int64_t dt = 0; dt < d / 16; dt += 2) {
         float *o = w->ot + dt * 16 * TV;
-        _tile_loadd(0, o, TV * 4);
-        _tile_loadd(1, o + 16, TV * 4);
-        _tile_loadd(2, o + 16 * TV, TV * 4);
-        _tile_loadd(3, o + 16 * TV + 16, TV * 4);
-        for (int kc = 0; kc < 2; kc++) {
-            _tile_loadd(4, vt + (kc * d + dt * 16) * 32, 64);
-            _tile_loadd(5, vt + (kc * d + dt * 16 + 16) * 32, 64);
-            _tile_loadd(6, w->pt + (kc * 2) * 256, 64);
-            _tile_loadd(7, w->pt + (kc * 2 + 1) * 256, 64);
-            _tile_dpbf16ps(0, 4, 6);
-            _tile_dpbf16ps(1, 4, 7);
-            _tile_dpbf16ps(2, 5, 6);
-            _tile_dpbf16ps(3, 5, 7);
-        }
-        _tile_stored(0, o, TV * 4);
-        _tile_stored(1, o + 16, TV * 4);
-        _tile_stored(2, o + 16 * TV, TV * 4);
-        _tile_stored(3, o + 16 * TV + 16, TV * 4);
+        amx_load2x2(o, TV);
+        for (int kc = 0; kc < 2; kc++)
+            amx_step2x2(vt + (kc * d + dt * 16) * 32, vt + (kc * d + dt * 16 + 16) * 32, 64, w->pt + kc * 2 * 256,
+                        w->pt + (kc * 2 + 1) * 256, 64);
+        amx_store2x2(o, TV);
     }
 }
 
