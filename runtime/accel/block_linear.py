@@ -54,13 +54,13 @@ class BlockQuantLinear:
         out = torch.empty(m, self.blocks.shape[0] // (2 if joined else 1))
         head = self._rows(rows[:decode], decode)
         out[:decode] = fused_ops.silu_and_mul(head) if joined else head
-        if choose_path(self.type_name, m - decode) != "amx":
-            out[decode:] = self._rows(rest, 0)
-        elif joined:
+        if joined:  # silu_and_mul checked that the rest takes the tiles
             quant_amx.amx_glu(rest, self.blocks, self.type_name, torch.get_num_threads(), out=out[decode:])
-        else:
+        elif choose_path(self.type_name, m - decode) == "amx":
             bias = None if self.bias is None else self.bias.float().contiguous()
             quant_amx.amx_linear(rest, self.blocks, self.type_name, bias, torch.get_num_threads(), out=out[decode:])
+        else:
+            out[decode:] = self._rows(rest, 0)
         return out
 
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor | None:
