@@ -5,7 +5,8 @@ GEMM, and plain fp32 F.linear on the already-dequantized weight (what --quantiza
     python profiling/benchmarks/bench_quant_gemm.py [--types Q4_1,Q8_0] [--rows 16,64,128,512,2048] [--threads N]
         [--prefill-split TOKENS]
 
-Prints GFLOP/s per path and each path's ratio to fp32 F.linear, the tiles GEMM's share of this machine's
+Prints GFLOP/s per path and each path's ratio to fp32 F.linear (on CPUs with AMX also the AMX tiles' linear
+against fp32 and torch's bf16 F.linear, and gate/up joined with its SiLU against the two apart), the tiles GEMM's share of this machine's
 measured int8 peak (quant_tiles.int8_peak_gops: 12 independent vpdpbusd per round on every thread), and
 the path quant_gemm.choose_path takes; TILES_ROWS in quant_gemm.py is set from these. --prefill-split
 runs one prompt of TOKENS tokens of the default model through the engine (prefix caching off) and splits
@@ -63,6 +64,35 @@ def measure(shape: tuple[int, int], type_name: str, rows: int, args) -> dict[str
     return {name: flops / best_seconds(fn, args.repeat, CLOCKS[args.clock]) / 1e9 for name, fn in runs.items()}
 
 
+def amx_rows(args) -> None:
+    """On CPUs with AMX: the tiles' linear on grouped blocks (what prefill rows take there) against fp32 F.linear
+    and torch's bf16 F.linear (oneDNN, on AMX too, bf16 in and out), and gate/up joined with its SiLU
+    (quant_amx.amx_glu) against the tiles' linear then silu_and_mul, the path without it."""
+    from cute_kernels.cpu import fused_ops, quant_amx, row_groups
+
+    if not quant_amx.available():
+        return
+    print("AMX tiles on grouped blocks: GFLOP/s (x fp32 F.linear, x torch bf16 F.linear); gate_up: joined with "
+          "SiLU x the linear + silu_and_mul")
+    best = lambda fn: best_seconds(fn, args.repeat, CLOCKS[args.clock])  # noqa: E731
+    for type_name in filter(None, args.types.split(",")):
+        for shape_name in (s for s in args.shapes.split(",") if s != "head"):
+            for rows in (r for r in map(int, args.rows.split(",")) if r >= qg.AMX_MIN_ROWS):
+                (n, k), g = SHAPES[shape_name], torch.Generator().manual_seed(0)
+                blocks = QUANTIZERS[type_name](torch.randn(n, k, generator=g) * 0.05)
+                w, kind, grouped = dequantize(blocks, type_name, k), row_groups.GROUPED[type_name], row_groups.group(
+                    blocks, type_name)
+                x = torch.randn(rows, k, generator=g)
+                xb, wb = x.bfloat16(), w.bfloat16()
+                amx = best(lambda: quant_amx.amx_linear(x, grouped, kind, None, args.threads))
+                line = (f"{type_name:5} {shape_name:8} {rows:5} | {2.0 * rows * n * k / amx / 1e9:7.1f} "
+                        f"({best(lambda: F.linear(x, w)) / amx:4.2f}, {best(lambda: F.linear(xb, wb)) / amx:4.2f})")
+                if shape_name == "gate_up":
+                    apart = best(lambda: fused_ops.silu_and_mul(quant_amx.amx_linear(x, grouped, kind, None, args.threads)))
+                    line += f" | joined {apart / best(lambda: quant_amx.amx_glu(x, grouped, kind, args.threads)):4.2f}x"
+                print(line, flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--types", default="Q4_1,Q8_0")
@@ -93,6 +123,7 @@ def main() -> None:
                 share = f"{r['tiles'] / peak:5.0%}" if peak else f"{'-':>5}"
                 print(f"{type_name:5} {shape_name:8} {rows:5} | {' '.join(cells)} {r['fp32']:7.1f} | {share} | "
                       f"{qg.choose_path(type_name, rows)}", flush=True)
+    amx_rows(args)
     if args.prefill_split:
         prefill_split(args.prefill_split, args.repeat, peak, CLOCKS[args.clock])
 
