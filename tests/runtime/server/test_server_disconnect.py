@@ -27,8 +27,8 @@ def test_stream_cut_midway_aborts_and_frees_the_pool(server, monkeypatch):
     monkeypatch.setattr(engine, "step", lambda: (engine.stats.generated_tokens - generated < 4
                                                  or client_gone.wait(30)) and step())
     with httpx.stream("POST", server.url + "/v1/completions", json={**LONG, "stream": True}, timeout=60) as r:
-        events = []
-        for line in r.iter_lines():
+        events, lines = [], r.iter_lines()  # held: a dropped line iterator is finalized at `break` and closes
+        for line in lines:  # the stream then, so the server could abort before the assert below
             if line.startswith("data: "):
                 events.append(line)
             if len(events) == 2:
