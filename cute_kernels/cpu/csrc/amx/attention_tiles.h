@@ -183,13 +183,8 @@ static int run_tiles(const Problem *p, int64_t batch) {
             }
 #pragma omp for schedule(dynamic, 4)
             for (int64_t i = 0; i < total; i++) {
-                int64_t lo = 0, hi = nseq - 1; /* which (sequence, KV head) packed block i belongs to */
-                while (lo < hi) {
-                    const int64_t mid = (lo + hi + 1) / 2;
-                    if (pack_at[mid] <= i) lo = mid;
-                    else hi = mid - 1;
-                }
-                if (ok) tiles_pack_block(&pk, lo / p->hkv, lo % p->hkv, i - pack_at[lo], stage);
+                const int64_t at = owner_of(pack_at, nseq, i); /* its (sequence, KV head) */
+                if (ok) tiles_pack_block(&pk, at / p->hkv, at % p->hkv, i - pack_at[at], stage);
             }
             if (ok) amx_configure();
 #pragma omp for schedule(dynamic, 1)

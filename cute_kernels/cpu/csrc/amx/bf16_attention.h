@@ -33,6 +33,18 @@ static inline __m512i bf16_pairs(const float *x) {
     return (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + 16), _mm512_loadu_ps(x));
 }
 
+/* The last of n non-decreasing starts at or below i: which sequence (or (sequence, KV head)) packed block
+ * i of a call belongs to, where starts[j] is the first block of the j-th. */
+static inline int64_t owner_of(const int64_t *starts, int64_t n, int64_t i) {
+    int64_t lo = 0, hi = n - 1;
+    while (lo < hi) {
+        const int64_t mid = (lo + hi + 1) / 2;
+        if (starts[mid] <= i) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
 /* Key t's K and V rows of (sequence b, KV head kvh) as fp32 (zeros past the sequence's keys). */
 static inline void key_rows(const Problem *p, int64_t b, int64_t kvh, int64_t t, float *stage, const float **kr,
                             const float **vr) {

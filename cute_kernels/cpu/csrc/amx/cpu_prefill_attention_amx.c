@@ -201,16 +201,11 @@ static void run_task(const Packed *pk, const Task *task, Scratch *w) {
     }
 }
 
-/* Which (sequence, KV head, block) the flat pack item i is: binary search over the per-sequence starts. */
+/* Which (sequence, KV head, block) the flat pack item i is: the sequence by its first item, then the rest. */
 static void pack_item(const Packed *pk, const int64_t *seq_start, int64_t batch, int64_t i, float *stage) {
-    int64_t lo = 0, hi = batch - 1;
-    while (lo < hi) {
-        const int64_t mid = (lo + hi + 1) / 2;
-        if (seq_start[mid] <= i) lo = mid;
-        else hi = mid - 1;
-    }
-    const int64_t nkb = blocks_of(keys_of(pk->p, lo)), local = i - seq_start[lo];
-    pack_block(pk, lo, local / nkb, local % nkb, stage);
+    const int64_t b = owner_of(seq_start, batch, i);
+    const int64_t nkb = blocks_of(keys_of(pk->p, b)), local = i - seq_start[b];
+    pack_block(pk, b, local / nkb, local % nkb, stage);
 }
 
 /* The vdpbf16ps route over the whole call: 0, or 2 when out of memory. */
