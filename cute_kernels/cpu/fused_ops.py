@@ -24,8 +24,8 @@ def _library() -> tuple[ctypes.CDLL | None, str | None]:
         "add_rms_norm_f32": ([_P] * 5 + [_I, _I, _F], None),
         "silu_and_mul_f32": ([_P, _P, _I, _I], None),
         "rope_f32": ([_P] * 3 + [_I] * 4, None),
-        "write_kv_f32": ([_P, _I, _P, _P, _I, _I, _I, ctypes.c_int, _P], None),
-        "read_kv_f32": ([_P, _P, _I, _I, _I, ctypes.c_int, _P, _P], None),
+        "write_kv_f32": ([_P, _I, _P, _I, _P, _I, _I, _I, ctypes.c_int, _P], ctypes.c_int),
+        "read_kv_f32": ([_P, _I, _P, _I, _I, _I, ctypes.c_int, _P, _P], ctypes.c_int),
     })
 
 
@@ -77,7 +77,7 @@ def rope_(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
 
 def _kv_ready(caches: tuple[torch.Tensor, torch.Tensor], slots: torch.Tensor, *rows: torch.Tensor) -> bool:
     """The C KV paths take these: fp32 rows of heads x d contiguous values, contiguous caches of one type the
-    C code reads ([blocks, block_size, heads, d]), int64 slots inside them."""
+    C code reads ([blocks, block_size, heads, d]), int64 slots (the C code checks they lie inside)."""
     k_cache, v_cache = caches
     heads_d = tuple(k_cache.shape[2:])
     return (unavailable_reason() is None and k_cache.dtype == v_cache.dtype and k_cache.dtype in KV_KINDS
@@ -85,19 +85,24 @@ def _kv_ready(caches: tuple[torch.Tensor, torch.Tensor], slots: torch.Tensor, *r
             and k_cache.device.type == "cpu" and slots.dtype == torch.int64 and slots.dim() == 1
             and slots.is_contiguous() and all(
                 r.dtype == torch.float32 and tuple(r.shape) == (slots.numel(), *heads_d) and r.stride(2) == 1
-                and r.stride(1) == heads_d[1] for r in rows)
-            and (slots.numel() == 0 or 0 <= int(slots.min()) <= int(slots.max()) < k_cache.shape[0] * k_cache.shape[1]))
+                and r.stride(1) == heads_d[1] for r in rows))
+
+
+def _outside(cache: torch.Tensor) -> str:
+    return f"a KV slot outside the cache's {cache.shape[0] * cache.shape[1]} slots"
 
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
              kv_scales: KVScales | None = None) -> None:
-    """reference.write_kv_ref (k/v [tokens, kv_heads, d] into the caches at flat slots), in one C pass each."""
+    """reference.write_kv_ref (k/v [tokens, kv_heads, d] into the caches at flat slots), in one C pass each; a
+    slot outside the caches is an IndexError, nothing written."""
     if not _kv_ready((k_cache, v_cache), slots, k, v):
         return write_kv_ref(k, v, k_cache, v_cache, slots, kv_scales)
     kind, scales = kv_kind(k_cache, v_cache), scale_pointers(k_cache, kv_scales, k.shape[1])
     for x, cache, scale in ((k, k_cache, scales[0]), (v, v_cache, scales[1])):
-        _library()[0].write_kv_f32(x.data_ptr(), x.stride(0), cache.data_ptr(), slots.data_ptr(), slots.numel(),
-                                   x.shape[1], x.shape[2], kind, scale)
+        if _library()[0].write_kv_f32(x.data_ptr(), x.stride(0), cache.data_ptr(), cache.shape[0] * cache.shape[1],
+                                      slots.data_ptr(), slots.numel(), x.shape[1], x.shape[2], kind, scale):
+            raise IndexError(_outside(cache))
 
 
 def read_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
@@ -106,11 +111,12 @@ def read_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
     if not _kv_ready((k_cache, v_cache), slots):
         scales = (None, None) if kv_scales is None else (kv_scales.k, kv_scales.v)
         return tuple(dequantize(c.view(-1, *c.shape[2:])[slots], s) for c, s in zip((k_cache, v_cache), scales))
-    kind, scales = kv_kind(k_cache, v_cache), scale_pointers(k_cache, kv_scales, k_cache.shape[2])
+    kind, pointers = kv_kind(k_cache, v_cache), scale_pointers(k_cache, kv_scales, k_cache.shape[2])
     out = []
-    for cache, scale in ((k_cache, scales[0]), (v_cache, scales[1])):
+    for cache, pointer in zip((k_cache, v_cache), pointers):
         rows = torch.empty(slots.numel(), *cache.shape[2:])
-        _library()[0].read_kv_f32(cache.data_ptr(), slots.data_ptr(), slots.numel(), cache.shape[2], cache.shape[3],
-                                  kind, scale, rows.data_ptr())
+        if _library()[0].read_kv_f32(cache.data_ptr(), cache.shape[0] * cache.shape[1], slots.data_ptr(),
+                                     slots.numel(), cache.shape[2], cache.shape[3], kind, pointer, rows.data_ptr()):
+            raise IndexError(_outside(cache))
         out.append(rows)
     return out[0], out[1]

@@ -42,17 +42,29 @@ void rope_f32(float *x, const float *cos_t, const float *sin_t, int64_t tokens, 
         for (int64_t h = 0; h < heads; h++) rope_head(x + t * token_stride + h * d, cos_t + t * half, sin_t + t * half, half);
 }
 
-/* Token t's k or v row (heads x d fp32 at src + t * stride) stored at slot slots[t] of a paged cache of
- * type kind ([slots, heads, d]) as kv_elem.h stores rows (torch's rounding; 8-bit: scales[h] per head). */
-void write_kv_f32(const float *src, int64_t stride, void *cache, const int64_t *slots, int64_t tokens, int64_t heads,
-                  int64_t d, int kind, const float *scales) {
-#pragma omp parallel for schedule(static) if (tokens * heads * d >= PARALLEL_MIN)
-    for (int64_t t = 0; t < tokens; t++) kv_store_heads(cache, kind, slots[t] * heads * d, src + t * stride, heads, d, scales);
+/* 1 when some slots[t] lies outside a cache of `slots` rows (nothing is then read or written), else 0. */
+static int slots_outside(const int64_t *slots, int64_t tokens, int64_t rows) {
+    int outside = 0;
+    for (int64_t t = 0; t < tokens; t++) outside |= slots[t] < 0 || slots[t] >= rows;
+    return outside;
 }
 
-/* out[t] = the row at slot slots[t] of such a cache as fp32: what a prefix hit reads back. */
-void read_kv_f32(const void *cache, const int64_t *slots, int64_t tokens, int64_t heads, int64_t d, int kind,
-                 const float *scales, float *out) {
+/* Token t's k or v row (heads x d fp32 at src + t * stride) stored at slot slots[t] of a paged cache of
+ * num_slots rows and type kind ([slots, heads, d]) as kv_elem.h stores rows (torch's rounding; 8-bit:
+ * scales[h] per head). Returns 0; 1 (and writes nothing) for a slot outside the cache. */
+int write_kv_f32(const float *src, int64_t stride, void *cache, int64_t num_slots, const int64_t *slots,
+                 int64_t tokens, int64_t heads, int64_t d, int kind, const float *scales) {
+    if (slots_outside(slots, tokens, num_slots)) return 1;
+#pragma omp parallel for schedule(static) if (tokens * heads * d >= PARALLEL_MIN)
+    for (int64_t t = 0; t < tokens; t++) kv_store_heads(cache, kind, slots[t] * heads * d, src + t * stride, heads, d, scales);
+    return 0;
+}
+
+/* out[t] = the row at slot slots[t] of such a cache as fp32: what a prefix hit reads back. Returns as
+ * write_kv_f32. */
+int read_kv_f32(const void *cache, int64_t num_slots, const int64_t *slots, int64_t tokens, int64_t heads, int64_t d,
+                int kind, const float *scales, float *out) {
+    if (slots_outside(slots, tokens, num_slots)) return 1;
 #pragma omp parallel for schedule(static) if (tokens * heads * d >= PARALLEL_MIN)
     for (int64_t t = 0; t < tokens; t++)
         for (int64_t h = 0; h < heads; h++) {
@@ -60,6 +72,7 @@ void read_kv_f32(const void *cache, const int64_t *slots, int64_t tokens, int64_
             const float *row = kv_row_f32(cache, kind, (slots[t] * heads + h) * d, d, scales != NULL ? scales[h] : 1.f, dst);
             if (row != dst) memcpy(dst, row, sizeof(float) * (size_t)d);
         }
+    return 0;
 }
 
 /* The SIMD route this library was built for (isa.h), so tests and benchmarks can say which ran. */

@@ -103,8 +103,13 @@ def test_inputs_the_kernels_do_not_take_run_the_references():
     assert torch.equal(got, want)
     back = fused.read_kv(got[0], got[1], slots.int())  # int32 slots: torch's gather
     assert all(torch.equal(r, x.bfloat16().float()) for r, x in zip(back, (k, v)))
-    with pytest.raises(IndexError):  # a slot past the cache: the reference's error, never a wild write
-        fused.write_kv(k, v, got[0], got[1], torch.tensor([5, 0, 64]))
+    for rows in (k, v):  # k's strided dims: the reference; v's contiguous ones: the C code's own check
+        before = got.clone()
+        with pytest.raises(IndexError):  # a slot past the cache: an error, never a wild write
+            fused.write_kv(rows, v, got[0], got[1], torch.tensor([5, 0, 64]))
+        assert torch.equal(got, before)
+    with pytest.raises(IndexError, match="outside the cache's 16 slots"):
+        fused.read_kv(got[0], got[1], torch.tensor([5, -1, 9]))
 
 
 def test_model_logits_are_the_same_with_the_references(monkeypatch):
