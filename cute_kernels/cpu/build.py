@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCE_DIRS = (CSRC, CSRC / "amx")  # amx/: the kernels on the AMX tiles; their sources #include csrc's headers
+SOURCE_DIRS = (CSRC, CSRC / "amx", CSRC / "tiles")  # amx/: the kernels on the AMX tiles; tiles/: the int8 tiles GEMM; their sources #include csrc's headers
 # -ffast-math lets loops use glibc's vector expf (libmvec). It is given to the compile step only:
 # linked with it, GCC adds crtfastmath.o, which would flush denormals for the whole process.
 COMPILE_FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math", "-fPIC", "-std=c11"]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from cute_kernels.cpu import build
+from cute_kernels.cpu import build, quant_gemm
 from cute_kernels.cpu.decode_attention import DecodeTables
 from cute_kernels.cpu.kv_elem import kv_kind, scale_pointers
 from cute_kernels.cpu.quant_blocks import BLOCK_BYTES, QK, TYPE_IDS
@@ -23,10 +23,11 @@ from cute_kernels.kv_quant import KVScales
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 LINEARS = ("qkv", "o_proj", "gate_up", "down")
 BF16 = "BF16"  # a weight type beside the block types: a [rows, cols] bfloat16 tensor (the C enum's 16)
+NEVER = 1 << 62  # a linear's tiles_from where it has no tiles GEMM
 
 
 class _Layer(ctypes.Structure):
-    _fields_ = [("weight", _P * 4), ("type", ctypes.c_int32 * 4), ("qkv_bias", _P), ("input_norm", _P),
+    _fields_ = [("weight", _P * 4), ("type", ctypes.c_int32 * 4), ("tiles_from", _I * 4), ("qkv_bias", _P), ("input_norm", _P),
                 ("post_norm", _P), ("k_cache", _P), ("v_cache", _P), ("k_scale", _P), ("v_scale", _P)]
 
 
@@ -40,7 +41,7 @@ class _Model(ctypes.Structure):
 def _library() -> tuple[ctypes.CDLL | None, str | None]:
     return build.load_with_signatures("cpu_decode_step", {
         "decode_step_f32": ([_P, _P, _P, _I, _P, _P, _P, _I, _P, ctypes.c_int], ctypes.c_int),
-        "decode_step_max_rows": ([], ctypes.c_int)})
+        "decode_step_max_rows": ([ctypes.c_int], ctypes.c_int)})
 
 
 def unavailable_reason() -> str | None:
@@ -48,10 +49,11 @@ def unavailable_reason() -> str | None:
     return _library()[1]
 
 
-def max_rows() -> int:
-    """The most rows one step takes (0 where the library is not built)."""
+def max_rows(all_tiles: bool = False) -> int:
+    """The most rows one step takes (0 where the library is not built): many where every linear has the tiles
+    GEMM (all_tiles), else as many as the GEMV serves."""
     lib = _library()[0]
-    return 0 if lib is None else lib.decode_step_max_rows()
+    return 0 if lib is None else lib.decode_step_max_rows(all_tiles)
 
 
 @dataclass(frozen=True)
@@ -123,6 +125,7 @@ class DecodeStepTable:
             for i, (name, (blocks, type_name)) in enumerate(zip(LINEARS, layer.linears, strict=True)):
                 c.type[i] = _blocks(blocks, type_name, *dims[name], f"layer {n} {name}")
                 c.weight[i] = blocks.data_ptr()
+                c.tiles_from[i] = quant_gemm.tiles_from(type_name) or NEVER
             bias = layer.qkv_bias
             c.qkv_bias = None if bias is None else _fp32(bias, (q + 2 * kv,), f"layer {n} qkv bias").data_ptr()
             c.input_norm = _fp32(layer.input_norm, (s.hidden,), f"layer {n} input norm").data_ptr()
@@ -139,7 +142,8 @@ class DecodeStepTable:
                             _fp32(final_norm, (s.hidden,), "final norm").data_ptr(),
                             _fp32(cos_table, (positions, s.head_dim // 2), "rope cos").data_ptr(),
                             _fp32(sin_table, (positions, s.head_dim // 2), "rope sin").data_ptr())
-        self.max_rows = self.lib.decode_step_max_rows()
+        self.max_rows = self.lib.decode_step_max_rows(all(c.tiles_from[i] < NEVER for c in self.c_layers
+                                                              for i in range(len(LINEARS))))
 
     def run(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, tables: DecodeTables,
             threads: int) -> torch.Tensor:

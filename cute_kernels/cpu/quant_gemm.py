@@ -106,6 +106,14 @@ def gemv_layout(type_name: str, blocks: torch.Tensor) -> tuple[str, torch.Tensor
     return type_name, blocks
 
 
+def tiles_from(type_name: str) -> int | None:
+    """The fewest activation rows that take quant_tiles' GEMM for this weight type (None: never)."""
+    if not quant_tiles.available(type_name):
+        return None
+    first = TILES_ROWS[quant_tiles.isa(), row_groups.BASE.get(type_name, type_name)][0]
+    return None if first >= OLD_ROUTES[0] else first
+
+
 def choose_path(type_name: str, rows: int, allow_dequant: bool = True) -> str:
     """gemv, tiles, amx or dequant: the fastest measured path for this many activation rows on this build.
     gemv and tiles give a row the same bits; amx and dequant round otherwise (allow_dequant=False: never)."""

@@ -1,4 +1,4 @@
-"""The register-blocked int8 GEMM for many activation rows (csrc/cpu_quant_tiles.c, built by build.py as
+"""The register-blocked int8 GEMM for many activation rows (csrc/tiles/cpu_quant_tiles.c, built by build.py as
 its own library beside cpu_quant_gemm): quant_gemm.quant_linear sends row counts from its crossover
 on here; quant_reference.quant_linear_ref is the oracle for both."""
 from __future__ import annotations
@@ -55,7 +55,7 @@ def tiles_gemm(blocks: torch.Tensor, type_name: str, q: torch.Tensor, d: torch.T
 
 def int8_peak_gops(threads: int, seconds: float = 0.3, clock=time.perf_counter) -> float | None:
     """This route's int8 multiply-add peak in GOP/s (2 ops per multiply-add) on `threads` threads, from
-    csrc/cpu_quant_tiles.c's int8_peak (12 independent vpdpbusd / maddubs per round); None where the
+    csrc/tiles/cpu_quant_tiles.c's int8_peak (12 independent vpdpbusd / maddubs per round); None where the
     route has no such instruction (portable C). clock: time.process_time counts CPU time, steadier on
     a shared machine (then the figure is per CPU-second, as bench_quant_gemm.py's --clock cpu rates)."""
     lib = _library()[0]

@@ -1,11 +1,11 @@
-"""Where a batch-1 decode step's time goes on the CPU, with the default model's quantized weights: the
-fused decode step (one C call, runtime/accel/cpu_decode_step.py) against the per-layer path, each
+"""Where a decode step's time goes on the CPU (batch 1, or --rows sequences at once), with the default model's
+quantized weights: the fused decode step (one C call, runtime/accel/cpu_decode_step.py) against the per-layer path, each
 against the bytes floor (weights + the KV cache a token reads) from this machine's read bandwidth,
 and each GEMV shape's GB/s. The bandwidth is measured by a STREAM-like C read kernel
 (csrc/cpu_read_bandwidth.c: every thread sums its own part of 512 MiB); torch's sum is printed beside it.
 
     python profiling/benchmarks/bench_decode_step.py [--steps 200] [--threads 1,2] [--contexts 42,2048]
-        [--kv-cache-dtype bf16]
+        [--kv-cache-dtype bf16] [--rows 1,32]
 
 Prints ms per step and ratios measured in one run (the machine may be shared: `uptime` is printed
 before and after; compare ratios, not figures across runs).
@@ -69,6 +69,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--contexts", default="42,2048", help="tokens of context a decoded token attends to")
+    ap.add_argument("--rows", default="1", help="sequences decoding together, e.g. 1,8,32,64 (one token each)")
     ap.add_argument("--kv-cache-dtype", default="bf16", choices=("float32", "bf16"),
                     help="the cache the fused step reads (default: the engine's CPU default)")
     args = ap.parse_args()
@@ -82,14 +83,15 @@ def main() -> None:
     for threads in (int(t) for t in args.threads.split(",")):
         gbs, torch_gbs = read_bandwidth(threads)
         print(f"threads {threads}: read bandwidth {gbs:.1f} GB/s (C read kernel; torch's sum {torch_gbs:.1f} GB/s)")
-        for context in (int(c) for c in args.contexts.split(",")):
-            step_at(cfg, tensors, context, kv_dtype, threads, gbs, args.steps)
+        for rows in (int(r) for r in args.rows.split(",")):
+            for context in (int(c) for c in args.contexts.split(",")):
+                step_at(cfg, tensors, context, kv_dtype, threads, gbs, args.steps, rows)
     print(os.popen("uptime").read().strip())
 
 
-def step_at(cfg, tensors: dict, context: int, kv_dtype, threads: int, gbs: float, steps: int) -> None:
-    """One decode token at `context` tokens of context: the fused step and the per-layer path against the
-    bytes floor; the GEMV shapes once, at the shortest context."""
+def step_at(cfg, tensors: dict, context: int, kv_dtype, threads: int, gbs: float, steps: int, rows: int = 1) -> None:
+    """One decode step of `rows` sequences at `context` tokens of context each: the fused step and the
+    per-layer path against the bytes floor; the GEMV shapes once, at batch 1 and the shortest context."""
     import torch
 
     from cute_kernels.cpu.quant_blocks import BLOCK_BYTES, QK
@@ -97,34 +99,36 @@ def step_at(cfg, tensors: dict, context: int, kv_dtype, threads: int, gbs: float
     from runtime.sequence import SeqChunk
 
     block = 16
-    blocks = list(range(context // block + 2))
-    runner = make_runner(cfg, dict(tensors), (len(blocks) + 4) * block * kv_bytes_per_token(cfg, 1, kv_dtype),
+    per_seq = context // block + 2
+    tables = [list(range(r * per_seq, (r + 1) * per_seq)) for r in range(rows)]
+    runner = make_runner(cfg, dict(tensors), (rows * per_seq + 4) * block * kv_bytes_per_token(cfg, 1, kv_dtype),
                          kv_dtype=kv_dtype)[0]
     model, fused = runner.model, runner.model.decode_step
-    prompt = [100 + i % 1000 for i in range(context - 1)]
-    runner.run([SeqChunk(prompt, 0, blocks)])
-    ids, positions, batch, _ = runner.prepare([SeqChunk([42], len(prompt), blocks)])
+    prompts = [[100 + (i + 7 * r) % 1000 for i in range(context - 1)] for r in range(rows)]
+    for prompt, blocks in zip(prompts, tables):
+        runner.run([SeqChunk(prompt, 0, blocks)])
+    ids, positions, batch, _ = runner.prepare([SeqChunk([42], context - 1, blocks) for blocks in tables])
     weights = sum(linear.weight_bytes() for layer in model.layers for linear in layer.linears())
-    head, kv = model.head.weight_bytes(), kv_bytes_per_token(cfg, context, kv_dtype)
+    head, kv = model.head.weight_bytes(), rows * kv_bytes_per_token(cfg, context, kv_dtype)
     torch.set_num_threads(threads)
     floor = (weights + head + kv) / gbs / 1e6
     model.decode_step = fused
     step = per_call_ms(lambda: model(ids, positions, batch, runner.kv_caches), steps)
     model.decode_step = None
     old = per_call_ms(lambda: model(ids, positions, batch, runner.kv_caches), max(1, steps // 4))
-    hidden = torch.randn(1, cfg.hidden_size)
+    hidden = torch.randn(rows, cfg.hidden_size)
     alone = per_call_ms(lambda: model.logits(hidden), steps)
     # the head as the engine runs it, after a step that streamed the layers' weights through the caches:
     # called back to back, its 30 MB stay partly cached and it looked ~2.5x faster than in the engine
     model.decode_step = fused
     logits = per_call_ms(lambda: (model(ids, positions, batch, runner.kv_caches), model.logits(hidden)), steps) - step
-    print(f"  context {context}: layer weights {weights / 1e6:.1f} MB + head {head / 1e6:.1f} MB + KV "
-          f"{kv / 1e6:.1f} MB ({str(kv_dtype).removeprefix('torch.')}) -> floor {floor:.2f} ms/token")
+    print(f"  {rows} row{'s' * (rows > 1)}, context {context}: layer weights {weights / 1e6:.1f} MB + head {head / 1e6:.1f} MB + KV "
+          f"{kv / 1e6:.1f} MB ({str(kv_dtype).removeprefix('torch.')}) -> floor {floor:.2f} ms/step")
     print(f"    layers: fused step {step:.2f} ms, per-layer path {old:.2f} ms ({old / step:.2f}x); LM head "
           f"{logits:.2f} ms after the step ({alone:.2f} ms called alone); fused + head = "
           f"{(weights + head + kv) / (step + logits) / 1e6:.1f} GB/s, "
           f"{floor / (step + logits):.0%} of the read bandwidth")
-    if context > 64:
+    if context > 64 or rows > 1:
         return
     layer, x = model.layers[0], torch.randn(1, cfg.hidden_size)
     for name in layer.LINEARS:

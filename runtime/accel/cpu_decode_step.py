@@ -1,6 +1,7 @@
 """The fused CPU decode step (cute_kernels/cpu/decode_step.py) behind LlamaModel.forward: a decode-only
-step of at most decode_step.max_rows() rows runs every layer in one C call, when every linear holds
-block-quantized (BlockQuantLinear) or bf16 (Bf16Linear) weights and the KV caches are fp32, bf16, int8 or e4m3 on the CPU. Anything else
+step runs every layer in one C call, when every linear holds block-quantized (BlockQuantLinear) or bf16
+(Bf16Linear) weights and the KV caches are fp32, bf16, int8 or e4m3 on the CPU, for up to the table's max_rows
+rows (many where every linear has the tiles GEMM, else what the GEMV serves). Anything else
 (prefill or mixed steps, more rows, Qwen3's qk_norm, float or fp8 weights, tensor-parallel ranks,
 whose linears are wrapped in collectives) takes the per-layer path.
 """
@@ -34,7 +35,6 @@ class CpuDecodeStep:
 
     def __init__(self, model: LlamaModel) -> None:
         self.model = model
-        self.max_rows = decode_step.max_rows()
         self._caches: KVCaches | None = None
         self._table: decode_step.DecodeStepTable | None = None
 
@@ -61,8 +61,10 @@ class CpuDecodeStep:
             return None
 
     def accepts(self, batch: AttentionBatch, rows: int, kv_caches: KVCaches) -> bool:
-        return (0 < rows <= self.max_rows and batch.num_decode_tokens == rows and batch.cu_seqlens_q is None
-                and self._table_for(kv_caches) is not None)
+        if not (rows > 0 and batch.num_decode_tokens == rows and batch.cu_seqlens_q is None):
+            return False
+        table = self._table_for(kv_caches)
+        return table is not None and rows <= table.max_rows
 
     def __call__(self, x: torch.Tensor, positions: torch.Tensor, batch: AttentionBatch,
                  kv_caches: KVCaches) -> torch.Tensor:

@@ -24,8 +24,10 @@
 #include "bf16_dot.h"
 #include "fused_rows.h"
 #include "quant_dot.h"
+#include "tiles/quant_tiles.h"
 
-#define MAX_ROWS 16 /* rows per step this path takes; more go to the per-op path's GEMM (docs/cpu_kernels.md: why 16) */
+#define GEMV_ROWS 16  /* rows a step takes when some linear has only the GEMV (docs/cpu_kernels.md: why 16) */
+#define MAX_ROWS 1024 /* rows a step takes when every linear has the tiles GEMM for that many */
 
 enum { QKV = 0, O_PROJ = 1, GATE_UP = 2, DOWN = 3 };
 enum { BF16 = 16 }; /* a weight type beside quant_dot.h's block types: [rows, cols] bf16, as decode_step.py says */
@@ -33,6 +35,8 @@ enum { BF16 = 16 }; /* a weight type beside quant_dot.h's block types: [rows, co
 typedef struct { /* one decoder layer, as decode_step.py's DecodeLayer */
     const uint8_t *weight[4]; /* blocks of qkv [q + 2 kv, hidden], o_proj, gate_up [2 inter, hidden], down */
     int32_t type[4];          /* Q4_0 / Q4_1 / Q8_0 (or grouped: row_groups.h) / BF16 */
+    int64_t tiles_from[4];    /* the fewest rows the linear's tiles GEMM serves (quant_gemm.py's TILES_ROWS); larger
+                                 than MAX_ROWS: it has none, and steps stop at GEMV_ROWS rows */
     const float *qkv_bias;    /* NULL: none */
     const float *input_norm, *post_norm;
     void *k_cache, *v_cache;  /* [num_blocks, block_size, kv_heads, head_dim] of the model's kv_kind */
@@ -52,9 +56,11 @@ typedef struct { /* the step's activations, one allocation */
     float *parts; /* the attention's split-KV partials */
     int8_t *q8;
     uint16_t *xb; /* a bf16 linear's input */
+    int32_t *corr; /* the tiles GEMM's Q8_0 block sums */
 } Work;
 
-int decode_step_max_rows(void) { return MAX_ROWS; }
+/* The most rows a step takes: every linear on the tiles GEMM for many rows (all_tiles), else GEMV_ROWS. */
+int decode_step_max_rows(int all_tiles) { return all_tiles ? MAX_ROWS : GEMV_ROWS; }
 
 /* y[m, n] = x @ W^T (+ bias) from quantized activations; groups of 8 output rows split over the team,
  * in cpu_quant_gemm.c's order (dot_tile8, dot_tile for the last n % 8), so a row gets its bits. */
@@ -104,6 +110,15 @@ static void gemv(const uint8_t *w, int type, const Work *wk, const float *bias, 
                     y[(r0 + r) * n + c0 + l] = out[r * 8 + l] + (bias != NULL ? bias[c0 + l] : 0.f);
         }
     }
+}
+
+/* Linear i of layer L: the GEMV up to GEMV_ROWS rows (faster here than the tiles, whose panels each task packs
+ * anew: 14.9 vs 18.3 ms a step at 8 rows, 25.5 vs 26.5 at 16), the tiles GEMM past them (check_step: every
+ * linear has it then); both give a row the same bits (quant_tiles.h). panel: this thread's tiles panel. */
+static void linear(const DecodeLayer *L, int i, const Work *wk, const float *bias, float *y, int64_t m, int64_t n,
+                   int64_t k, uint8_t *panel) {
+    if (m > GEMV_ROWS) tiles_team(L->weight[i], L->type[i], wk->q8, wk->d, wk->s, wk->corr, bias, y, m, n, k, panel);
+    else gemv(L->weight[i], L->type[i], wk, bias, y, m, n, k);
 }
 
 /* x [m, k] as the linear of weight type `type` reads it: q8 blocks, or bf16 rows for a BF16 weight;
@@ -179,24 +194,27 @@ static void silu_mul_quantize(const DecodeModel *md, int type, const Work *wk, i
 
 static void layer_step(const DecodeModel *md, const DecodeLayer *L, int first, float *x, const Work *wk, int64_t m,
                        const int64_t *positions, const int64_t *slots, const int32_t *tables, int64_t max_blocks,
-                       const int32_t *lens, int64_t max_chunks, float *scratch) {
+                       const int32_t *lens, int64_t max_chunks, float *scratch, uint8_t *panel) {
     const int64_t h = md->hidden, q_size = md->heads * md->head_dim, kv = md->kv_heads * md->head_dim;
     norm_and_quantize(md, x, L->input_norm, first, L->type[QKV], wk, m);
-    gemv(L->weight[QKV], L->type[QKV], wk, L->qkv_bias, wk->qkv, m, q_size + 2 * kv, h);
+    linear(L, QKV, wk, L->qkv_bias, wk->qkv, m, q_size + 2 * kv, h, panel);
     rope_and_write_kv(md, L, wk, m, positions, slots);
     attend(md, L, wk, m, tables, max_blocks, lens, max_chunks, wk->parts, scratch);
     quantize(wk->attn, L->type[O_PROJ], wk, m, q_size);
-    gemv(L->weight[O_PROJ], L->type[O_PROJ], wk, NULL, x, m, h, q_size);
+    linear(L, O_PROJ, wk, NULL, x, m, h, q_size, panel);
     norm_and_quantize(md, x, L->post_norm, 0, L->type[GATE_UP], wk, m);
-    gemv(L->weight[GATE_UP], L->type[GATE_UP], wk, NULL, wk->gate_up, m, 2 * md->inter, h);
+    linear(L, GATE_UP, wk, NULL, wk->gate_up, m, 2 * md->inter, h, panel);
     silu_mul_quantize(md, L->type[DOWN], wk, m);
-    gemv(L->weight[DOWN], L->type[DOWN], wk, NULL, x, m, h, md->inter);
+    linear(L, DOWN, wk, NULL, x, m, h, md->inter, panel);
 }
 
 /* Inputs the C code would otherwise read out of bounds: 0 when all are in range. */
 static int check_step(const DecodeModel *md, int64_t m, const int64_t *positions, const int64_t *slots,
                       const int32_t *lens, int64_t max_blocks) {
     if (m < 1 || m > MAX_ROWS || !kv_kind_known(md->kv_kind)) return 1;
+    for (int64_t l = 0; m > GEMV_ROWS && l < md->num_layers; l++)
+        for (int i = 0; i < 4; i++)
+            if (md->layers[l].tiles_from[i] > m || !tiles_read(md->layers[l].type[i])) return 1;
     for (int64_t r = 0; r < m; r++)
         if (positions[r] < 0 || positions[r] >= md->max_positions || slots[r] < 0
             || slots[r] >= md->num_blocks * md->block_size || lens[r] < 1 || lens[r] > max_blocks * md->block_size)
@@ -219,20 +237,26 @@ int decode_step_f32(const DecodeModel *md, float *x, float *out, int64_t m, cons
     for (int64_t r = 0; r < m; r++) max_len = context_lens[r] > max_len ? context_lens[r] : max_len;
     const int64_t g_n = md->heads / md->kv_heads, max_chunks = num_chunks(max_len, md->block_size);
     const int64_t part_floats = m * md->kv_heads * max_chunks * partial_floats(g_n, d);
-    const size_t floats = (size_t)m * (2 * h + width + q_size + 2 * md->inter + 2 * k_max / QK) + part_floats;
+    const size_t floats = (size_t)m * (2 * h + width + q_size + 2 * md->inter + 3 * k_max / QK) + part_floats;
     float *buf = malloc(sizeof(float) * floats + (size_t)m * k_max * (1 + sizeof(uint16_t)));
     if (buf == NULL) return 2;
     Work wk = {.res = buf};
     wk.h = wk.res + m * h, wk.qkv = wk.h + m * h, wk.attn = wk.qkv + m * width, wk.gate_up = wk.attn + m * q_size;
-    wk.d = wk.gate_up + m * 2 * md->inter, wk.s = wk.d + m * k_max / QK, wk.parts = wk.s + m * k_max / QK;
+    wk.d = wk.gate_up + m * 2 * md->inter, wk.s = wk.d + m * k_max / QK, wk.corr = (int32_t *)(wk.s + m * k_max / QK);
+    wk.parts = (float *)(wk.corr + m * k_max / QK);
     wk.q8 = (int8_t *)(wk.parts + part_floats);
     wk.xb = (uint16_t *)(wk.q8 + m * k_max); /* after q8's m * k_max bytes (k_max is a multiple of QK: aligned) */
+    const int64_t ks[3] = {h, q_size, md->inter}; /* the linears' input widths */
+    size_t panel_bytes = 0; /* a thread's tiles panel: the largest any linear packs (0: no linear takes the tiles) */
+    for (int i = 0; i < 3 && m > GEMV_ROWS; i++)
+        panel_bytes = tiles_panel_bytes(ks[i]) > panel_bytes ? tiles_panel_bytes(ks[i]) : panel_bytes;
     int failed = 0;
 #pragma omp parallel num_threads(nthreads)
     {
         /* the attention's scores for one chunk, then a bf16 or 8-bit cache's stage of block_size rows */
         float *scratch = malloc(sizeof(float) * (md->heads * chunk_tokens(md->block_size) + md->block_size * d));
-        if (scratch == NULL) {
+        uint8_t *panel = panel_bytes ? malloc(panel_bytes) : NULL;
+        if (scratch == NULL || (panel_bytes && panel == NULL)) {
 #pragma omp atomic write
             failed = 1;
         }
@@ -240,12 +264,13 @@ int decode_step_f32(const DecodeModel *md, float *x, float *out, int64_t m, cons
         if (!failed) { /* read after the barrier: every thread takes the same branch, the loops' barriers match */
             for (int64_t l = 0; l < md->num_layers; l++)
                 layer_step(md, &md->layers[l], l == 0, x, &wk, m, positions, slots, block_tables, max_blocks,
-                           context_lens, max_chunks, scratch);
+                           context_lens, max_chunks, scratch, panel);
 #pragma omp for schedule(static)
             for (int64_t r = 0; r < m; r++)
                 add_rms_norm_row(x + r * h, wk.res + r * h, md->final_norm, wk.res + r * h, out + r * h, h, md->eps);
         }
         free(scratch);
+        free(panel);
     }
     free(buf);
     return failed ? 2 : 0;

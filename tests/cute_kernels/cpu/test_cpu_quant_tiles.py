@@ -1,4 +1,4 @@
-"""The register-blocked int8 GEMM (csrc/cpu_quant_tiles.c) against the torch oracle on every SIMD route
+"""The register-blocked int8 GEMM (csrc/tiles/cpu_quant_tiles.c) against the torch oracle on every SIMD route
 this machine runs (the `cpu_route` fixture), and quant_linear's choice of path.
 
 Tolerance (as tests/cute_kernels/cpu/test_cpu_quant_gemm.py): the activations are quantized by the same C function

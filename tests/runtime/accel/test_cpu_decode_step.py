@@ -15,7 +15,7 @@ import dataclasses
 import pytest
 import torch
 
-from cute_kernels.cpu import build
+from cute_kernels.cpu import build, quant_gemm
 from cute_kernels.cpu import decode_step as ds
 from cute_kernels.cpu.decode_attention import prepare_tables
 from runtime.accel.kv_scales import KVScaleSource
@@ -136,8 +136,9 @@ def test_fused_step_over_an_8bit_cache_matches_the_per_layer_path(dtype, fused_s
         assert torch.equal(v.view(torch.uint8), v2.view(torch.uint8))
 
 
-def test_only_small_decode_only_steps_take_the_fused_path(fused_steps):
-    runner = tiny_runner("q4")
+def test_only_decode_only_steps_the_fused_path_serves_take_it(fused_steps):
+    """bf16 weights have no tiles GEMM: the step serves as many rows as its GEMV does, and no more."""
+    runner = tiny_runner(None, weight_dtype=torch.bfloat16)
     prompts = [[i + 1, i + 2] for i in range(ds.max_rows() + 1)]
     runner.run([SeqChunk(p, 0, table(i)) for i, p in enumerate(prompts)])
     decode = [SeqChunk([7], 2, table(i)) for i in range(len(prompts))]
@@ -147,6 +148,23 @@ def test_only_small_decode_only_steps_take_the_fused_path(fused_steps):
     runner.run(decode[:1] + [SeqChunk([5, 6], 3, table(1))])  # a mixed step
     runner.run([SeqChunk([7, 8], 3, table(0))])  # a verify-style chunk
     assert fused_steps == [ds.max_rows()]
+
+
+@pytest.mark.parametrize("quantization", ["q4", "int8"])
+def test_many_rows_take_the_fused_step_on_the_tiles_gemm(quantization, fused_steps, cpu_route):
+    """More rows than the GEMV serves: each linear takes the tiles GEMM inside the step (the GEMV's integer sums
+    and float order, quant_tiles.h), so a 40-row decode-only step matches the per-layer path as a 3-row one
+    does; where the route has no tiles GEMM (portable C) the step leaves such rows to the per-layer path."""
+    prompts = [[3 + i, 1 + i % 7, 4] + list(range(10, 10 + i % 23)) for i in range(40)]  # contexts 3..25
+    fused, per_layer = tiny_runner(quantization), tiny_runner(quantization, fused=False)
+    got, got_tokens = greedy(fused, prompts, 4)
+    assert fused_steps == ([40] * 4 if quant_gemm.tiles_from("Q4_1") else [])
+    want, want_tokens = greedy(per_layer, prompts, 4)
+    assert got_tokens == want_tokens
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, **TOL)
+    for (k, v), (k2, v2) in zip(fused.kv_caches, per_layer.kv_caches):
+        assert torch.equal(k, k2) and torch.equal(v, v2)
 
 
 def test_models_the_fused_step_does_not_cover_take_the_per_layer_path(fused_steps):
