@@ -87,3 +87,19 @@ def test_seeded_rows_draw_the_same_token_whatever_their_batch_mates():
     together = sample(logits, mixed).token_ids
     assert together[0] == alone[0] and together[2] == alone[2]
     assert together[1] == int(logits[1].argmax())
+
+
+def test_greedy_rows_take_argmaxs_token_ties_and_nans_included():
+    """The greedy paths read max's indices (faster than argmax on the CPU): the first maximum of a row, a NaN
+    counting as one, exactly as argmax picks it, alone and beside sampled rows."""
+    logits = torch.randn(6, 300)
+    logits[1, [7, 40, 299]] = 9.0  # a tie: the first wins
+    logits[2, [5, 9]] = float("nan")  # NaNs: the first one, as argmax
+    logits[3] = float("-inf")
+    logits[4, :2] = torch.tensor([0.0, -0.0])
+    logits[4, 2:] = -1.0
+    want = logits.argmax(-1).tolist()
+    assert want[1:5] == [7, 5, 0, 0]
+    assert sample(logits, [SamplingRow(SamplingParams(temperature=0))] * 6).token_ids == want
+    mixed = [SamplingRow(SamplingParams(temperature=0))] * 5 + [SamplingRow(SamplingParams(temperature=1.0, seed=3))]
+    assert sample(logits, mixed).token_ids[:5] == want[:5]
