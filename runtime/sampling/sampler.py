@@ -227,9 +227,7 @@ def _logprobs(logits: torch.Tensor, tokens: torch.Tensor, rows: list[SamplingRow
 def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> SampleResult:
     """Sample one token per row of logits [B, V]."""
     if all(r.params.greedy and not _edits(r) for r in rows):
-        # the common fast path, plain greedy: max's indices are argmax's (the first maximum; NaN counts as one) in
-        # ~0.4 of its time on the CPU (32 x 49152 logits, 2 threads: 0.41 vs 1.04 ms)
-        tokens = logits.max(-1).indices
+        tokens = logits.max(-1).indices  # plain greedy: argmax's tokens, 0.41 vs 1.04 ms at 32 x 49152 on 2 CPU threads
     else:
         tokens = _sampled_tokens(logits, rows)
     return SampleResult(tokens.tolist(), _logprobs(logits, tokens, rows))

@@ -8,9 +8,9 @@
  * long sequence, and since the cut depends on the context length alone and a head's arithmetic not on
  * its task's other heads, a row's bits do not depend on its batch or on the thread count.
  *
- * Blocking: within a block every query head of the group is scored against 4 K rows at once (each K
- * element loaded once for all heads), and V rows are weighed into every head's accumulators in
- * registers. A bf16 cache is widened in registers on load (a 16-bit shift, no AVX-512 BF16 needed);
+ * Blocking: within a block every query head of the group is scored against 4 K rows at once (8 on the
+ * AVX-512 route, attention_zmm.h, for head dims that are a multiple of 32; each K element loaded once for
+ * all heads), and V rows are weighed into every head's accumulators in registers. A bf16 cache is widened in registers on load (a 16-bit shift, no AVX-512 BF16 needed);
  * fp32 and bf16 thus run the same fp32 arithmetic in the same order, so a bf16 cache gives bit for bit
  * the fp32 result on its widened copy. 8-bit rows (and every row on the portable route) are widened
  * into per-thread scratch first. */
@@ -22,6 +22,9 @@
 #include <string.h>
 
 #include "kv_elem.h"
+#if defined(CPU_VNNI) /* the AVX-512 route */
+#include "attention_zmm.h"
+#endif
 
 #define KV_CHUNK 256 /* tokens per split-KV chunk, rounded up to whole blocks */
 
@@ -185,8 +188,25 @@ static inline Rows block_rows(const KVCache *kc, const void *cache, const float 
     return (Rows){kc->stage, d, 0};
 }
 
+/* Whether rows of d values take attention_zmm.h's kernels, whose queries and V sums are permuted. */
+static inline int zmm_rows(int64_t d) {
+#ifdef ATTENTION_ZMM_H
+    return d % 32 == 0;
+#else
+    (void)d;
+    return 0;
+#endif
+}
+
 static inline void score_block(const float *q, int64_t g_n, int64_t d, Rows k, int64_t n, float scale, float *scores,
                                int64_t ss) {
+#ifdef ATTENTION_ZMM_H
+    if (zmm_rows(d)) {
+        if (k.bf16) zscore_block_bf16(q, g_n, d, k.p, k.stride, n, scale, scores, ss);
+        else zscore_block_f32(q, g_n, d, k.p, k.stride, n, scale, scores, ss);
+        return;
+    }
+#endif
 #ifdef CPU_AVX2
     if (d % 8 == 0) {
         if (k.bf16) score_block_bf16(q, g_n, d, k.p, k.stride, n, scale, scores, ss);
@@ -199,6 +219,13 @@ static inline void score_block(const float *q, int64_t g_n, int64_t d, Rows k, i
 }
 
 static inline void weigh_block(float *acc, int64_t g_n, int64_t d, const float *p, int64_t ps, Rows v, int64_t n) {
+#ifdef ATTENTION_ZMM_H
+    if (zmm_rows(d)) {
+        if (v.bf16) zweigh_block_bf16(acc, g_n, d, p, ps, v.p, v.stride, n);
+        else zweigh_block_f32(acc, g_n, d, p, ps, v.p, v.stride, n);
+        return;
+    }
+#endif
 #ifdef CPU_AVX2
     if (d % 8 == 0) {
         if (v.bf16) weigh_block_bf16(acc, g_n, d, p, ps, v.p, v.stride, n);
@@ -234,9 +261,9 @@ static inline void score_rows(const float *q, const KVCache *kc, const int32_t *
                               float *scores, int64_t ss) {
     const int64_t n = rows_in(t0, t_end, bs), next = rows_in(t0 + bs, t_end, bs);
     const Rows k = block_rows(kc, kc->k, kc->k_scale, table[t0 / bs], kvh, n, hkv, d, bs);
-    const int64_t eb = k.bf16 ? 2 : 4;
-    for (int64_t j = 0; j < n; j += 4) {
-        const int64_t nj = n - j < 4 ? n - j : 4;
+    const int64_t eb = k.bf16 ? 2 : 4, step = zmm_rows(d) ? 8 : 4; /* rows per score call */
+    for (int64_t j = 0; j < n; j += step) {
+        const int64_t nj = n - j < step ? n - j : step;
         if (next > 0) prefetch_rows(kc, kc->k, table[t0 / bs + 1], kvh, j, j + nj < next ? j + nj : next, hkv, d, bs);
         else prefetch_rows(kc, kc->v, table[t_begin / bs], kvh, j, j + nj, hkv, d, bs);
         score_block(q, g_n, d, (Rows){(const char *)k.p + j * k.stride * eb, k.stride, k.bf16}, nj, scale,
@@ -252,6 +279,13 @@ static inline void attend_chunk(const float *q, const KVCache *kc, const int32_t
                                 int64_t t_end, int64_t g_n, int64_t kvh0, int64_t hg, int64_t hkv, int64_t d,
                                 int64_t bs, float scale, float *scores, float *part, int64_t part_stride) {
     const int64_t ss = t_end - t_begin, pf = d + 2, hs = g_n * ss; /* hs: one KV head's scores */
+    float permuted[zmm_rows(d) ? hg * g_n * d : 1];
+#ifdef ATTENTION_ZMM_H
+    if (zmm_rows(d)) { /* the queries in the zmm kernels' order (the V sums come out in it too) */
+        zmm_permute(q, permuted, hg * g_n, d);
+        q = permuted;
+    }
+#endif
     for (int64_t t0 = t_begin; t0 < t_end; t0 += bs)
         for (int64_t h = 0; h < hg; h++)
             score_rows(q + h * g_n * d, kc, table, t_begin, t0, t_end, g_n, kvh0 + h, hkv, d, bs, scale, scores + h * hs, ss);
@@ -279,7 +313,15 @@ static inline void attend_chunk(const float *q, const KVCache *kc, const int32_t
         }
     }
     for (int64_t h = 0; h < hg; h++)
-        for (int64_t g = 0; g < g_n; g++) memcpy(part + h * part_stride + g * pf, acc + (h * g_n + g) * d, sizeof(float) * d);
+        for (int64_t g = 0; g < g_n; g++) {
+#ifdef ATTENTION_ZMM_H
+            if (zmm_rows(d)) {
+                zmm_unpermute(acc + (h * g_n + g) * d, part + h * part_stride + g * pf, d);
+                continue;
+            }
+#endif
+            memcpy(part + h * part_stride + g * pf, acc + (h * g_n + g) * d, sizeof(float) * d);
+        }
 }
 
 /* out[g][0:d] = softmax-weighted sum of the g_n heads over nch chunk partials part [nch][g_n][d + 2]:
