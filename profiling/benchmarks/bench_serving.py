@@ -2,6 +2,8 @@
 
     python profiling/benchmarks/bench_serving.py --url http://127.0.0.1:8000 --num-requests 64 --rate 4
     python profiling/benchmarks/bench_serving.py --launch --server-args "--kv-cache-memory 256MiB" --concurrency 8
+    python profiling/benchmarks/bench_serving.py --launch --num-requests 48 --prompt-words 256 --output-tokens 128 \
+        --vllm-python VENV/bin/python --vllm-dtypes bfloat16   # then the same load on `vllm serve`, ours / its ratios
 
 Requests arrive as a Poisson process at --rate per second, or with a fixed --concurrency (both: a
 Poisson process capped at that concurrency). Prompts come from a synthetic workload (random words,
@@ -34,6 +36,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 import httpx  # noqa: E402
 
+from profiling.common.server_settle import wait_settled  # noqa: E402
+from profiling.common.serving_plot import plot  # noqa: E402
+from profiling.common.vllm_peer import served_ratios  # noqa: E402
 from profiling.common.workloads import summarize  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -207,34 +212,6 @@ def _json_safe(x):
     return x
 
 
-def plot(results: list[RequestResult], summary: dict, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
-    for ax, (key, values) in zip(axes.flat, latency_samples([r for r in results if r.ok]).items()):
-        name = key.removesuffix("_s").upper()
-        ms = [v * 1000 for v in values]
-        if ms:
-            ax.hist(ms, bins=min(40, max(5, len(ms) // 4)), color="#4a78b5")
-        for q, style in (("p50", "-"), ("p95", "--"), ("p99", ":")):
-            v = summary[key][q]
-            if math.isfinite(v):
-                ax.axvline(v * 1000, color="#c44", linestyle=style, label=f"{q} {v * 1000:.1f} ms")
-        ax.set_title(f"{name} ({len(ms)} samples)")
-        ax.set_xlabel("ms")
-        if ms:
-            ax.legend(fontsize=8)
-    fig.suptitle(f"{summary['completed']}/{summary['requests']} ok, {summary['request_throughput']:.2f} req/s, "
-                 f"{summary['output_token_throughput']:.1f} tok/s, goodput {summary['goodput']:.2f} req/s "
-                 f"(TTFT <= {summary['slo']['ttft_s']} s, TPOT <= {summary['slo']['tpot_s']} s)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -247,8 +224,14 @@ def start_server(serve_args: list[str], log: IO[str], timeout: float, prefix: li
     /health answers. Raises BenchError (and stops the process) if it exits or does not come up.
     prefix: a command it runs under (["taskset", "-c", "0"]); env: variables added to ours."""
     port = free_port()  # the child binds it; a race with another process is possible but unlikely
-    proc = subprocess.Popen([*(prefix or []), sys.executable, "-m", "runtime.serve", "--port", str(port), *serve_args],
-                            cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True, env={**os.environ, **(env or {})})
+    cmd = [*(prefix or []), sys.executable, "-m", "runtime.serve", "--port", str(port), *serve_args]
+    return start_process(cmd, port, log, timeout, {**os.environ, **(env or {})})
+
+
+def start_process(cmd: list[str], port: int, log: IO[str], timeout: float,
+                  env: dict[str, str]) -> tuple[subprocess.Popen, str]:
+    """A server started by cmd on 127.0.0.1:port: (process, base URL) once its /health answers, as start_server."""
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -309,6 +292,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--slo-tpot", type=float, default=0.05, help="TPOT SLO for goodput, seconds (default 0.05)")
     p.add_argument("--max-duration", type=float, default=600.0, help="hard limit on the run, seconds")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--vllm-python", default=None, help="with --launch: also serve the same weights by `vllm serve` "
+                   "from this Python (vLLM's CPU build), once per --vllm-dtypes, under the same load")
+    p.add_argument("--vllm-dtypes", default="float32,bfloat16", help="vLLM's dtypes (bfloat16: its CPU default)")
     p.add_argument("--out", default=os.path.join(REPO, "profiling", "out", "bench_serving"),
                    help="output path prefix: writes PREFIX.json and PREFIX.png")
     args = p.parse_args(argv)
@@ -335,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
         proc = None
         if args.launch:
             proc, url = launch_server(args.model, args.server_args, args.out + ".server.log", args.launch_timeout)
+            print(f"server settled after {wait_settled(proc.pid, url, args.launch_timeout):.1f} s", flush=True)
         try:
             headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
             model = httpx.get(url + "/v1/models", headers=headers, timeout=10).json()["data"][0]["id"]
@@ -348,17 +335,44 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     summary = report(results, duration, args.slo_ttft, args.slo_tpot)
     summary.update(url=url, model=model, rate=args.rate, concurrency=args.concurrency, workload=args.workload)
-    with open(args.out + ".json", "w") as f:
-        json.dump(_json_safe({"summary": summary, "requests": [asdict(r) for r in results]}), f, indent=1)
-    plot(results, summary, args.out + ".png")
+    write_results(args.out, summary, results)
+    plot(latency_samples([r for r in results if r.ok]), summary, args.out + ".png")
     print_summary(summary, args.out)
+    for dtype in filter(None, args.vllm_dtypes.split(",") if args.launch and args.vllm_python else []):
+        try:
+            peer = serve_vllm(args, workload, dtype)
+        except (BenchError, OSError, httpx.HTTPError) as exc:
+            print(f"bench_serving: vLLM {dtype}: {exc}", file=sys.stderr)
+            return 2
+        print_summary(peer, args.out + f".vllm-{dtype}")
+        print(served_ratios(summary, peer))
     return 0 if summary["completed"] else 1
 
 
+def write_results(prefix: str, summary: dict, results: list[RequestResult]) -> None:
+    with open(prefix + ".json", "w") as f:
+        json.dump(_json_safe({"summary": summary, "requests": [asdict(r) for r in results]}), f, indent=1)
+
+
+def serve_vllm(args: argparse.Namespace, workload: list[BenchRequest], dtype: str) -> dict:
+    """The same load against `vllm serve` of the same weights (exported as an HF folder) in dtype."""
+    from profiling.common.vllm_peer import vllm_server
+    from weights.default import resolve_model_path
+
+    log = args.out + f".vllm-{dtype}"
+    with vllm_server(args.vllm_python, resolve_model_path(args.model), dtype, log + ".log", args.launch_timeout,
+                     start_process, stop_server) as (url, name, engine):
+        results, duration = asyncio.run(run_load(url, name, workload, args.rate, args.concurrency, args.max_duration,
+                                                 args.ignore_eos, {}, args.seed))
+    summary = report(results, duration, args.slo_ttft, args.slo_tpot)
+    summary.update(engine=engine, rate=args.rate)
+    write_results(log, summary, results)
+    return summary
+
+
 def print_summary(s: dict, out: str) -> None:
-    print(f"{s['completed']}/{s['requests']} requests ok in {s['duration_s']:.1f} s: "
-          f"{s['request_throughput']:.2f} req/s, "
-          f"{s['output_token_throughput']:.1f} output tok/s, goodput {s['goodput']:.2f} req/s "
+    print(f"{s.get('engine', 'ours')}: {s['completed']}/{s['requests']} requests ok in {s['duration_s']:.1f} s: "
+          f"{s['request_throughput']:.2f} req/s, {s['output_token_throughput']:.1f} output tok/s, goodput {s['goodput']:.2f} req/s "
           f"(TTFT <= {s['slo']['ttft_s']} s and TPOT <= {s['slo']['tpot_s']} s)")
     for name in ("ttft_s", "tpot_s", "itl_s", "e2e_s"):
         v = s[name]
@@ -366,7 +380,7 @@ def print_summary(s: dict, out: str) -> None:
               f"p99 {v['p99'] * 1000:9.1f} ms")
     if s["errors"]:
         print(f"  errors: {s['errors']}")
-    print(f"wrote {out}.json and {out}.png")
+    print(f"wrote {out}.json" + (f" and {out}.png" if os.path.exists(out + ".png") else ""))
 
 
 if __name__ == "__main__":
