@@ -50,34 +50,3 @@ def test_cpu_kv_cache_is_not_written_when_allocated():
     assert resident_bytes() - before < ledger.num_blocks * ledger.block_size * ledger.bytes_per_token / 4
     assert not caches[0][0].any()  # reading zeros maps the one shared zero page, not fresh memory
 
-
-def _thp_mode() -> str | None:
-    try:
-        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
-            return f.read().split("[")[1].split("]")[0]
-    except (OSError, IndexError):
-        return None
-
-
-def _mapping_flag(address: int, flag: str) -> str:
-    """The /proc/self/smaps field `flag` of the mapping that holds address."""
-    with open("/proc/self/smaps") as f:
-        inside = False
-        for line in f:
-            head = line.split()[0]
-            if "-" in head and ":" not in head:
-                lo, hi = (int(x, 16) for x in head.split("-"))
-                inside = lo <= address < hi
-            elif inside and line.startswith(flag + ":"):
-                return line.split()[1]
-    raise AssertionError(f"no mapping holds {address:#x}")
-
-
-@pytest.mark.skipif(_thp_mode() not in ("always", "madvise"), reason="the kernel has no transparent huge pages")
-def test_cpu_kv_cache_asks_for_huge_pages():
-    """The attention reads rows of blocks scattered over the cache: on huge pages a TLB entry covers 2 MiB of
-    them. Under THP's madvise mode only a mapping that asked for them gets them."""
-    cfg = tiny_weights()[0]
-    ledger = plan_kv_cache(cfg, 96 << 20, 16, torch.bfloat16)
-    k, v = allocate_kv_cache(cfg, ledger, "cpu", torch.bfloat16)[0]
-    assert _mapping_flag(k.data_ptr(), "THPeligible") == "1" and _mapping_flag(v.data_ptr(), "THPeligible") == "1"
