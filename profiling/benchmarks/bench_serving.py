@@ -36,6 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 import httpx  # noqa: E402
 
+from profiling.common.executable_arg import executable  # noqa: E402
 from profiling.common.server_settle import wait_settled  # noqa: E402
 from profiling.common.serving_plot import plot  # noqa: E402
 from profiling.common.vllm_peer import served_ratios  # noqa: E402
@@ -292,7 +293,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--slo-tpot", type=float, default=0.05, help="TPOT SLO for goodput, seconds (default 0.05)")
     p.add_argument("--max-duration", type=float, default=600.0, help="hard limit on the run, seconds")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--vllm-python", default=None, help="with --launch: also serve the same weights by `vllm serve` "
+    p.add_argument("--vllm-python", type=executable, default=None, help="with --launch: also serve the same weights by `vllm serve` "
                    "from this Python (vLLM's CPU build), once per --vllm-dtypes, under the same load")
     p.add_argument("--vllm-dtypes", default="float32,bfloat16", help="vLLM's dtypes (bfloat16: its CPU default)")
     p.add_argument("--out", default=os.path.join(REPO, "profiling", "out", "bench_serving"),

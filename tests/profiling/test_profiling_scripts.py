@@ -189,6 +189,7 @@ def test_bench_multiturn_smoke_compares_tiers_with_the_same_engine_without(tmp_p
     ["profiling/benchmarks/bench_generate.py", "--llama-bench"],
     ["profiling/benchmarks/bench_generate.py", "--vllm-python"],
     ["profiling/benchmarks/bench_offline.py", "--vllm-python"],
+    ["profiling/benchmarks/bench_serving.py", "--vllm-python"],
     ["profiling/quality/quant_quality.py", "--llama-cpp-python"],
     ["profiling/quality/llama_cpp_emulation.py", "--llama-cpp-python"],
 ])

@@ -91,6 +91,7 @@ def test_bench_serving_launches_a_server_and_reports(tiny_model, tmp_path):
                           "--max-duration", "120", "--out", str(out)],
                          cwd=REPO, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
+    assert "server settled after" in res.stdout  # the chat page built and start-up work done before the load
     summary = json.loads((tmp_path / "run.json").read_text())["summary"]
     assert summary["completed"] == 12 and summary["failed"] == 0
     assert summary["output_tokens"] == sum(3 + (i % 5) % 4 for i in range(12))  # ignore_eos: exact lengths
