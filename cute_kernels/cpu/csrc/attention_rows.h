@@ -21,6 +21,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "attention_groups.h"
 #include "kv_elem.h"
 #if defined(CPU_VNNI) /* the AVX-512 route */
 #include "attention_zmm.h"
@@ -127,36 +128,8 @@ static inline __m128 hsum4(__m256 s0, __m256 s1, __m256 s2, __m256 s3) {
 KERNELS(f32, float)
 KERNELS(bf16, uint16_t)
 
-/* scores[g * ss + j] = scale * q_g . k_j for the g_n heads and the n rows of one block. */
-#define SCORE_BLOCK(SUF, T)                                                                                  \
-    static inline void score_block_##SUF(const float *q, int64_t g_n, int64_t d, const T *k, int64_t stride,  \
-                                         int64_t n, float scale, float *scores, int64_t ss) {                \
-        for (int64_t j = 0; j < n; j += 4) {                                                                 \
-            const T *rows[4];                                                                                \
-            for (int r = 0; r < 4; r++) rows[r] = k + (j + r < n ? j + r : n - 1) * stride;                  \
-            float tail[3 * 4];                                                                               \
-            for (int64_t g = 0; g < g_n; g += 3) {                                                           \
-                const int64_t gn = g_n - g < 3 ? g_n - g : 3;                                                \
-                float *out = j + 4 <= n ? scores + g * ss + j : tail;                                        \
-                const int64_t os = j + 4 <= n ? ss : 4;                                                      \
-                if (gn == 3) score4_##SUF##_3(q + g * d, d, rows, scale, out, os);                           \
-                else if (gn == 2) score4_##SUF##_2(q + g * d, d, rows, scale, out, os);                      \
-                else score4_##SUF##_1(q + g * d, d, rows, scale, out, os);                                   \
-                if (j + 4 > n)                                                                               \
-                    for (int64_t h = 0; h < gn; h++)                                                         \
-                        for (int64_t r = 0; r < n - j; r++) scores[(g + h) * ss + j + r] = tail[h * 4 + r];  \
-            }                                                                                                \
-        }                                                                                                    \
-    }                                                                                                        \
-    static inline void weigh_block_##SUF(float *acc, int64_t g_n, int64_t d, const float *p, int64_t ps,     \
-                                         const T *v, int64_t stride, int64_t n) {                            \
-        for (int64_t g = 0; g < g_n; g += 3) {                                                               \
-            const int64_t gn = g_n - g < 3 ? g_n - g : 3;                                                    \
-            if (gn == 3) weigh_##SUF##_3(acc + g * d, d, p + g * ps, ps, v, stride, n);                      \
-            else if (gn == 2) weigh_##SUF##_2(acc + g * d, d, p + g * ps, ps, v, stride, n);                 \
-            else weigh_##SUF##_1(acc + g * d, d, p + g * ps, ps, v, stride, n);                              \
-        }                                                                                                    \
-    }
+/* One block's scores (4 K rows at a time) and weighed V rows, per element type. */
+#define SCORE_BLOCK(SUF, T) SCORE_GROUPS(score_block_##SUF, score4_##SUF, T, 4) WEIGH_GROUPS(weigh_block_##SUF, weigh_##SUF, T)
 SCORE_BLOCK(f32, float)
 SCORE_BLOCK(bf16, uint16_t)
 #endif

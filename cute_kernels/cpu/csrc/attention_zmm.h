@@ -19,6 +19,8 @@
 #include <immintrin.h>
 #include <stdint.h>
 
+#include "attention_groups.h"
+
 #define ZSCORE_ROWS 8 /* K rows one score call takes */
 
 static inline __m512i zmm_even_idx(void) { return _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30); }
@@ -121,38 +123,10 @@ static inline __m256 zmm_sum8(const __m512 a[8]) {
         }                                                                                                    \
     }
 
-/* Scores of g_n heads against n <= block rows (8 at a time; a group's tail repeats its last row, unstored), and
- * the V rows weighed into g_n heads' permuted sums: as attention_rows.h's score_block / weigh_block. */
+/* As attention_rows.h's score_block / weigh_block, 8 K rows at a time and into permuted V sums. */
 #define ZBLOCK(SUF, T)                                                                                       \
     ZSCORE8(SUF, T, 1) ZSCORE8(SUF, T, 2) ZSCORE8(SUF, T, 3) ZWEIGH(SUF, T, 1) ZWEIGH(SUF, T, 2) ZWEIGH(SUF, T, 3) \
-    static inline void zscore_block_##SUF(const float *q, int64_t g_n, int64_t d, const T *k, int64_t stride,  \
-                                          int64_t n, float scale, float *scores, int64_t ss) {               \
-        for (int64_t j = 0; j < n; j += ZSCORE_ROWS) {                                                       \
-            const T *rows[ZSCORE_ROWS];                                                                      \
-            for (int r = 0; r < ZSCORE_ROWS; r++) rows[r] = k + (j + r < n ? j + r : n - 1) * stride;        \
-            float tail[3 * ZSCORE_ROWS];                                                                     \
-            for (int64_t g = 0; g < g_n; g += 3) {                                                           \
-                const int64_t gn = g_n - g < 3 ? g_n - g : 3, whole = j + ZSCORE_ROWS <= n;                  \
-                float *out = whole ? scores + g * ss + j : tail;                                             \
-                const int64_t os = whole ? ss : ZSCORE_ROWS;                                                 \
-                if (gn == 3) zscore8_##SUF##_3(q + g * d, d, rows, scale, out, os);                          \
-                else if (gn == 2) zscore8_##SUF##_2(q + g * d, d, rows, scale, out, os);                     \
-                else zscore8_##SUF##_1(q + g * d, d, rows, scale, out, os);                                  \
-                if (!whole)                                                                                  \
-                    for (int64_t h = 0; h < gn; h++)                                                         \
-                        for (int64_t r = 0; r < n - j; r++) scores[(g + h) * ss + j + r] = tail[h * ZSCORE_ROWS + r]; \
-            }                                                                                                \
-        }                                                                                                    \
-    }                                                                                                        \
-    static inline void zweigh_block_##SUF(float *acc, int64_t g_n, int64_t d, const float *p, int64_t ps,    \
-                                          const T *v, int64_t stride, int64_t n) {                           \
-        for (int64_t g = 0; g < g_n; g += 3) {                                                               \
-            const int64_t gn = g_n - g < 3 ? g_n - g : 3;                                                    \
-            if (gn == 3) zweigh_##SUF##_3(acc + g * d, d, p + g * ps, ps, v, stride, n);                     \
-            else if (gn == 2) zweigh_##SUF##_2(acc + g * d, d, p + g * ps, ps, v, stride, n);                \
-            else zweigh_##SUF##_1(acc + g * d, d, p + g * ps, ps, v, stride, n);                             \
-        }                                                                                                    \
-    }
+    SCORE_GROUPS(zscore_block_##SUF, zscore8_##SUF, T, ZSCORE_ROWS) WEIGH_GROUPS(zweigh_block_##SUF, zweigh_##SUF, T)
 ZBLOCK(f32, float)
 ZBLOCK(bf16, uint16_t)
 
