@@ -8,6 +8,7 @@ differs from it only by fp32 summation order. Where the library cannot be built,
 from __future__ import annotations
 
 import ctypes
+import functools
 
 import torch
 
@@ -21,6 +22,9 @@ PARALLEL_MIN_MACS = 1 << 20
 # packed at 16, packed 1.5x ahead at 32 and at oneDNN's bf16 rate (~190 GFLOP/s) by 512.
 PACK_MIN_ROWS = 16
 NEVER = 1 << 62
+# From this many rows a non-invariant linear takes the AMX tiles (csrc/amx/cpu_bf16_amx.c) where the CPU has them,
+# as quant_gemm.AMX_MIN_ROWS does for block weights.
+AMX_MIN_ROWS = 32
 
 
 def _library() -> tuple[ctypes.CDLL | None, str | None]:
@@ -28,6 +32,22 @@ def _library() -> tuple[ctypes.CDLL | None, str | None]:
         "bf16_linear": ([_P, _P, _P, _P, _I, _I, _I, _I, _C], ctypes.c_int),
         "bf16_round_rows": ([_P, _P, _I], None),
         "bf16_path": ([], ctypes.c_char_p)})
+
+
+def _amx_library() -> tuple[ctypes.CDLL | None, str | None]:
+    return build.load_with_signatures("cpu_bf16_amx", {
+        "bf16_linear_amx": ([_P, _P, _P, _P, _I, _I, _I, _C], _C), "amx_available": ([], _C)})
+
+
+@functools.cache  # per route: asks the kernel for the tile state once
+def _amx_ready(route: str | None) -> bool:
+    lib = _amx_library()[0]
+    return lib is not None and lib.amx_available() == 1
+
+
+def amx_available() -> bool:
+    """This build has the AMX route and the kernel lets this process use the tile registers."""
+    return "amx_bf16" in build.cpu_flags() and _amx_ready(build.active_route())
 
 
 def unavailable_reason() -> str | None:
@@ -73,6 +93,13 @@ def bf16_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
         threads = torch.get_num_threads() if m * n * k >= PARALLEL_MIN_MACS else 1
     bias = None if bias is None else bias.float().contiguous()  # held: the kernel reads it
     y = torch.empty(m, n)
+    if not invariant and m >= AMX_MIN_ROWS and k % 2 == 0 and amx_available():
+        rc = _amx_library()[0].bf16_linear_amx(x.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(),
+                                               y.data_ptr(), m, n, k, threads)
+        if rc == 2:
+            raise MemoryError("bf16_linear_amx: out of memory for its buffers")
+        if rc == 0:
+            return y
     if lib.bf16_linear(x.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(), y.data_ptr(),
                        m, n, k, NEVER if invariant else PACK_MIN_ROWS, threads):
         raise MemoryError("bf16_linear: out of memory for the bf16 copy of the activations")

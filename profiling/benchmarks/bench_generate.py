@@ -76,6 +76,8 @@ def llama_cpp_run(llm, ids: list[int], n: int) -> tuple[float, float, list[int]]
 
 
 def llama_cpp_model(path: str):
+    if not path.endswith(".gguf"):
+        return None  # an HF folder: llama.cpp reads GGUF files only
     try:
         from llama_cpp import Llama
     except ImportError:
@@ -135,11 +137,13 @@ DETERMINISTIC = {"ours q determ.": (None, True, True), "ours fp32 determ.": ("no
 
 def our_engine(cfg, tensors, tok, quantization: str | None, fused: bool, deterministic: bool = False,
                kv_dtype: str = "auto"):
+    """Ours on the CPU; quantization "none" also means float32 weights (an HF checkpoint would keep its bf16)."""
     from runtime.build import build_engine
     from runtime.engine_config import EngineConfig
 
     engine = build_engine(EngineConfig(device="cpu", backend="torch", kv_cache_memory=256 << 20, log_ledger=False,
                                        quantization=quantization, deterministic=deterministic, kv_cache_dtype=kv_dtype,
+                                       dtype="float32" if quantization == "none" else "auto",
                                        enable_prefix_caching=False), cfg, dict(tensors), tok)
     if not fused:
         engine.model_runner.model.decode_step = None
@@ -148,7 +152,8 @@ def our_engine(cfg, tensors, tok, quantization: str | None, fused: bool, determi
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=None, help="a .gguf file (default: SmolLM2-135M-Instruct)")
+    ap.add_argument("--model", default=None, help="a .gguf file or an HF folder (default: SmolLM2-135M-Instruct); "
+                    "'ours q' is the weights as loaded: a GGUF's blocks, an HF checkpoint's bf16 (or float32)")
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", default=None, help="write results here")
@@ -173,9 +178,12 @@ def main() -> None:
     cfg, tensors, tok, path = load_model(args.model)
     engines = {**ENGINES, **(DETERMINISTIC if args.deterministic else {})}
     runners = {label: (ours, our_engine(cfg, tensors, tok, *how)) for label, how in engines.items()}
+    print(f"ours q holds {runners['ours q (shipped)'][1].model_runner.model.quantization()}", flush=True)
     if not args.no_peers:
-        runners["transformers"] = (transformers_run, AutoModelForCausalLM.from_pretrained(
-            os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32).eval())
+        where = dict(pretrained_model_name_or_path=os.path.dirname(path), gguf_file=os.path.basename(path)) \
+            if path.endswith(".gguf") else dict(pretrained_model_name_or_path=path)
+        runners["transformers"] = (transformers_run, AutoModelForCausalLM.from_pretrained(**where,
+                                                                                          dtype=torch.float32).eval())
     if not args.no_peers and (llm := llama_cpp_model(path)) is not None:
         runners["llama.cpp"] = (llama_cpp_run, llm)
     ids = tok.encode_chat([{"role": "user", "content": PROMPT}])

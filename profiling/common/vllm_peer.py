@@ -20,10 +20,14 @@ def vllm_python(given: str | None) -> str | None:
 
 @contextlib.contextmanager
 def exported_model(model_path: str) -> Iterator[str]:
-    """An HF folder (config, safetensors, tokenizer) exported from the weights at model_path, for the run."""
+    """An HF folder (config, safetensors, tokenizer) exported from the weights at model_path, for the run (an HF
+    folder itself as it is)."""
     from profiling.common.hf_export import export_hf_folder
     from weights.load import load_checkpoint
 
+    if os.path.isdir(model_path):
+        yield model_path
+        return
     with tempfile.TemporaryDirectory() as tmp:
         folder = os.path.join(tmp, "hf")
         export_hf_folder(load_checkpoint(model_path), None, folder)
@@ -44,8 +48,7 @@ def vllm_env(python: str) -> tuple[dict[str, str], bool]:
 def run_vllm_script(python: str, model_path: str, script: str, spec: dict) -> dict:
     """Runs `script` (argv: a spec JSON holding spec plus "model", the folder; an output JSON path) and returns
     the JSON it wrote, its "engine" marked +preload when the recipe's libraries were preloaded."""
-    with exported_model(model_path) as folder:
-        tmp = os.path.dirname(folder)
+    with exported_model(model_path) as folder, tempfile.TemporaryDirectory() as tmp:
         spec_file, out, script_file = (os.path.join(tmp, n) for n in ("spec.json", "out.json", "run_vllm.py"))
         json.dump({**spec, "model": folder}, open(spec_file, "w"))
         open(script_file, "w").write(script)

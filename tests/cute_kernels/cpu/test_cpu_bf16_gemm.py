@@ -49,3 +49,25 @@ def test_invariant_gives_a_row_the_same_bits_at_any_row_count():
     x, w = torch.randn(40, 96, generator=g), torch.randn(50, 96, generator=g).bfloat16()
     alone = bg.bf16_linear(x[:1], w, invariant=True)
     assert torch.equal(bg.bf16_linear(x, w, invariant=True)[:1], alone)
+
+
+@pytest.mark.skipif(not bg.amx_available(), reason="no AMX tiles on this CPU")
+@pytest.mark.parametrize("m,n,k", [(32, 32, 64), (33, 50, 70), (64, 97, 130), (100, 576, 576), (70, 33, 2)])
+def test_the_amx_route_matches_the_reference(m, n, k, monkeypatch):
+    """From AMX_MIN_ROWS rows a non-invariant linear runs on the tiles (cpu_bf16_amx.c): panels packed from the
+    weight's pair words, zero past n and k; the same bound (fp32 sums of exact products)."""
+    calls = []
+    real = bg._amx_library
+
+    def counted():
+        lib, reason = real()
+        calls.append(1)
+        return lib, reason
+
+    monkeypatch.setattr(bg, "_amx_library", counted)
+    g = torch.Generator().manual_seed(m * 7 + n + k)
+    x, w, bias = torch.randn(m, k, generator=g) * 3, torch.randn(n, k, generator=g).bfloat16(), torch.randn(n, generator=g)
+    got = bg.bf16_linear(x, w, bias)
+    assert calls, "the AMX route did not run"
+    want = bg.bf16_linear_ref(x, w, bias)
+    assert ((got - want).abs() <= bound(x, w) + 1e-6 * bias.abs()).all()
