@@ -361,8 +361,8 @@ def serve_vllm(args: argparse.Namespace, workload: list[BenchRequest], dtype: st
     from weights.default import resolve_model_path
 
     log = args.out + f".vllm-{dtype}"
-    with vllm_server(args.vllm_python, resolve_model_path(args.model), dtype, log + ".log", args.launch_timeout,
-                     start_process, stop_server) as (url, name, engine):
+    with vllm_server(args.vllm_python, resolve_model_path(args.model), dtype, free_port(), log + ".log",
+                     args.launch_timeout, start_process, stop_server) as (url, name, engine):
         results, duration = asyncio.run(run_load(url, name, workload, args.rate, args.concurrency, args.max_duration,
                                                  args.ignore_eos, {}, args.seed))
     summary = report(results, duration, args.slo_ttft, args.slo_tpot)

@@ -88,16 +88,15 @@ def _write_tokenizer(model_path: str, folder: str) -> None:
 
 
 @contextlib.contextmanager
-def vllm_server(python: str, model_path: str, dtype: str, log_path: str, timeout: float, start: Callable,
+def vllm_server(python: str, model_path: str, dtype: str, port: int, log_path: str, timeout: float, start: Callable,
                 stop: Callable) -> Iterator[tuple[str, str, str]]:
-    """(base URL, served model name, engine label) of `vllm serve` on the exported weights in dtype, for the
-    with block; start(cmd, port, log, timeout, env) -> (process, URL) launches it and waits for /health,
-    stop(process) ends it."""
-    from profiling.benchmarks.bench_serving import free_port
+    """(base URL, served model name, engine label) of `vllm serve` on the exported weights in dtype at
+    127.0.0.1:port, for the with block; start(cmd, port, log, timeout, env) -> (process, URL) launches it and waits
+    for /health, stop(process) ends it."""
     from profiling.common.server_settle import wait_settled
 
     with exported_model(model_path) as folder, open(log_path, "w") as log:
-        port, (env, preloaded) = free_port(), vllm_env(python)
+        env, preloaded = vllm_env(python)
         proc, url = start(vllm_serve_command(python, folder, dtype, port), port, log, timeout, env)
         try:
             wait_settled(proc.pid, url, timeout)  # as ours: no start-up work left beside the load
