@@ -49,4 +49,3 @@ def test_cpu_kv_cache_is_not_written_when_allocated():
     caches = allocate_kv_cache(cfg, ledger, "cpu", torch.float32)
     assert resident_bytes() - before < ledger.num_blocks * ledger.block_size * ledger.bytes_per_token / 4
     assert not caches[0][0].any()  # reading zeros maps the one shared zero page, not fresh memory
-
