@@ -22,9 +22,10 @@ PARALLEL_MIN_MACS = 1 << 20
 # packed at 16, packed 1.5x ahead at 32 and at oneDNN's bf16 rate (~190 GFLOP/s) by 512.
 PACK_MIN_ROWS = 16
 NEVER = 1 << 62
-# From this many rows a non-invariant linear takes the AMX tiles (csrc/amx/cpu_bf16_amx.c) where the CPU has them,
-# as quant_gemm.AMX_MIN_ROWS does for block weights.
-AMX_MIN_ROWS = 32
+# From this many rows a non-invariant linear takes the AMX tiles (csrc/amx/cpu_bf16_amx.c) where the CPU has them.
+# Measured on the 2-core AMX machine, 2 threads, 960x576, 3072x576, 576x1536 weights: 0.6-0.7x the dot-product
+# tiles at 4 rows, 1.1-1.4x at 8, 1.7-2.0x at 12; 3.1-5.2x the packed panels at 16 and 3.8-6.8x at 32.
+AMX_MIN_ROWS = 8
 
 
 def _library() -> tuple[ctypes.CDLL | None, str | None]:

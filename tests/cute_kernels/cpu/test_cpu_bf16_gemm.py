@@ -52,7 +52,7 @@ def test_invariant_gives_a_row_the_same_bits_at_any_row_count():
 
 
 @pytest.mark.skipif(not bg.amx_available(), reason="no AMX tiles on this CPU")
-@pytest.mark.parametrize("m,n,k", [(32, 32, 64), (33, 50, 70), (64, 97, 130), (100, 576, 576), (70, 33, 2)])
+@pytest.mark.parametrize("m,n,k", [(8, 40, 64), (32, 32, 64), (33, 50, 70), (64, 97, 130), (100, 576, 576), (70, 33, 2)])
 def test_the_amx_route_matches_the_reference(m, n, k, monkeypatch):
     """From AMX_MIN_ROWS rows a non-invariant linear runs on the tiles (cpu_bf16_amx.c): panels packed from the
     weight's pair words, zero past n and k; the same bound (fp32 sums of exact products)."""
