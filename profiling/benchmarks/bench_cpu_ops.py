@@ -58,11 +58,13 @@ def median_ms(fn, repeats: int) -> float:
 def attention_cases(repeats: int) -> list[dict]:
     rows = []
     heads, kv_heads, d, bs = 9, 3, 64, 16
-    for batch, context in [(1, 512), (8, 512), (64, 128), (64, 400), (64, 1024)]:
+    cases = [(1, 512, torch.float32), (8, 512, torch.float32), (64, 128, torch.float32), (64, 400, torch.float32),
+             (64, 1024, torch.float32), (32, 300, torch.bfloat16), (64, 400, torch.bfloat16)]  # bf16: the CPU default
+    for batch, context, dtype in cases:
         g = torch.Generator().manual_seed(0)
         blocks = (context + bs - 1) // bs
-        k_cache = torch.randn(batch * blocks + 1, bs, kv_heads, d, generator=g)
-        v_cache = torch.randn_like(k_cache)
+        k_cache = torch.randn(batch * blocks + 1, bs, kv_heads, d, generator=g).to(dtype)
+        v_cache = torch.randn(k_cache.shape, generator=g).to(dtype)
         tables = torch.randperm(batch * blocks, generator=g).view(batch, blocks).int()
         lens = torch.full((batch,), context, dtype=torch.int32)
         q = torch.randn(batch, heads, d, generator=g)
@@ -72,7 +74,8 @@ def attention_cases(repeats: int) -> list[dict]:
         ours_args = DecodeArgs(q, k_cache, v_cache, tables, lens, 0.125, prepared)
         ref = median_ms(lambda: decode_attention_ref(ref_args), repeats)
         ours = median_ms(lambda: decode_attention_cpu(ours_args), repeats)
-        rows.append({"op": "decode attention", "case": f"batch {batch} x context {context}",
+        kv = "" if dtype == torch.float32 else ", bf16 KV"
+        rows.append({"op": "decode attention", "case": f"batch {batch} x context {context}{kv}",
                      "torch_ms": ref, "ours_ms": ours, "speedup": ref / ours})
     return rows
 
