@@ -8,11 +8,10 @@ differs from it only by fp32 summation order. Where the library cannot be built,
 from __future__ import annotations
 
 import ctypes
-import functools
 
 import torch
 
-from cute_kernels.cpu import build
+from cute_kernels.cpu import build, quant_amx
 
 _P, _I, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 # Below this many multiply-adds a product stays on the calling thread (as quant_gemm.PARALLEL_MIN_MACS).
@@ -36,19 +35,7 @@ def _library() -> tuple[ctypes.CDLL | None, str | None]:
 
 
 def _amx_library() -> tuple[ctypes.CDLL | None, str | None]:
-    return build.load_with_signatures("cpu_bf16_amx", {
-        "bf16_linear_amx": ([_P, _P, _P, _P, _I, _I, _I, _C], _C), "amx_available": ([], _C)})
-
-
-@functools.cache  # per route: asks the kernel for the tile state once
-def _amx_ready(route: str | None) -> bool:
-    lib = _amx_library()[0]
-    return lib is not None and lib.amx_available() == 1
-
-
-def amx_available() -> bool:
-    """This build has the AMX route and the kernel lets this process use the tile registers."""
-    return "amx_bf16" in build.cpu_flags() and _amx_ready(build.active_route())
+    return build.load_with_signatures("cpu_bf16_amx", {"bf16_linear_amx": ([_P, _P, _P, _P, _I, _I, _I, _C], _C)})
 
 
 def unavailable_reason() -> str | None:
@@ -94,7 +81,8 @@ def bf16_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
         threads = torch.get_num_threads() if m * n * k >= PARALLEL_MIN_MACS else 1
     bias = None if bias is None else bias.float().contiguous()  # held: the kernel reads it
     y = torch.empty(m, n)
-    if not invariant and m >= AMX_MIN_ROWS and k % 2 == 0 and amx_available():
+    # quant_amx.available: whether this route's AMX build may use the tiles in this process (the same for both)
+    if not invariant and m >= AMX_MIN_ROWS and k % 2 == 0 and quant_amx.available():
         rc = _amx_library()[0].bf16_linear_amx(x.data_ptr(), weight.data_ptr(), None if bias is None else bias.data_ptr(),
                                                y.data_ptr(), m, n, k, threads)
         if rc == 2:

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from cute_kernels.cpu import bf16_gemm as bg
+from cute_kernels.cpu import quant_amx
 
 # (rows, n, k): decode rows and prefill rows (the packed path from PACK_MIN_ROWS), tails in every dimension
 SHAPES = [(1, 576, 576), (3, 37, 70), (4, 4, 32), (15, 65, 33), (16, 33, 64), (17, 37, 71), (40, 100, 576), (9, 64, 1)]
@@ -51,7 +52,7 @@ def test_invariant_gives_a_row_the_same_bits_at_any_row_count():
     assert torch.equal(bg.bf16_linear(x, w, invariant=True)[:1], alone)
 
 
-@pytest.mark.skipif(not bg.amx_available(), reason="no AMX tiles on this CPU")
+@pytest.mark.skipif(not quant_amx.available(), reason="no AMX tiles on this CPU")
 @pytest.mark.parametrize("m,n,k", [(8, 40, 64), (32, 32, 64), (33, 50, 70), (64, 97, 130), (100, 576, 576), (70, 33, 2)])
 def test_the_amx_route_matches_the_reference(m, n, k, monkeypatch):
     """From AMX_MIN_ROWS rows a non-invariant linear runs on the tiles (cpu_bf16_amx.c): panels packed from the

@@ -53,6 +53,4 @@ int bf16_linear_amx(const float *x, const uint16_t *w, const float *bias, float 
 #endif
 }
 
-int amx_available(void) { return amx_usable(); }
-
 const char *cpu_kernel_isa(void) { return cpu_isa_name(); }
