@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from runtime.sampling.processors import LogitsProcessor, request_processors
-from runtime.sampling.verify import uniform_at, verify_by_sampling, verify_one
+from runtime.sampling.verify import inverse_cdf, uniform_at, verify_by_sampling, verify_one
 from runtime.sampling_params import SamplingParams
 from runtime.sequence import Draft, GrammarMask, Sequence
 
@@ -156,22 +156,10 @@ def _uniforms(rows: list[SamplingRow], device: torch.device) -> torch.Tensor:
                         else torch.rand((), generator=row.generator, device=device) for row in rows])
 
 
-def _inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Per row of non-negative weights, the first position whose cumulative weight exceeds u * total."""
-    cdf = weights.cumsum(-1)
-    idx = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1)
-    # a position without weight never has cdf above u * total; rounding can leave u * total at the
-    # total itself, past every position: those rows take their last position with weight
-    over = (idx >= weights.shape[1]).nonzero().squeeze(1)
-    if over.numel():
-        idx[over] = weights.shape[1] - 1 - (weights[over].flip(-1) > 0).int().argmax(-1)
-    return idx
-
-
 def draw(probs: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
     """One token per row of (unnormalized) probs, by inverse CDF: one random number a row, where an
     exponential race needs one per vocabulary entry (~1 ms a row at 49k on the CPU)."""
-    return _inverse_cdf(probs, _uniforms(rows, probs.device))
+    return inverse_cdf(probs, _uniforms(rows, probs.device))
 
 
 def _sampled_tokens(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
@@ -193,7 +181,7 @@ def _sampled_tokens(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tens
             w = lead_p * keep
             if min_p is not None:  # the top token leads, so lead_p[:, 0] is the row's max
                 w = _above_min_p(w, lead_p, min_p[rows_r], lead_p[:, 0])
-            pos = _inverse_cdf(w, u[rows_r])
+            pos = inverse_cdf(w, u[rows_r])
             tokens[rows_r] = lead_ids.gather(1, pos.unsqueeze(1)).squeeze(1)
     cut = set(trunc)
     plain = [i for i, r in enumerate(rows) if not r.params.greedy and i not in cut]
@@ -201,7 +189,7 @@ def _sampled_tokens(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tens
         sub = _rows(probs, torch.tensor(plain, device=device))
         if min_p is not None:
             sub = _above_min_p(sub, sub, min_p[plain], sub.max(-1).values)
-        tokens[plain] = _inverse_cdf(sub, u[plain])
+        tokens[plain] = inverse_cdf(sub, u[plain])
     return tokens
 
 
@@ -283,12 +271,14 @@ def _index_rows(logits: torch.Tensor, rows: np.ndarray) -> torch.Tensor:
 
 def _verify(seq: Sequence, spec: list[int], logits: torch.Tensor, draft: Draft, eos_ids: set[int]) -> Sampled:
     rows = [sampling_row(seq, eos_ids, spec[:j]) for j in range(len(spec) + 1)]
-    if seq.draw_seed is not None:  # --deterministic: plain decoding's draws, position by position
+    if seq.draw_seed is not None or seq.params.greedy:
+        # plain decoding's draws position by position: --deterministic's, and greedy's argmax (exact for any
+        # draft, and no softmax over the vocabulary per row)
         tokens = verify_by_sampling(sample(logits, rows).token_ids, spec)
     else:
         probs = processed_probs(logits, rows)
         q = draft.probs[:len(spec)] if draft.probs is not None else None
-        tokens = verify_one(probs, spec, q, seq.params.greedy, seq.generator)
+        tokens = verify_one(probs, spec, q, False, seq.generator, draft.prob_ids)
     lp = None
     if seq.params.logprobs is not None:
         lp = logprob_records(logits[:len(tokens)], torch.tensor(tokens, device=logits.device), seq.params.logprobs)

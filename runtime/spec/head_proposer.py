@@ -32,7 +32,6 @@ class HeadProposer:
         self.draft_ids = draft_ids.to(model.norm.device)
         self.out = head_rows(model, self.draft_ids)  # hidden -> draft-vocabulary logits
         self.embed = model.embedding
-        self.vocab_size = model.cfg.vocab_size
 
     @torch.inference_mode()
     def propose(self, seqs: list[Sequence], k: int) -> dict[Sequence, Draft]:
@@ -43,7 +42,7 @@ class HeadProposer:
         h = torch.stack([h for _, h in states]).to(self.out.dtype)
         rows = [SamplingRow(s.params, s.generator) for s in seqs]
         if self.kind == "medusa":
-            tokens, probs = self._pick(self.head(h)[:, :k] @ self.out, rows)
+            tokens, probs = self._pick(self.head(h, k) @ self.out, rows)
         else:
             last = torch.tensor([s.token_ids[-1] for s in seqs], device=h.device)
             steps = []
@@ -58,20 +57,19 @@ class HeadProposer:
             q = None
             if not seq.params.greedy:
                 q, sampled = probs[sampled], sampled + 1
-            out[seq] = Draft(tokens[i].tolist(), q)
+            out[seq] = Draft(tokens[i].tolist(), q, None if q is None else self.draft_ids)
         return out
 
     def _pick(self, logits: torch.Tensor, rows: list[SamplingRow]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Draft-vocabulary logits [seqs, positions, draft vocab] -> (target token ids [seqs, positions],
-        the sampled rows' distributions [sampled seqs, positions, vocab] or None when every row is greedy)."""
-        tokens = self.draft_ids[logits.argmax(-1)]
+        the sampled rows' distributions over the draft vocabulary [sampled seqs, positions, draft vocab] or
+        None when every row is greedy). The rows carry no logits processors, so the distribution over the
+        draft vocabulary alone is the one over the whole vocabulary with every other token at -inf."""
+        picks = logits.argmax(-1)
         sampled = [i for i, r in enumerate(rows) if not r.params.greedy]
-        if not sampled:
-            return tokens, None
-        n = logits.shape[1]
-        full = logits.new_full((len(sampled) * n, self.vocab_size), float("-inf"))
-        full[:, self.draft_ids] = logits[sampled].reshape(len(sampled) * n, -1)
-        each = [rows[i] for i in sampled for _ in range(n)]
-        probs = processed_probs(full, each)
-        tokens[sampled] = draw(probs, each).view(len(sampled), n)
-        return tokens, probs.view(len(sampled), n, -1)
+        if sampled:
+            n = logits.shape[1]
+            each = [rows[i] for i in sampled for _ in range(n)]
+            probs = processed_probs(logits[sampled].reshape(len(sampled) * n, -1).float(), each)
+            picks[sampled] = draw(probs, each).view(len(sampled), n)
+        return self.draft_ids[picks], probs.view(len(sampled), n, -1) if sampled else None

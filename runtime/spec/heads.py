@@ -45,9 +45,10 @@ class MedusaHeads(nn.Module):
         self.weight = nn.Parameter(torch.zeros(k, h, h))  # zeros: every head starts as the identity (Medusa's init)
         self.bias = nn.Parameter(torch.zeros(k, h))
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        """[rows, hidden] -> [rows, heads, hidden]: each head's state, for the LM head."""
-        return h.unsqueeze(1) + F.silu(torch.einsum("rh,koh->rko", h, self.weight) + self.bias)
+    def forward(self, h: torch.Tensor, k: int | None = None) -> torch.Tensor:
+        """[rows, hidden] -> [rows, k, hidden]: the first k heads' states (default: all), for the LM head."""
+        w, b = self.weight[:k], self.bias[:k]
+        return h.unsqueeze(1) + F.silu((h @ w.flatten(0, 1).T).view(h.shape[0], w.shape[0], -1) + b)
 
 
 class EagleHead(nn.Module):

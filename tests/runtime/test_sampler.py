@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from runtime.sampling import sampler
-from runtime.sampling.sampler import SamplingRow, _inverse_cdf, _leading_groups, processed_probs, sample
+from runtime.sampling.sampler import SamplingRow, _leading_groups, processed_probs, sample
+from runtime.sampling.verify import inverse_cdf
 from runtime.sampling_params import SamplingParams
 
 
@@ -70,11 +71,11 @@ def test_sampled_frequencies_follow_the_processed_distribution(small_tiers, para
 
 def test_inverse_cdf_never_lands_on_a_token_without_mass():
     w = torch.tensor([[0.0, 0.3, 0.7, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0, 0.0]])
-    assert _inverse_cdf(w, torch.tensor([0.0, 0.0])).tolist() == [1, 2]
+    assert inverse_cdf(w, torch.tensor([0.0, 0.0])).tolist() == [1, 2]
     below_one = torch.nextafter(torch.tensor(1.0), torch.tensor(0.0))
-    assert _inverse_cdf(w, torch.stack([below_one, below_one])).tolist() == [2, 2]
+    assert inverse_cdf(w, torch.stack([below_one, below_one])).tolist() == [2, 2]
     # a total rounding past the cumulative sum's last step still picks the last token with mass
-    assert _inverse_cdf(w, torch.tensor([1.0, 1.0])).tolist() == [2, 2]
+    assert inverse_cdf(w, torch.tensor([1.0, 1.0])).tolist() == [2, 2]
 
 
 def test_seeded_rows_draw_the_same_token_whatever_their_batch_mates():

@@ -31,3 +31,11 @@ def test_the_held_out_split_has_every_temperature():
     assert sorted(held.temperatures.tolist()) == [0.0, 0.0, 1.0, 1.0]
     assert len(train.temperatures) == 4
     assert sorted(sum(responses(train) + responses(held), [])) == s.tokens.tolist()
+
+
+def test_the_state_store_keeps_every_row_as_it_grows():
+    from runtime.spec.distill import _Rows
+
+    store, rows = _Rows(6), torch.randn(3000, 6).to(torch.float16)
+    starts = [store.append(rows[i:i + 7]) for i in range(0, 3000, 7)]  # past the first 1024 rows, twice
+    assert starts == list(range(0, 3000, 7)) and torch.equal(store.data[:store.n], rows)

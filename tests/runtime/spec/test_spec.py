@@ -152,6 +152,20 @@ def test_rejection_sampling_preserves_target_distribution_and_test_detects_broke
     assert chisquare(bad, (p * n).tolist()).pvalue < 1e-6
 
 
+def test_a_draft_vocabulary_q_preserves_target_distribution():
+    """q over a draft vocabulary (columns = q_ids, every other token q = 0): the residual subtracts q at those
+    ids only, so the first token still follows p (a residual taken as if the columns were ids 0..n fails)."""
+    g = torch.Generator().manual_seed(2)
+    p = torch.softmax(torch.randn(8, generator=g) * 1.5, 0)
+    ids = torch.tensor([6, 1, 3, 7])
+    q = torch.softmax(torch.randn(4, generator=g) * 1.5, 0)
+    n, counts = 6000, collections.Counter()
+    for _ in range(n):
+        d = int(ids[torch.multinomial(q, 1, generator=g)])
+        counts[verify_one(torch.stack([p, p]), [d], q.unsqueeze(0), False, g, ids)[0]] += 1
+    assert chisquare([counts[i] for i in range(8)], (p.double() / p.double().sum() * n).tolist()).pvalue > 0.001
+
+
 def test_point_mass_draft_preserves_target_distribution():
     g = torch.Generator().manual_seed(1)
     p = torch.softmax(torch.randn(5, generator=g) * 2, 0)

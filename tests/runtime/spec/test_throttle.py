@@ -165,3 +165,21 @@ def test_a_deterministic_engine_drafts_by_the_model_alone():
     for rows, _ in [(8, 0.032), (9, 0.038)] * 3:
         clock.tick(rows)
     assert not clock.samples and clock.row_line(8) is None
+
+
+@pytest.mark.parametrize("right", [True, False])
+def test_a_new_request_starts_from_the_traffics_acceptance(right):
+    """After requests whose drafts were always right, a new one drafts all k at once; after always wrong ones,
+    it starts below the line (one probe), where an even start would draft two at batch 1."""
+    prompts = mixed_prompts(5)[:3]
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    want = run(tiny_engine(), prompts, params)
+    inner = Fixed({tuple(p): p + w for p, w in zip(prompts, want)} if right else None)
+    t = Throttle(inner, clock=frozen())
+    engine = tiny_engine()
+    engine.config.num_speculative_tokens = 4
+    engine.set_proposer(t)
+    assert run(engine, prompts[:2], params) == want[:2]
+    seq = Sequence(9, "9", prompts[2], len(prompts[2]), params, RequestMetrics(0.0))
+    drafts = t.propose([seq], 4)
+    assert len(drafts[seq].tokens) == (4 if right else 1)
