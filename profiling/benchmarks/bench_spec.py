@@ -10,12 +10,17 @@
 
 at batch 1 (one request at a time) and batch 8 (the prompts together). Output tok/s = generated tokens /
 wall time of the generate call; per proposer the acceptance by draft position and the mean accepted length.
+`line`: the acceptance a draft needed to pay for its verify row at that batch, from the step times the
+throttle's clock measured during the run (runtime/spec/step_clock.py; - where it timed too few steps).
+Each proposer keeps one clock through the run (a server's engine keeps one for its life), and before each
+batch size one untimed pass of the chat prompts per proposer lets it time that batch's steps.
 
     python profiling/benchmarks/bench_spec.py [--max-tokens 96] [--reps 2] [--batches 1,8] [--json out.json] [--smoke]
 """
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import statistics
@@ -31,6 +36,7 @@ from runtime.load import load_model  # noqa: E402
 from runtime.sampling_params import SamplingParams  # noqa: E402
 from runtime.spec.hidden_tap import HiddenTap  # noqa: E402
 from runtime.spec.ngram import NgramProposer  # noqa: E402
+from runtime.spec.step_clock import StepClock  # noqa: E402
 from runtime.spec.suffix import SuffixProposer  # noqa: E402
 from runtime.spec.throttle import Throttle  # noqa: E402
 
@@ -70,12 +76,17 @@ def measure(llm: LLM, prompts: list[list[int]], params: SamplingParams, batch: i
 
 
 def proposers(engine, model_cfg, tap: HiddenTap, heads: dict[str, str]) -> dict:
-    """Fresh proposers by name (a suffix proposer's response cache starts empty each time)."""
-    made = {"ngram": lambda: Throttle(NgramProposer(1, 4)), "suffix": lambda: Throttle(SuffixProposer())}
+    """Fresh proposers by name (a suffix proposer's response cache starts empty each time). Each name's
+    throttles share one step clock for the whole run, as a server's engine keeps one: step times belong to
+    the engine, and a clock started afresh for every 64-token run priced its first steps' drafts by the
+    row-cost model alone, which at batch 8 drafts where the measured line (~1) says nothing pays."""
+    clocks = collections.defaultdict(StepClock)
+    made = {"ngram": lambda: Throttle(NgramProposer(1, 4), clock=clocks["ngram"]),
+            "suffix": lambda: Throttle(SuffixProposer(), clock=clocks["suffix"])}
     for kind, path in heads.items():
         config = EngineConfig(speculative=kind, speculative_model=path or None)
         head = heads_proposer(config, model_cfg, engine.model_runner, tap)
-        made[kind] = lambda head=head: Throttle(head)
+        made[kind] = lambda head=head, kind=kind: Throttle(head, clock=clocks[kind])
     return made
 
 
@@ -86,6 +97,8 @@ def compare(llm, make, prompts, params, batch, names, reps) -> list[dict]:
         for name in runs:
             llm.engine.set_proposer(None if name == "off" else make[name]())
             runs[name].append(measure(llm, prompts, params, batch))
+            if name != "off":  # the acceptance a draft needed to pay for its row, from this run's step times
+                runs[name][-1]["line"] = llm.engine.proposer.clock.row_line(batch)
     off = statistics.median(r["tok_s"] for r in runs["off"])
     rows = []
     for name in names:
@@ -93,7 +106,7 @@ def compare(llm, make, prompts, params, batch, names, reps) -> list[dict]:
         same = r["tokens"] == runs["off"][-1]["tokens"] if params.greedy else None
         rows.append({"proposer": name, "off_tok_s": off, "on_tok_s": tok_s, "speedup": tok_s / off,
                      "acceptance": r["acceptance"], "by_position": r["by_position"],
-                     "accepted_per_step": r["accepted_per_step"], "identical": same})
+                     "accepted_per_step": r["accepted_per_step"], "identical": same, "line": r["line"]})
     return rows
 
 
@@ -131,6 +144,9 @@ def main() -> None:
                  ("agentic T=0", agentic, SamplingParams(temperature=0, max_tokens=n), ["ngram", "suffix"])]
     rows = []
     for batch in (int(b) for b in args.batches.split(",")):
+        for name in make:  # untimed: each clock times this batch's steps before the measured runs
+            llm.engine.set_proposer(make[name]())
+            measure(llm, chat, SamplingParams(temperature=0, max_tokens=n), batch)
         for name, prompts, params, names in workloads:
             for r in compare(llm, make, prompts, params, batch, names, args.reps):
                 rows.append({"workload": name, "batch": batch, **r})
@@ -144,10 +160,11 @@ def main() -> None:
 
 def report(r: dict) -> None:
     same = "-" if r["identical"] is None else ("yes" if r["identical"] else "NO")
+    line = "-" if r["line"] is None else f"{r['line']:.2f}"  # the acceptance a draft needed (measured)
     pos = " ".join(f"{a:.0%}" for a in r["by_position"])
     print(f"{r['workload']:<12} b={r['batch']:<2} {r['proposer']:<7} off {r['off_tok_s']:6.1f} on {r['on_tok_s']:6.1f} "
           f"tok/s  {r['speedup']:5.2f}x  accept {r['acceptance']:4.0%} [{pos}]  acc/step "
-          f"{r['accepted_per_step']:.2f}  same {same}", flush=True)
+          f"{r['accepted_per_step']:.2f}  same {same}  line {line}", flush=True)
 
 
 def targets(rows: list[dict]) -> None:

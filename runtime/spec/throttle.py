@@ -66,8 +66,8 @@ class Throttle:
                 continue
             if r.skip:
                 r.skip -= 1
-            elif n := self.length(r, k, cost):
-                lengths[seq] = n
+            elif n := self.length(r, k, cost):  # above the line: pauses start short again
+                lengths[seq], r.backoff = n, 0
             elif r.probe:  # below the line: one draft, then steps without any, twice as many each time
                 lengths[seq], r.probe = 1, False
             else:
@@ -111,5 +111,3 @@ class Throttle:
         for rec, decay in ((r, self.decay), (self.traffic, TRAFFIC_DECAY)):
             rec.hits = rec.hits * decay + accepted
             rec.misses = rec.misses * decay + (accepted < n)
-        if accepted:
-            r.backoff = 0

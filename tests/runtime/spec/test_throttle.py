@@ -109,6 +109,13 @@ def test_the_clock_prices_a_row_by_the_steps_it_timed():
     assert clock.row_line(6) is None  # nothing timed above 6 rows
 
 
+def test_the_clock_takes_the_steepest_measured_slope():
+    # 9 rows timed no slower than 8 (noise), 12 rows 3 ms more: the line is 12 rows' (0.75 ms a row over
+    # 4 ms a token), not a near-free row that would let every sequence draft its whole length
+    clock = timed([(8, 0.032), (9, 0.0319), (12, 0.035)] * 3)
+    assert clock.row_line(8) == pytest.approx(0.1875)
+
+
 def test_the_clock_trusts_a_median_and_skips_idle_gaps():
     clock = timed([(1, 0.010), (1, 0.011), (1, 0.5), (2, 0.012), (2, 0.012), (2, MAX_GAP_S + 1)])
     assert clock.step_time(1) == pytest.approx(0.011)  # one slow step (a prefill chunk) does not move it
@@ -183,3 +190,18 @@ def test_a_new_request_starts_from_the_traffics_acceptance(right):
     seq = Sequence(9, "9", prompts[2], len(prompts[2]), params, RequestMetrics(0.0))
     drafts = t.propose([seq], 4)
     assert len(drafts[seq].tokens) == (4 if right else 1)
+
+
+def test_an_accepted_probe_below_the_line_keeps_the_pauses_growing():
+    """Heads accepting ~30% at batch 8 (line 0.585): a probe that happens to be accepted leaves the estimate
+    below the line, so the next pause doubles (resetting it on any accepted probe re-probed every few steps)."""
+    t = Throttle(Fixed(), row_cost=0.15, clock=frozen())
+    seqs = [Sequence(i, str(i), [1, 2, 3], 3, SamplingParams(), RequestMetrics(0.0)) for i in range(8)]
+    for s in seqs:
+        t.records[s] = _Record(hits=0.1, misses=5.0, backoff=8)  # a probe is due
+    assert all(len(d.tokens) == 1 for d in t.propose(seqs, 4).values())
+    for s in seqs:  # each probe accepted: its token and a bonus token
+        s.token_ids += [7, 8]
+        s.metrics.spec_proposed += 1
+    assert t.propose(seqs, 4) == {}
+    assert all(t.records[s].backoff == 16 and t.records[s].skip == 16 for s in seqs)
