@@ -146,8 +146,7 @@ class Draft:
     # the draft distribution each token was sampled from, [len(tokens), vocab]; None = point mass
     # (a deterministic proposer such as n-gram lookup)
     probs: torch.Tensor | None = None
-    # probs' columns are these token ids (a draft vocabulary; every other token has q = 0); None: all of them
-    prob_ids: torch.Tensor | None = None
+    prob_ids: torch.Tensor | None = None  # probs' columns' token ids (q = 0 elsewhere); None: the vocabulary
 
 
 class Proposer(Protocol):

@@ -1,4 +1,4 @@
-"""Verification of draft tokens against the target: exact speculative sampling, greedy fast path.
+"""Verification of draft tokens against the target: exact speculative sampling.
 
 For temperature > 0 a draft token d drawn from q is accepted with probability min(1, p(d)/q(d));
 on the first rejection the token is drawn from the normalized residual max(0, p - q); when every
@@ -53,38 +53,23 @@ def verify_by_sampling(sampled: list[int], draft: list[int]) -> list[int]:
     return sampled
 
 
-def verify_one(p: torch.Tensor, draft: list[int], q: torch.Tensor | None, greedy: bool,
-               gen: torch.Generator | None, q_ids: torch.Tensor | None = None) -> list[int]:
-    """Tokens to emit for one sequence: accepted drafts then one corrected or bonus token.
-
-    p: target distributions [k+1, V] (one-hot rows for greedy requests); q: draft distributions
-    [k, V] or None for a point-mass draft; q_ids: the token ids of q's columns when q covers a draft
-    vocabulary only (every other token has q = 0); gen: the sequence's generator (sampled requests).
-    """
-    out: list[int] = []
+def verify_one(p: torch.Tensor, draft: list[int], q: torch.Tensor | None, gen: torch.Generator | None,
+               q_ids: torch.Tensor | None = None) -> list[int]:
+    """A sampled sequence's accepted drafts then a corrected or bonus token (greedy: verify_by_sampling). p: target
+    distributions [k+1, V]; q: draft distributions [k, V] (None: a point mass); q_ids: the token ids of q's columns
+    where q covers a draft vocabulary only (q = 0 elsewhere); gen: the sequence's generator."""
     for j, d in enumerate(draft):
-        if greedy:
-            target = int(p[j].argmax())
-            if target != d:
-                return out + [target]
-        else:
-            qd = 1.0 if q is None else float(q[j, d if q_ids is None else int((q_ids == d).nonzero()[0])])
-            if _uniform(gen, p.device) >= min(1.0, float(p[j, d]) / qd):
-                return out + [_draw(_residual(p[j], d, None if q is None else q[j], q_ids), gen)]
-        out.append(d)
-    last = p[len(draft)]
-    return out + [int(last.argmax()) if greedy else _draw(last, gen)]
+        qd = 1.0 if q is None else float(q[j, d if q_ids is None else int((q_ids == d).nonzero()[0])])
+        if _uniform(gen, p.device) >= min(1.0, float(p[j, d]) / qd):
+            return draft[:j] + [_draw(_residual(p[j], d, None if q is None else q[j], q_ids), gen)]
+    return draft + [_draw(p[len(draft)], gen)]
 
 
 def _residual(p: torch.Tensor, d: int, q: torch.Tensor | None, q_ids: torch.Tensor | None) -> torch.Tensor:
-    """max(0, p - q) after draft token d was rejected (q None: a point mass on d); p itself where p == q up to
-    rounding, since any draw from p is then exact."""
-    residual = p.clone()
+    """max(0, p - q) once draft d was rejected (q None: a point mass on d); p where p == q up to rounding."""
+    r = p.clone()
     if q is None:
-        residual[d] = 0.0
-    elif q_ids is None:
-        residual -= q
+        r[d] = 0.0
     else:
-        residual[q_ids] -= q
-    residual.clamp_(min=0)
-    return p if float(residual.sum()) <= 0 else residual
+        r[slice(None) if q_ids is None else q_ids] -= q
+    return p if float(r.clamp_(min=0).sum()) <= 0 else r

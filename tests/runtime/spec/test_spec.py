@@ -132,12 +132,12 @@ def _first_token_counts(p, q, trials, rule=verify_one, seed=0):
     counts = collections.Counter()
     for _ in range(trials):
         d = int(torch.multinomial(q, 1, generator=gen))
-        emitted = rule(torch.stack([p, p]), [d], q.unsqueeze(0), False, gen)
+        emitted = rule(torch.stack([p, p]), [d], q.unsqueeze(0), gen)
         counts[emitted[0]] += 1
     return [counts[i] for i in range(len(p))]
 
 
-def _always_accept(p, draft, q, greedy, gen):  # deliberately broken rule: outputs follow the draft
+def _always_accept(p, draft, q, gen):  # deliberately broken rule: outputs follow the draft
     return list(draft) + [0]
 
 
@@ -162,14 +162,14 @@ def test_a_draft_vocabulary_q_preserves_target_distribution():
     n, counts = 6000, collections.Counter()
     for _ in range(n):
         d = int(ids[torch.multinomial(q, 1, generator=g)])
-        counts[verify_one(torch.stack([p, p]), [d], q.unsqueeze(0), False, g, ids)[0]] += 1
+        counts[verify_one(torch.stack([p, p]), [d], q.unsqueeze(0), g, ids)[0]] += 1
     assert chisquare([counts[i] for i in range(8)], (p.double() / p.double().sum() * n).tolist()).pvalue > 0.001
 
 
 def test_point_mass_draft_preserves_target_distribution():
     g = torch.Generator().manual_seed(1)
     p = torch.softmax(torch.randn(5, generator=g) * 2, 0)
-    counts = collections.Counter(verify_one(torch.stack([p, p]), [2], None, False, g)[0] for _ in range(5000))
+    counts = collections.Counter(verify_one(torch.stack([p, p]), [2], None, g)[0] for _ in range(5000))
     assert chisquare([counts[i] for i in range(5)], (p * 5000).tolist()).pvalue > 0.001
 
 
