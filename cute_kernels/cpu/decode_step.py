@@ -23,6 +23,9 @@ from cute_kernels.kv_quant import KVScales
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 LINEARS = ("qkv", "o_proj", "gate_up", "down")
 BF16 = "BF16"  # a weight type beside the block types: a [rows, cols] bfloat16 tensor (the C enum's 16)
+# the same weights where the step may run them on the AMX tiles past the GEMV's rows (a linear that is not
+# batch-invariant, in a process that has the tiles: amx()); one summation order per row count otherwise
+BF16_AMX = "BF16_AMX"
 NEVER = 1 << 62  # a linear's tiles_from where it has no tiles GEMM
 
 
@@ -41,7 +44,7 @@ class _Model(ctypes.Structure):
 def _library() -> tuple[ctypes.CDLL | None, str | None]:
     return build.load_with_signatures("cpu_decode_step", {
         "decode_step_f32": ([_P, _P, _P, _I, _P, _P, _P, _I, _P, ctypes.c_int], ctypes.c_int),
-        "decode_step_max_rows": ([ctypes.c_int], ctypes.c_int)})
+        "decode_step_max_rows": ([ctypes.c_int], ctypes.c_int), "decode_step_amx": ([], ctypes.c_int)})
 
 
 def unavailable_reason() -> str | None:
@@ -54,6 +57,12 @@ def max_rows(all_tiles: bool = False) -> int:
     GEMM (all_tiles), else as many as the GEMV serves."""
     lib = _library()[0]
     return 0 if lib is None else lib.decode_step_max_rows(all_tiles)
+
+
+def amx() -> bool:
+    """Whether bf16 linears (BF16_AMX) can take the AMX tiles inside the step past the GEMV's rows here."""
+    lib = _library()[0]
+    return lib is not None and bool(lib.decode_step_amx())
 
 
 @dataclass(frozen=True)
@@ -69,7 +78,7 @@ class DecodeShape:
 @dataclass(frozen=True)
 class LayerTensors:
     """One layer: (blocks, type name) of qkv [q + 2 kv, hidden], o_proj, gate_up [2 inter, hidden], down (or
-    (a bfloat16 [rows, cols] weight, BF16));
+    (a bfloat16 [rows, cols] weight, BF16 or BF16_AMX));
     fp32 norms, the qkv bias (or None), the layer's K and V caches [blocks, block size, kv heads, d] and,
     for an int8 / e4m3 cache, their scales."""
 
@@ -90,7 +99,7 @@ def _fp32(t: torch.Tensor, shape: tuple[int, ...], what: str, dtype: torch.dtype
 
 
 def _blocks(blocks: torch.Tensor, type_name: str, rows: int, cols: int, what: str) -> int:
-    if type_name == BF16 and not cols % QK:  # the step rounds activations in blocks of QK as it quantizes them
+    if type_name in (BF16, BF16_AMX) and not cols % QK:  # the step rounds activations in blocks of QK
         _fp32(blocks, (rows, cols), what, torch.bfloat16)
         return 16
     if type_name not in TYPE_IDS or cols % QK:
@@ -100,6 +109,13 @@ def _blocks(blocks: torch.Tensor, type_name: str, rows: int, cols: int, what: st
         raise ValueError(f"{what}: expected contiguous uint8 {type_name} blocks for a [{rows}, {cols}] weight, got "
                          f"{blocks.dtype} {tuple(blocks.shape)}")
     return TYPE_IDS[type_name]
+
+
+def _tiles_from(type_name: str) -> int:
+    """The fewest rows a linear of this weight type serves past the GEMV's (NEVER: none)."""
+    if type_name in (BF16, BF16_AMX):
+        return 1 if type_name == BF16_AMX and amx() else NEVER
+    return quant_gemm.tiles_from(type_name) or NEVER
 
 
 class DecodeStepTable:
@@ -125,7 +141,7 @@ class DecodeStepTable:
             for i, (name, (blocks, type_name)) in enumerate(zip(LINEARS, layer.linears, strict=True)):
                 c.type[i] = _blocks(blocks, type_name, *dims[name], f"layer {n} {name}")
                 c.weight[i] = blocks.data_ptr()
-                c.tiles_from[i] = quant_gemm.tiles_from(type_name) or NEVER
+                c.tiles_from[i] = _tiles_from(type_name)
             bias = layer.qkv_bias
             c.qkv_bias = None if bias is None else _fp32(bias, (q + 2 * kv,), f"layer {n} qkv bias").data_ptr()
             c.input_norm = _fp32(layer.input_norm, (s.hidden,), f"layer {n} input norm").data_ptr()

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "amx/bf16_panels.h"
 #include "attention_rows.h"
 #include "bf16_dot.h"
 #include "fused_rows.h"
@@ -27,7 +28,7 @@
 #include "tiles/quant_tiles.h"
 
 #define GEMV_ROWS 16  /* rows a step takes when some linear has only the GEMV (docs/cpu_kernels.md: why 16) */
-#define MAX_ROWS 1024 /* rows a step takes when every linear has the tiles GEMM for that many */
+#define MAX_ROWS 1024 /* rows a step takes when every linear has the tiles GEMM (bf16: the AMX tiles) for that many */
 
 enum { QKV = 0, O_PROJ = 1, GATE_UP = 2, DOWN = 3 };
 enum { BF16 = 16 }; /* a weight type beside quant_dot.h's block types: [rows, cols] bf16, as decode_step.py says */
@@ -57,6 +58,8 @@ typedef struct { /* the step's activations, one allocation */
     int8_t *q8;
     uint16_t *xb; /* a bf16 linear's input */
     int32_t *corr; /* the tiles GEMM's Q8_0 block sums */
+    uint16_t *xt;  /* a bf16 linear's input as the AMX tiles read it (past GEMV_ROWS rows; NULL: none) */
+    int *amx_failed; /* shared: an AMX product could not allocate its buffers, so bf16 linears take the GEMV */
 } Work;
 
 /* The most rows a step takes: every linear on the tiles GEMM for many rows (all_tiles), else GEMV_ROWS. */
@@ -112,13 +115,26 @@ static void gemv(const uint8_t *w, int type, const Work *wk, const float *bias, 
     }
 }
 
+/* A bf16 linear past GEMV_ROWS rows: the AMX tiles (amx_tiles.h, the per-op route's product, so a row gets
+ * the bits bf16_linear's AMX route gives it), or the GEMV where their buffers could not be had. */
+static void bf16_team(const uint8_t *w, const Work *wk, const float *bias, float *y, int64_t m, int64_t n, int64_t k) {
+#if defined(CPU_AMX)
+    const Bf16Weight bw = {(const uint16_t *)w, n, k};
+    amx_gemm_team(NULL, wk->xb, m, k, pack_bf16_panel, &bw, bias, y, n, 0, wk->xt, wk->amx_failed);
+#pragma omp barrier
+    if (!*wk->amx_failed) return;
+#endif
+    gemv_bf16((const uint16_t *)w, wk, bias, y, m, n, k);
+}
+
 /* Linear i of layer L: the GEMV up to GEMV_ROWS rows (faster here than the tiles, whose panels each task packs
  * anew: 14.9 vs 18.3 ms a step at 8 rows, 25.5 vs 26.5 at 16), the tiles GEMM past them (check_step: every
  * linear has it then); both give a row the same bits (quant_tiles.h). panel: this thread's tiles panel. */
 static void linear(const DecodeLayer *L, int i, const Work *wk, const float *bias, float *y, int64_t m, int64_t n,
                    int64_t k, uint8_t *panel) {
-    if (m > GEMV_ROWS) tiles_team(L->weight[i], L->type[i], wk->q8, wk->d, wk->s, wk->corr, bias, y, m, n, k, panel);
-    else gemv(L->weight[i], L->type[i], wk, bias, y, m, n, k);
+    if (m <= GEMV_ROWS) gemv(L->weight[i], L->type[i], wk, bias, y, m, n, k);
+    else if (L->type[i] == BF16) bf16_team(L->weight[i], wk, bias, y, m, n, k);
+    else tiles_team(L->weight[i], L->type[i], wk->q8, wk->d, wk->s, wk->corr, bias, y, m, n, k, panel);
 }
 
 /* x [m, k] as the linear of weight type `type` reads it: q8 blocks, or bf16 rows for a BF16 weight;
@@ -208,13 +224,20 @@ static void layer_step(const DecodeModel *md, const DecodeLayer *L, int first, f
     linear(L, DOWN, wk, NULL, x, m, h, md->inter, panel);
 }
 
+/* Whether a linear of this weight type serves more than GEMV_ROWS rows: the tiles GEMM reads its blocks, or
+ * (bf16) this build and process have the AMX tiles. */
+static int many_rows_read(int type) { return type == BF16 ? amx_usable() : tiles_read(type); }
+
+/* 1 where a bf16 linear can take the AMX tiles past GEMV_ROWS rows in this process (decode_step.py asks). */
+int decode_step_amx(void) { return amx_usable(); }
+
 /* Inputs the C code would otherwise read out of bounds: 0 when all are in range. */
 static int check_step(const DecodeModel *md, int64_t m, const int64_t *positions, const int64_t *slots,
                       const int32_t *lens, int64_t max_blocks) {
     if (m < 1 || m > MAX_ROWS || !kv_kind_known(md->kv_kind)) return 1;
     for (int64_t l = 0; m > GEMV_ROWS && l < md->num_layers; l++)
         for (int i = 0; i < 4; i++)
-            if (md->layers[l].tiles_from[i] > m || !tiles_read(md->layers[l].type[i])) return 1;
+            if (md->layers[l].tiles_from[i] > m || !many_rows_read(md->layers[l].type[i])) return 1;
     for (int64_t r = 0; r < m; r++)
         if (positions[r] < 0 || positions[r] >= md->max_positions || slots[r] < 0
             || slots[r] >= md->num_blocks * md->block_size || lens[r] < 1 || lens[r] > max_blocks * md->block_size)
@@ -250,7 +273,13 @@ int decode_step_f32(const DecodeModel *md, float *x, float *out, int64_t m, cons
     size_t panel_bytes = 0; /* a thread's tiles panel: the largest any linear packs (0: no linear takes the tiles) */
     for (int i = 0; i < 3 && m > GEMV_ROWS; i++)
         panel_bytes = tiles_panel_bytes(ks[i]) > panel_bytes ? tiles_panel_bytes(ks[i]) : panel_bytes;
-    int failed = 0;
+    int failed = 0, amx_failed = 0;
+    wk.amx_failed = &amx_failed;
+    if (m > GEMV_ROWS) { /* the AMX tiles' rows, padded to their 32 x 32 blocks, for the widest input */
+        const int64_t mp = (m + 31) / 32 * 32, kp = (k_max + 31) / 32 * 32;
+        wk.xt = aligned_alloc(64, sizeof(uint16_t) * (size_t)(mp * kp));
+        amx_failed = wk.xt == NULL;
+    }
 #pragma omp parallel num_threads(nthreads)
     {
         /* the attention's scores for one chunk, then a bf16 or 8-bit cache's stage of block_size rows */
@@ -273,6 +302,7 @@ int decode_step_f32(const DecodeModel *md, float *x, float *out, int64_t m, cons
         free(panel);
     }
     free(buf);
+    free(wk.xt);
     return failed ? 2 : 0;
 }
 

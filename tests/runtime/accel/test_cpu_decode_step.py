@@ -18,6 +18,7 @@ import torch
 from cute_kernels.cpu import build, quant_gemm
 from cute_kernels.cpu import decode_step as ds
 from cute_kernels.cpu.decode_attention import prepare_tables
+from runtime.accel.bf16_linear import Bf16Linear
 from runtime.accel.kv_scales import KVScaleSource
 from runtime.build import make_runner
 from runtime.model.attention_batch import AttentionBatch
@@ -136,9 +137,18 @@ def test_fused_step_over_an_8bit_cache_matches_the_per_layer_path(dtype, fused_s
         assert torch.equal(v.view(torch.uint8), v2.view(torch.uint8))
 
 
+def invariant(runner):
+    """The runner's bf16 linears batch-invariant (as --deterministic makes them): no AMX tiles at any row count."""
+    for linear in runner.model.linears():
+        if isinstance(linear, Bf16Linear):
+            linear.invariant = True
+    return runner
+
+
 def test_only_decode_only_steps_the_fused_path_serves_take_it(fused_steps):
-    """bf16 weights have no tiles GEMM: the step serves as many rows as its GEMV does, and no more."""
-    runner = tiny_runner(None, weight_dtype=torch.bfloat16)
+    """Batch-invariant bf16 weights have neither the tiles GEMM nor the AMX tiles: the step serves as many rows as
+    its GEMV does, and no more."""
+    runner = invariant(tiny_runner(None, weight_dtype=torch.bfloat16))
     prompts = [[i + 1, i + 2] for i in range(ds.max_rows() + 1)]
     runner.run([SeqChunk(p, 0, table(i)) for i, p in enumerate(prompts)])
     decode = [SeqChunk([7], 2, table(i)) for i in range(len(prompts))]
@@ -159,6 +169,23 @@ def test_many_rows_take_the_fused_step_on_the_tiles_gemm(quantization, fused_ste
     fused, per_layer = tiny_runner(quantization), tiny_runner(quantization, fused=False)
     got, got_tokens = greedy(fused, prompts, 4)
     assert fused_steps == ([40] * 4 if quant_gemm.tiles_from("Q4_1") else [])
+    want, want_tokens = greedy(per_layer, prompts, 4)
+    assert got_tokens == want_tokens
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, **TOL)
+    for (k, v), (k2, v2) in zip(fused.kv_caches, per_layer.kv_caches):
+        assert torch.equal(k, k2) and torch.equal(v, v2)
+
+
+def test_many_rows_over_bf16_weights_take_the_fused_step_on_the_amx_tiles(fused_steps, cpu_route):
+    """Past the GEMV's 16 rows a bf16 linear takes the AMX tiles inside the step, the product the per-layer
+    linear runs from bf16_gemm.AMX_MIN_ROWS rows (amx_tiles.h: the same bf16 pairs and per-element order), so a
+    40-row step matches the per-layer path; where the build or process has no tiles the step leaves such rows
+    to the per-layer path."""
+    prompts = [[3 + i, 1 + i % 7, 4] + list(range(10, 10 + i % 23)) for i in range(40)]  # contexts 3..25
+    fused, per_layer = (tiny_runner(None, weight_dtype=torch.bfloat16, fused=f) for f in (True, False))
+    got, got_tokens = greedy(fused, prompts, 4)
+    assert fused_steps == ([40] * 4 if ds.amx() else [])
     want, want_tokens = greedy(per_layer, prompts, 4)
     assert got_tokens == want_tokens
     for g, w in zip(got, want):

@@ -154,17 +154,70 @@ static void amx_glu_block(const uint16_t *xb, int64_t r0, int64_t r1, int64_t kp
 }
 
 /* Rows as the tiles read them: bf16, tile-major (16 rows x 32 values contiguous, k-tiles in order), zero
- * past m and k. */
-static void amx_round_rows(const float *x, int64_t m, int64_t k, int64_t mp, int64_t kp, uint16_t *xb) {
+ * past m and k; from fp32 x, rounded here, or from xr, rows already rounded (row-major [m, k]). */
+static void amx_round_rows(const float *x, const uint16_t *xr, int64_t m, int64_t k, int64_t mp, int64_t kp,
+                           uint16_t *xb) {
 #pragma omp for schedule(static)
     for (int64_t r0 = 0; r0 < mp; r0 += 16)
         for (int64_t r = r0; r < r0 + 16; r++) {
             uint16_t row[kp];
-            if (r < m) to_bf16_row(x + r * k, row, k);
+            if (r < m && xr != NULL) memcpy(row, xr + r * k, sizeof(uint16_t) * (size_t)k);
+            else if (r < m) to_bf16_row(x + r * k, row, k);
             memset(row + (r < m ? k : 0), 0, sizeof(uint16_t) * (size_t)(r < m ? kp - k : kp));
             for (int64_t t = 0; t < kp / AMX_K; t++)
                 memcpy(xb + r0 * kp + t * AMX_TILE_VALUES + (r - r0) * AMX_K, row + t * AMX_K, 2 * AMX_K);
         }
+}
+
+/* amx_gemm's work inside a parallel region (the fused decode step's, or amx_gemm's own): every thread of the
+ * team calls it with the same arguments. x: fp32 rows, rounded here, or xr: rows already bf16; xb: a shared
+ * buffer of mp x kp bf16 (mp, kp: m and k rounded up to AMX_M and AMX_K); *failed: shared, set where a
+ * thread's buffers cannot be allocated, and then no thread computes. No barrier at the end: a caller that
+ * reads y across threads waits first. The process must have the tiles (amx_ready). */
+static void amx_gemm_team(const float *x, const uint16_t *xr, int64_t m, int64_t k, amx_pack_fn pack,
+                          const void *weight, const float *bias, float *y, int64_t n, int glu, uint16_t *xb,
+                          int *failed) {
+    const int64_t kp = (k + AMX_K - 1) / AMX_K * AMX_K, mp = (m + AMX_M - 1) / AMX_M * AMX_M;
+    const int64_t panels = (n + AMX_N - 1) / AMX_N, panel_words = kp / 2 * AMX_N * (glu ? 2 : 1);
+    int64_t chunk = AMX_PANEL_BYTES / (panel_words * 4);
+    chunk = chunk < 1 ? 1 : chunk;
+    static _Thread_local AmxBuffer panels_buffer;
+    const int nt = omp_get_num_threads(), t = omp_get_thread_num();
+    const int by_panel = panels >= nt ? nt : (int)panels, by_row = nt / by_panel; /* thread grid */
+    const int64_t blocks = mp / AMX_M, pi = t % by_panel, ri = t / by_panel;
+    const int64_t p_begin = panels * pi / by_panel, p_end = panels * (pi + 1) / by_panel;
+    const int64_t r_begin = AMX_M * (blocks * ri / by_row), r_end_block = AMX_M * (blocks * (ri + 1) / by_row);
+    const int64_t r_end = r_end_block < m ? r_end_block : m;
+    const int64_t have = p_end - p_begin < chunk ? p_end - p_begin : chunk;
+    uint32_t *packed = ri < by_row ? amx_buffer(&panels_buffer, sizeof(uint32_t) * (size_t)(have * panel_words)) : NULL;
+    float *scratch = aligned_alloc(64, sizeof(float) * AMX_M * AMX_N * 2);
+    if (scratch == NULL || (ri < by_row && have > 0 && packed == NULL)) {
+#pragma omp atomic write
+        *failed = 1;
+    }
+#pragma omp barrier
+    if (!*failed) { /* read after the barrier: every thread takes the same branch */
+        amx_round_rows(x, xr, m, k, mp, kp, xb);
+        amx_configure();
+        for (int64_t p0 = p_begin; ri < by_row && p0 < p_end; p0 += chunk) {
+            const int64_t p1 = p0 + chunk < p_end ? p0 + chunk : p_end;
+            for (int64_t p = p0; p < p1; p++) {
+                uint32_t *at = packed + (p - p0) * panel_words;
+                pack(weight, p * AMX_N, at);
+                if (glu) pack(weight, n + p * AMX_N, at + panel_words / 2); /* its up panel */
+            }
+            for (int64_t r0 = r_begin; r0 < r_end; r0 += AMX_M) {
+                const int64_t r1 = r0 + AMX_M < r_end ? r0 + AMX_M : r_end;
+                for (int64_t p = p0; p < p1; p++) {
+                    const uint32_t *at = packed + (p - p0) * panel_words;
+                    if (glu) amx_glu_block(xb, r0, r1, kp, at, at + panel_words / 2, y, n, p * AMX_N, scratch);
+                    else amx_panel(xb, r0, r1, kp, at, bias, y, n, p * AMX_N, scratch);
+                }
+            }
+        }
+        _tile_release();
+    }
+    free(scratch);
 }
 
 /* y[m, n] = bf16(x)[m, k] @ W^T (+ bias), W's panels from pack(weight, c0, packed); with glu, W has 2n rows
@@ -182,52 +235,11 @@ static int amx_gemm(const float *x, int64_t m, int64_t k, amx_pack_fn pack, cons
                     float *y, int64_t n, int nthreads, int glu) {
     if (!amx_ready()) return 3;
     const int64_t kp = (k + AMX_K - 1) / AMX_K * AMX_K, mp = (m + AMX_M - 1) / AMX_M * AMX_M;
-    const int64_t panels = (n + AMX_N - 1) / AMX_N, panel_words = kp / 2 * AMX_N * (glu ? 2 : 1);
-    int64_t chunk = AMX_PANEL_BYTES / (panel_words * 4);
-    chunk = chunk < 1 ? 1 : chunk;
     static _Thread_local AmxBuffer rows_buffer;
     uint16_t *xb = amx_buffer(&rows_buffer, sizeof(uint16_t) * (size_t)(mp * kp));
     int failed = xb == NULL;
 #pragma omp parallel num_threads(nthreads) if (nthreads > 1)
-    {
-        static _Thread_local AmxBuffer panels_buffer;
-        const int nt = omp_get_num_threads(), t = omp_get_thread_num();
-        const int by_panel = panels >= nt ? nt : (int)panels, by_row = nt / by_panel; /* thread grid */
-        const int64_t blocks = mp / AMX_M, pi = t % by_panel, ri = t / by_panel;
-        const int64_t p_begin = panels * pi / by_panel, p_end = panels * (pi + 1) / by_panel;
-        const int64_t r_begin = AMX_M * (blocks * ri / by_row), r_end_block = AMX_M * (blocks * (ri + 1) / by_row);
-        const int64_t r_end = r_end_block < m ? r_end_block : m;
-        const int64_t have = p_end - p_begin < chunk ? p_end - p_begin : chunk;
-        uint32_t *packed = ri < by_row ? amx_buffer(&panels_buffer, sizeof(uint32_t) * (size_t)(have * panel_words)) : NULL;
-        float *scratch = aligned_alloc(64, sizeof(float) * AMX_M * AMX_N * 2);
-        if (scratch == NULL || (ri < by_row && have > 0 && packed == NULL)) {
-#pragma omp atomic write
-            failed = 1;
-        }
-#pragma omp barrier
-        if (!failed) {
-            amx_round_rows(x, m, k, mp, kp, xb);
-            amx_configure();
-            for (int64_t p0 = p_begin; ri < by_row && p0 < p_end; p0 += chunk) {
-                const int64_t p1 = p0 + chunk < p_end ? p0 + chunk : p_end;
-                for (int64_t p = p0; p < p1; p++) {
-                    uint32_t *at = packed + (p - p0) * panel_words;
-                    pack(weight, p * AMX_N, at);
-                    if (glu) pack(weight, n + p * AMX_N, at + panel_words / 2); /* its up panel */
-                }
-                for (int64_t r0 = r_begin; r0 < r_end; r0 += AMX_M) {
-                    const int64_t r1 = r0 + AMX_M < r_end ? r0 + AMX_M : r_end;
-                    for (int64_t p = p0; p < p1; p++) {
-                        const uint32_t *at = packed + (p - p0) * panel_words;
-                        if (glu) amx_glu_block(xb, r0, r1, kp, at, at + panel_words / 2, y, n, p * AMX_N, scratch);
-                        else amx_panel(xb, r0, r1, kp, at, bias, y, n, p * AMX_N, scratch);
-                    }
-                }
-            }
-            _tile_release();
-        }
-        free(scratch);
-    }
+    amx_gemm_team(x, NULL, m, k, pack, weight, bias, y, n, glu, xb, &failed);
     return failed ? 2 : 0;
 }
 #endif
