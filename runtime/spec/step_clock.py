@@ -7,8 +7,8 @@ pays alike. A median per row count keeps prefill chunks and hiccups out; gaps lo
 
 A draft in a batch of B pays when its acceptance chance a satisfies (B + a) / (T(B) + dT) >= B / T(B),
 i.e. a >= dT / (T(B) / B): the row's cost over a token's share of the step. Where the step's cost is
-not linear in its rows (here the fused decode step serves up to 16 rows, and past them the whole step
-moves to the per-op path, ~1.3x slower), only a measurement says where that line lies.
+not linear in its rows (the fused decode step's GEMV takes rows 4 at a time, and past 16 rows the tiles
+GEMM takes over), only a measurement says where that line lies.
 """
 from __future__ import annotations
 

@@ -10,8 +10,8 @@ B the weights are shared by B rows already, so a row costs more of the step whil
 adds one token to the B the step makes: a draft pays when a^j >= Bc / (1 + Bc), c = row_cost / (1 -
 row_cost) (0.15 at batch 1, 0.58 at batch 8). That model is the fallback: once the step clock
 (step_clock.py) has timed steps at B rows and at more, the line is the measured cost of a row over a
-token's share of the step, since the step's cost is not linear in its rows (past 16 rows the step
-leaves the fused decode step); where that line is 1, no draft could pay and none is made, probes
+token's share of the step, since the step's cost is not linear in its rows (the fused step's GEMV takes
+rows 4 at a time, the tiles GEMM past 16); where that line is 1, no draft could pay and none is made, probes
 included (while the fused step took 8 rows, each probe at batch 8 moved all of them off it). The draft length is the largest such j <= k. Medusa
 heads accepting ~35% of first drafts slowed batch-8 chat to 0.43x with the batch-1 line. Where
 even one draft does not pay, the sequence drafts
