@@ -118,6 +118,8 @@ def main() -> None:
     ap.add_argument("--medusa", default="", help="Medusa heads (default: the default model's)")
     ap.add_argument("--eagle", default="", help="EAGLE-style head (default: the default model's)")
     ap.add_argument("--heads", default="medusa,eagle", help="which trained heads to measure")
+    ap.add_argument("--num-speculative-tokens", type=int, default=8,
+                    help="the most drafts a step, k (the heads have 4; vLLM gives suffix decoding its tree depth, 24)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--smoke", action="store_true", help="2 prompts, 8 tokens, batch 2, one rep (CI)")
     args = ap.parse_args()
@@ -128,7 +130,8 @@ def main() -> None:
     # prefix caching off: every prompt runs again for off and each proposer, and a cache hit would hide its
     # prefill from whichever run came later (and round its rows otherwise on AMX hosts: step_rows.py)
     engine = build_engine(EngineConfig(device="cpu", kv_cache_memory=512 << 20, log_ledger=False,
-                                       num_speculative_tokens=4, enable_prefix_caching=False), cfg, tensors, tok)
+                                       num_speculative_tokens=args.num_speculative_tokens,
+                                       enable_prefix_caching=False), cfg, tensors, tok)
     tap = engine.runner = HiddenTap(engine.runner, engine.model_runner)
     heads = {k: getattr(args, k) for k in args.heads.split(",") if k}
     make = proposers(engine, cfg, tap, heads)
