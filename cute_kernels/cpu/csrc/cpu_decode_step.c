@@ -62,7 +62,8 @@ typedef struct { /* the step's activations, one allocation */
     int *amx_failed; /* shared: an AMX product could not allocate its buffers, so bf16 linears take the GEMV */
 } Work;
 
-/* The most rows a step takes: every linear on the tiles GEMM for many rows (all_tiles), else GEMV_ROWS. */
+/* The most rows a step takes: every linear on the tiles GEMM or the AMX tiles for many rows (all_tiles), else
+ * GEMV_ROWS. */
 int decode_step_max_rows(int all_tiles) { return all_tiles ? MAX_ROWS : GEMV_ROWS; }
 
 /* y[m, n] = x @ W^T (+ bias) from quantized activations; groups of 8 output rows split over the team,
@@ -128,8 +129,9 @@ static void bf16_team(const uint8_t *w, const Work *wk, const float *bias, float
 }
 
 /* Linear i of layer L: the GEMV up to GEMV_ROWS rows (faster here than the tiles, whose panels each task packs
- * anew: 14.9 vs 18.3 ms a step at 8 rows, 25.5 vs 26.5 at 16), the tiles GEMM past them (check_step: every
- * linear has it then); both give a row the same bits (quant_tiles.h). panel: this thread's tiles panel. */
+ * anew: 14.9 vs 18.3 ms a step at 8 rows, 25.5 vs 26.5 at 16), past them the tiles GEMM, or for bf16 weights the
+ * AMX tiles (check_step: every linear has its route then); the GEMV and the tiles give a row the same bits
+ * (quant_tiles.h). panel: this thread's tiles panel. */
 static void linear(const DecodeLayer *L, int i, const Work *wk, const float *bias, float *y, int64_t m, int64_t n,
                    int64_t k, uint8_t *panel) {
     if (m <= GEMV_ROWS) gemv(L->weight[i], L->type[i], wk, bias, y, m, n, k);
