@@ -160,21 +160,28 @@ def test_only_decode_only_steps_the_fused_path_serves_take_it(fused_steps):
     assert fused_steps == [ds.max_rows()]
 
 
-@pytest.mark.parametrize("quantization", ["q4", "int8"])
-def test_many_rows_take_the_fused_step_on_the_tiles_gemm(quantization, fused_steps, cpu_route):
-    """More rows than the GEMV serves: each linear takes the tiles GEMM inside the step (the GEMV's integer sums
-    and float order, quant_tiles.h), so a 40-row decode-only step matches the per-layer path as a 3-row one
-    does; where the route has no tiles GEMM (portable C) the step leaves such rows to the per-layer path."""
-    prompts = [[3 + i, 1 + i % 7, 4] + list(range(10, 10 + i % 23)) for i in range(40)]  # contexts 3..25
-    fused, per_layer = tiny_runner(quantization), tiny_runner(quantization, fused=False)
+def assert_40_rows_match(make_runner, fused_steps, fused_here: bool) -> None:
+    """40 sequences decoding together (contexts 3..25), 4 steps: the fused step (when fused_here, else none)
+    matches the per-layer path; tokens and KV caches exact, logits within TOL."""
+    prompts = [[3 + i, 1 + i % 7, 4] + list(range(10, 10 + i % 23)) for i in range(40)]
+    fused, per_layer = make_runner(True), make_runner(False)
     got, got_tokens = greedy(fused, prompts, 4)
-    assert fused_steps == ([40] * 4 if quant_gemm.tiles_from("Q4_1") else [])
+    assert fused_steps == ([40] * 4 if fused_here else [])
     want, want_tokens = greedy(per_layer, prompts, 4)
     assert got_tokens == want_tokens
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, **TOL)
     for (k, v), (k2, v2) in zip(fused.kv_caches, per_layer.kv_caches):
         assert torch.equal(k, k2) and torch.equal(v, v2)
+
+
+@pytest.mark.parametrize("quantization", ["q4", "int8"])
+def test_many_rows_take_the_fused_step_on_the_tiles_gemm(quantization, fused_steps, cpu_route):
+    """More rows than the GEMV serves: each linear takes the tiles GEMM inside the step (the GEMV's integer sums
+    and float order, quant_tiles.h), so a 40-row decode-only step matches the per-layer path as a 3-row one
+    does; where the route has no tiles GEMM (portable C) the step leaves such rows to the per-layer path."""
+    assert_40_rows_match(lambda fused: tiny_runner(quantization, fused=fused), fused_steps,
+                         quant_gemm.tiles_from("Q4_1") is not None)
 
 
 def test_many_rows_over_bf16_weights_take_the_fused_step_on_the_amx_tiles(fused_steps, cpu_route):
@@ -182,16 +189,8 @@ def test_many_rows_over_bf16_weights_take_the_fused_step_on_the_amx_tiles(fused_
     linear runs from bf16_gemm.AMX_MIN_ROWS rows (amx_tiles.h: the same bf16 pairs and per-element order), so a
     40-row step matches the per-layer path; where the build or process has no tiles the step leaves such rows
     to the per-layer path."""
-    prompts = [[3 + i, 1 + i % 7, 4] + list(range(10, 10 + i % 23)) for i in range(40)]  # contexts 3..25
-    fused, per_layer = (tiny_runner(None, weight_dtype=torch.bfloat16, fused=f) for f in (True, False))
-    got, got_tokens = greedy(fused, prompts, 4)
-    assert fused_steps == ([40] * 4 if ds.amx() else [])
-    want, want_tokens = greedy(per_layer, prompts, 4)
-    assert got_tokens == want_tokens
-    for g, w in zip(got, want):
-        torch.testing.assert_close(g, w, **TOL)
-    for (k, v), (k2, v2) in zip(fused.kv_caches, per_layer.kv_caches):
-        assert torch.equal(k, k2) and torch.equal(v, v2)
+    assert_40_rows_match(lambda fused: tiny_runner(None, weight_dtype=torch.bfloat16, fused=fused), fused_steps,
+                         ds.amx())
 
 
 def test_models_the_fused_step_does_not_cover_take_the_per_layer_path(fused_steps):
