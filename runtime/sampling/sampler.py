@@ -271,13 +271,12 @@ def _index_rows(logits: torch.Tensor, rows: np.ndarray) -> torch.Tensor:
 
 def _verify(seq: Sequence, spec: list[int], logits: torch.Tensor, draft: Draft, eos_ids: set[int]) -> Sampled:
     rows = [sampling_row(seq, eos_ids, spec[:j]) for j in range(len(spec) + 1)]
-    if seq.draw_seed is not None or seq.params.greedy:
-        # plain decoding's draws position by position (--deterministic; greedy: the argmax, no softmax)
-        tokens = verify_by_sampling(sample(logits, rows).token_ids, spec)
-    else:
-        probs = processed_probs(logits, rows)
-        q = draft.probs[:len(spec)] if draft.probs is not None else None
-        tokens = verify_one(probs, spec, q, seq.generator, draft.prob_ids)
+    if seq.draw_seed is not None or seq.params.greedy:  # plain decoding's draws (greedy: argmax, no softmax)
+        result = sample(logits, rows)  # with the rows' logprob records, when asked for: the emitted tokens'
+        tokens = verify_by_sampling(result.token_ids, spec)
+        return Sampled(seq, tokens, None if seq.params.logprobs is None else result.logprobs[:len(tokens)], len(spec))
+    q = None if draft.probs is None else draft.probs[:len(spec)]
+    tokens = verify_one(processed_probs(logits, rows), spec, q, seq.generator, draft.prob_ids)
     lp = None
     if seq.params.logprobs is not None:
         lp = logprob_records(logits[:len(tokens)], torch.tensor(tokens, device=logits.device), seq.params.logprobs)

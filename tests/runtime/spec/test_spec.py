@@ -1,5 +1,6 @@
 """Speculative decoding: greedy outputs unchanged, sampled distribution exactly the target's, no leaks."""
 import collections
+import dataclasses
 import random
 
 import pytest
@@ -62,6 +63,23 @@ def test_ngram_greedy_identical_to_no_speculation():
     assert run(engine, prompts) == want
     assert engine.stats.spec_proposed > 0 and engine.stats.spec_accepted > 0
     assert_idle(engine)
+
+
+def test_greedy_logprobs_with_speculation_equal_those_without():
+    """A verified greedy step reports the emitted tokens' logprob records (chosen and top 2), as plain decoding does."""
+    params = dataclasses.replace(GREEDY, logprobs=2)
+
+    def records(engine):
+        outs = LLM.from_engine(engine).generate(mixed_prompts(1)[:3], params, use_tqdm=False)
+        return [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in outs]
+
+    engine = with_ngram(tiny_engine())
+    got, want = records(engine), records(tiny_engine())
+    assert engine.stats.spec_accepted > 0 and [t for t, _ in got] == [t for t, _ in want]
+    for (_, g), (_, w) in zip(got, want):
+        assert len(g) == len(w) == GREEDY.max_tokens
+        for (gc, gtop), (wc, wtop) in zip(g, w):
+            assert gc == pytest.approx(wc, abs=1e-5) and [t for t, _ in gtop] == [t for t, _ in wtop]
 
 
 @pytest.mark.parametrize("draft_seed", [0, 1])  # seed 0 = the target itself (all accepted), 1 = a different model
