@@ -60,7 +60,7 @@ class Throttle:
             del self.records[seq]
         lengths, cost = {}, self.step_cost(len(seqs))
         for seq in seqs:
-            r = self.records.setdefault(seq, self._fresh())
+            r = self.records.get(seq) or self.records.setdefault(seq, self._fresh())  # _fresh only when new
             self._learn(seq, r)
             if cost >= 1.0:  # measured: not even a sure draft pays at this batch, so neither does a probe
                 continue
