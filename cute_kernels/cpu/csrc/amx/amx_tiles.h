@@ -190,7 +190,8 @@ static void amx_gemm_team(const float *x, const uint16_t *xr, int64_t m, int64_t
     const int64_t r_end = r_end_block < m ? r_end_block : m;
     const int64_t have = p_end - p_begin < chunk ? p_end - p_begin : chunk;
     uint32_t *packed = ri < by_row ? amx_buffer(&panels_buffer, sizeof(uint32_t) * (size_t)(have * panel_words)) : NULL;
-    float *scratch = aligned_alloc(64, sizeof(float) * AMX_M * AMX_N * 2);
+    static _Thread_local AmxBuffer scratch_buffer; /* kept: the fused decode step calls this per linear */
+    float *scratch = amx_buffer(&scratch_buffer, sizeof(float) * AMX_M * AMX_N * 2);
     if (scratch == NULL || (ri < by_row && have > 0 && packed == NULL)) {
 #pragma omp atomic write
         *failed = 1;
@@ -217,7 +218,6 @@ static void amx_gemm_team(const float *x, const uint16_t *xr, int64_t m, int64_t
         }
         _tile_release();
     }
-    free(scratch);
 }
 
 /* y[m, n] = bf16(x)[m, k] @ W^T (+ bias), W's panels from pack(weight, c0, packed); with glu, W has 2n rows
