@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from cute_kernels.cpu import build, quant_gemm
+from cute_kernels.cpu import build, quant_amx, quant_gemm
 from cute_kernels.cpu.decode_attention import DecodeTables
 from cute_kernels.cpu.kv_elem import kv_kind, scale_pointers
 from cute_kernels.cpu.quant_blocks import BLOCK_BYTES, QK, TYPE_IDS
@@ -23,14 +23,11 @@ from cute_kernels.kv_quant import KVScales
 _P, _I = ctypes.c_void_p, ctypes.c_int64
 LINEARS = ("qkv", "o_proj", "gate_up", "down")
 BF16 = "BF16"  # a weight type beside the block types: a [rows, cols] bfloat16 tensor (the C enum's 16)
-# the same weights where the step may run them on the AMX tiles past the GEMV's rows (a linear that is not
-# batch-invariant, in a process that has the tiles: amx()); one summation order per row count otherwise
-BF16_AMX = "BF16_AMX"
-NEVER = 1 << 62  # a linear's tiles_from where it has no tiles GEMM
+NEVER = 1 << 62  # a linear's tiles_from / amx_from where it has no such route
 
 
 class _Layer(ctypes.Structure):
-    _fields_ = [("weight", _P * 4), ("type", ctypes.c_int32 * 4), ("tiles_from", _I * 4), ("qkv_bias", _P), ("input_norm", _P),
+    _fields_ = [("weight", _P * 4), ("type", ctypes.c_int32 * 4), ("tiles_from", _I * 4), ("amx_from", _I * 4), ("qkv_bias", _P), ("input_norm", _P),
                 ("post_norm", _P), ("k_cache", _P), ("v_cache", _P), ("k_scale", _P), ("v_scale", _P)]
 
 
@@ -60,7 +57,7 @@ def max_rows(all_tiles: bool = False) -> int:
 
 
 def amx() -> bool:
-    """Whether bf16 linears (BF16_AMX) can take the AMX tiles inside the step past the GEMV's rows here."""
+    """Whether linears (LayerTensors.amx) can take the AMX tiles inside the step past the GEMV's rows here."""
     lib = _library()[0]
     return lib is not None and bool(lib.decode_step_amx())
 
@@ -78,9 +75,11 @@ class DecodeShape:
 @dataclass(frozen=True)
 class LayerTensors:
     """One layer: (blocks, type name) of qkv [q + 2 kv, hidden], o_proj, gate_up [2 inter, hidden], down (or
-    (a bfloat16 [rows, cols] weight, BF16 or BF16_AMX));
+    (a bfloat16 [rows, cols] weight, BF16));
     fp32 norms, the qkv bias (or None), the layer's K and V caches [blocks, block size, kv heads, d] and,
-    for an int8 / e4m3 cache, their scales."""
+    for an int8 / e4m3 cache, their scales. amx: per linear, whether it may take the AMX tiles past the
+    GEMV's rows where this process has them, as the linear itself does (bf16 weights from bf16_gemm.AMX_MIN_ROWS,
+    grouped blocks from quant_gemm.AMX_MIN_ROWS); False for a batch-invariant linear (one order at every count)."""
 
     linears: tuple[tuple[torch.Tensor, str], ...]
     qkv_bias: torch.Tensor | None
@@ -89,6 +88,7 @@ class LayerTensors:
     k_cache: torch.Tensor
     v_cache: torch.Tensor
     kv_scales: KVScales | None = None
+    amx: tuple[bool, ...] = (False,) * len(LINEARS)
 
 
 def _fp32(t: torch.Tensor, shape: tuple[int, ...], what: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -99,7 +99,7 @@ def _fp32(t: torch.Tensor, shape: tuple[int, ...], what: str, dtype: torch.dtype
 
 
 def _blocks(blocks: torch.Tensor, type_name: str, rows: int, cols: int, what: str) -> int:
-    if type_name in (BF16, BF16_AMX) and not cols % QK:  # the step rounds activations in blocks of QK
+    if type_name == BF16 and not cols % QK:  # the step rounds activations in blocks of QK
         _fp32(blocks, (rows, cols), what, torch.bfloat16)
         return 16
     if type_name not in TYPE_IDS or cols % QK:
@@ -112,10 +112,18 @@ def _blocks(blocks: torch.Tensor, type_name: str, rows: int, cols: int, what: st
 
 
 def _tiles_from(type_name: str) -> int:
-    """The fewest rows a linear of this weight type serves past the GEMV's (NEVER: none)."""
-    if type_name in (BF16, BF16_AMX):
-        return 1 if type_name == BF16_AMX and amx() else NEVER
-    return quant_gemm.tiles_from(type_name) or NEVER
+    """The fewest rows a linear of this weight type serves on the tiles GEMM past the GEMV's (NEVER: none)."""
+    return NEVER if type_name == BF16 else quant_gemm.tiles_from(type_name) or NEVER
+
+
+def _amx_from(type_name: str, allowed: bool) -> int:
+    """The fewest rows from which a linear takes the AMX tiles instead (NEVER: not allowed, or no tiles here)."""
+    if not allowed or not amx():
+        return NEVER
+    if type_name == BF16:
+        return 1
+    # as quant_gemm.choose_path sends the linear's own rows there
+    return quant_gemm.AMX_MIN_ROWS if quant_amx.reads(type_name) and quant_amx.available() else NEVER
 
 
 class DecodeStepTable:
@@ -142,6 +150,7 @@ class DecodeStepTable:
                 c.type[i] = _blocks(blocks, type_name, *dims[name], f"layer {n} {name}")
                 c.weight[i] = blocks.data_ptr()
                 c.tiles_from[i] = _tiles_from(type_name)
+                c.amx_from[i] = _amx_from(type_name, layer.amx[i])
             bias = layer.qkv_bias
             c.qkv_bias = None if bias is None else _fp32(bias, (q + 2 * kv,), f"layer {n} qkv bias").data_ptr()
             c.input_norm = _fp32(layer.input_norm, (s.hidden,), f"layer {n} input norm").data_ptr()
@@ -158,8 +167,8 @@ class DecodeStepTable:
                             _fp32(final_norm, (s.hidden,), "final norm").data_ptr(),
                             _fp32(cos_table, (positions, s.head_dim // 2), "rope cos").data_ptr(),
                             _fp32(sin_table, (positions, s.head_dim // 2), "rope sin").data_ptr())
-        self.max_rows = self.lib.decode_step_max_rows(all(c.tiles_from[i] < NEVER for c in self.c_layers
-                                                              for i in range(len(LINEARS))))
+        self.max_rows = self.lib.decode_step_max_rows(all(min(c.tiles_from[i], c.amx_from[i]) < NEVER
+                                                              for c in self.c_layers for i in range(len(LINEARS))))
 
     def run(self, x: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, tables: DecodeTables,
             threads: int) -> torch.Tensor:

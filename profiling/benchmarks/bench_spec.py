@@ -1,7 +1,9 @@
 """Speculative decoding on the default model, off against on, in one run (each pair alternated, --reps times):
 
  chat      held-out chat prompts (none of runtime/spec/prompts.py's topics), T=0 and T=0.7: the trained heads
-           (--speculative medusa and eagle) against no speculation; greedy output must be identical;
+           (--speculative medusa and eagle) against no speculation; greedy output is compared (identical by
+           contract under --deterministic; without it, on CPUs with AMX a step of 32 rows or more takes the
+           AMX tiles, which round otherwise than the int8 routes, so batch 8's verify steps may differ);
  T=1       the same prompts at temperature 1: what speculation costs where it does not pay (the per-request
            throttle turns it down; target >= 0.95x of off);
  agentic   copy-heavy traffic: a tool call's JSON echoed back with one field changed, a code edit returning

@@ -36,13 +36,13 @@ class BlockQuantLinear:
         return self._rows(rows, leading_decode_rows(rows.shape[0])).reshape(*x.shape[:-1], -1)
 
     def _rows(self, rows: torch.Tensor, decode: int) -> torch.Tensor:
-        """The product, its leading `decode` rows (step_rows.py) on a route that gives a row the same bits
-        in any company, as --deterministic keeps every row; the other rows choose by their own count."""
+        """The product, its leading `decode` rows (step_rows.py) on the route their own count picks, the other rows
+        on theirs; under --deterministic every row on a route that gives it the same bits in any company."""
         m = rows.shape[0]
-        if not self.allow_dequant or decode == m:
+        if not self.allow_dequant:
             return quant_linear(rows, self.blocks, self.type_name, self.bias,
                                 choose_path(self.type_name, m, allow_dequant=False))
-        if decode and choose_path(self.type_name, m) in ROUNDS_BY_COMPANY:
+        if decode and decode < m and choose_path(self.type_name, m) in ROUNDS_BY_COMPANY:
             return self._split(rows, decode, joined=False)
         return quant_linear(rows, self.blocks, self.type_name, self.bias)
 

@@ -23,16 +23,16 @@ def _layer_tensors(layer, caches: tuple[torch.Tensor, torch.Tensor]) -> decode_s
     linears = layer.linears()
     if not all(type(linear) in (BlockQuantLinear, Bf16Linear) for linear in linears):
         return None
-    weights = tuple((linear.weight, _bf16_type(linear)) if type(linear) is Bf16Linear
+    weights = tuple((linear.weight, decode_step.BF16) if type(linear) is Bf16Linear
                     else (linear.blocks, linear.type_name) for linear in linears)
-    return decode_step.LayerTensors(weights, layer.qkv.bias,
-                                    layer.input_norm.data, layer.post_norm.data, *caches, layer.kv_scales)
+    return decode_step.LayerTensors(weights, layer.qkv.bias, layer.input_norm.data, layer.post_norm.data, *caches,
+                                    layer.kv_scales, tuple(_may_take_amx(linear) for linear in linears))
 
 
-def _bf16_type(linear: Bf16Linear) -> str:
-    """BF16_AMX where the step may take the AMX tiles past the GEMV's rows, as the linear itself does from
-    bf16_gemm.AMX_MIN_ROWS; BF16 (one summation order at every row count) for a batch-invariant linear."""
-    return decode_step.BF16 if linear.invariant else decode_step.BF16_AMX
+def _may_take_amx(linear: Bf16Linear | BlockQuantLinear) -> bool:
+    """Whether the step may run this linear on the AMX tiles past the GEMV's rows, as the linear itself does from
+    its AMX_MIN_ROWS; not a batch-invariant one (--deterministic: one summation order at every row count)."""
+    return not linear.invariant if type(linear) is Bf16Linear else linear.allow_dequant
 
 
 class CpuDecodeStep:

@@ -1,6 +1,6 @@
-"""The step's decode rows, for kernels that route by row count: a decode or verify row's logits must not
-depend on its company (greedy speculation = no speculation). The AMX tiles round otherwise
-(quant_gemm.choose_path), so a linear sends these rows, which lead the step, down the decode route."""
+"""The step's decode rows, which lead it, for kernels that route by row count: a linear sends them down the route
+their own count picks, so a decode or verify row's logits do not depend on the prefill rows beside it (the AMX
+tiles round otherwise, quant_gemm.choose_path); --deterministic keeps one route at every count (greedy = no spec)."""
 from __future__ import annotations
 
 import contextlib

@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "amx/bf16_panels.h"
+#include "amx/quant_panels.h"
 #include "attention_rows.h"
 #include "bf16_dot.h"
 #include "fused_rows.h"
@@ -38,6 +39,9 @@ typedef struct { /* one decoder layer, as decode_step.py's DecodeLayer */
     int32_t type[4];          /* Q4_0 / Q4_1 / Q8_0 (or grouped: row_groups.h) / BF16 */
     int64_t tiles_from[4];    /* the fewest rows the linear's tiles GEMM serves (quant_gemm.py's TILES_ROWS); larger
                                  than MAX_ROWS: it has none, and steps stop at GEMV_ROWS rows */
+    int64_t amx_from[4];      /* the fewest rows (past GEMV_ROWS) from which it takes the AMX tiles instead (bf16
+                                 pairs: bf16 weights, or grouped blocks dequantized a panel at a time); larger than
+                                 MAX_ROWS: never */
     const float *qkv_bias;    /* NULL: none */
     const float *input_norm, *post_norm;
     void *k_cache, *v_cache;  /* [num_blocks, block_size, kv_heads, head_dim] of the model's kv_kind */
@@ -59,7 +63,7 @@ typedef struct { /* the step's activations, one allocation */
     uint16_t *xb; /* a bf16 linear's input */
     int32_t *corr; /* the tiles GEMM's Q8_0 block sums */
     uint16_t *xt;  /* a bf16 linear's input as the AMX tiles read it (past GEMV_ROWS rows; NULL: none) */
-    int *amx_failed; /* shared: an AMX product could not allocate its buffers, so bf16 linears take the GEMV */
+    int *amx_failed; /* shared: an AMX product could not allocate its buffers (bf16 linears then take the GEMV) */
 } Work;
 
 /* The most rows a step takes: every linear on the tiles GEMM or the AMX tiles for many rows (all_tiles), else
@@ -116,33 +120,42 @@ static void gemv(const uint8_t *w, int type, const Work *wk, const float *bias, 
     }
 }
 
-/* A bf16 linear past GEMV_ROWS rows: the AMX tiles (amx_tiles.h, the per-op route's product, so a row gets
- * the bits bf16_linear's AMX route gives it), or the GEMV where their buffers could not be had. */
-static void bf16_team(const uint8_t *w, const Work *wk, const float *bias, float *y, int64_t m, int64_t n, int64_t k) {
+/* Whether linear i takes the AMX tiles for m rows (its input then bf16 rows, as for a bf16 weight's GEMV). */
+static int on_amx(const DecodeLayer *L, int i, int64_t m) { return m > GEMV_ROWS && m >= L->amx_from[i]; }
+
+/* Whether linear i reads its input as bf16 rows (wk->xb) rather than q8 blocks. */
+static int reads_bf16(const DecodeLayer *L, int i, int64_t m) { return L->type[i] == BF16 || on_amx(L, i, m); }
+
+/* A linear on the AMX tiles (amx_tiles.h, the per-op route's product: bf16_linear's for bf16 weights, quant_amx's
+ * for grouped blocks, so a row gets the bits that route gives it). Where their buffers could not be had, a bf16
+ * weight takes the GEMV; grouped blocks leave *wk->amx_failed set and the step reports out of memory. */
+static void amx_team(const uint8_t *w, int type, const Work *wk, const float *bias, float *y, int64_t m, int64_t n,
+                     int64_t k) {
 #if defined(CPU_AMX)
     const Bf16Weight bw = {(const uint16_t *)w, n, k};
-    amx_gemm_team(NULL, wk->xb, m, k, pack_bf16_panel, &bw, bias, y, n, 0, wk->xt, wk->amx_failed);
+    const GroupedWeight gw = {w, n, k, BASE_TYPE(type)};
+    if (type == BF16) amx_gemm_team(NULL, wk->xb, m, k, pack_bf16_panel, &bw, bias, y, n, 0, wk->xt, wk->amx_failed);
+    else amx_gemm_team(NULL, wk->xb, m, k, pack_quant_panel, &gw, bias, y, n, 0, wk->xt, wk->amx_failed);
 #pragma omp barrier
     if (!*wk->amx_failed) return;
 #endif
-    gemv_bf16((const uint16_t *)w, wk, bias, y, m, n, k);
+    if (type == BF16) gemv_bf16((const uint16_t *)w, wk, bias, y, m, n, k); /* (check_step: AMX builds only) */
 }
 
 /* Linear i of layer L: the GEMV up to GEMV_ROWS rows (faster here than the tiles, whose panels each task packs
- * anew: 14.9 vs 18.3 ms a step at 8 rows, 25.5 vs 26.5 at 16), past them the tiles GEMM, or for bf16 weights the
- * AMX tiles (check_step: every linear has its route then); the GEMV and the tiles give a row the same bits
+ * anew: 14.9 vs 18.3 ms a step at 8 rows, 25.5 vs 26.5 at 16), past them the AMX tiles from its amx_from rows, else
+ * the tiles GEMM (check_step: every linear has its route then); the GEMV and the tiles give a row the same bits
  * (quant_tiles.h). panel: this thread's tiles panel. */
 static void linear(const DecodeLayer *L, int i, const Work *wk, const float *bias, float *y, int64_t m, int64_t n,
                    int64_t k, uint8_t *panel) {
     if (m <= GEMV_ROWS) gemv(L->weight[i], L->type[i], wk, bias, y, m, n, k);
-    else if (L->type[i] == BF16) bf16_team(L->weight[i], wk, bias, y, m, n, k);
+    else if (on_amx(L, i, m)) amx_team(L->weight[i], L->type[i], wk, bias, y, m, n, k);
     else tiles_team(L->weight[i], L->type[i], wk->q8, wk->d, wk->s, wk->corr, bias, y, m, n, k, panel);
 }
 
-/* x [m, k] as the linear of weight type `type` reads it: q8 blocks, or bf16 rows for a BF16 weight;
- * blocks (rows) split over the team. */
-static void quantize(const float *x, int type, const Work *wk, int64_t m, int64_t k) {
-    if (type == BF16) {
+/* x [m, k] as a linear reads it: bf16 rows (bf16: reads_bf16), else q8 blocks; blocks (rows) split over the team. */
+static void quantize(const float *x, int bf16, const Work *wk, int64_t m, int64_t k) {
+    if (bf16) {
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < m; r++) to_bf16_row(x + r * k, wk->xb + r * k, k);
         return;
@@ -151,8 +164,8 @@ static void quantize(const float *x, int type, const Work *wk, int64_t m, int64_
     for (int64_t i = 0; i < m * (k / QK); i++) quantize_block_q8(x + i * QK, wk->q8 + i * QK, wk->d + i, wk->s + i);
 }
 
-/* res = x + res (x alone at the first layer), h = rms_norm(res) * w, then h as a `type` linear reads it. */
-static void norm_and_quantize(const DecodeModel *md, const float *x, const float *w, int first, int type,
+/* res = x + res (x alone at the first layer), h = rms_norm(res) * w, then h as its linear reads it (quantize). */
+static void norm_and_quantize(const DecodeModel *md, const float *x, const float *w, int first, int bf16,
                               const Work *wk, int64_t m) {
     const int64_t dim = md->hidden;
 #pragma omp for schedule(static)
@@ -161,7 +174,7 @@ static void norm_and_quantize(const DecodeModel *md, const float *x, const float
                          md->eps);
         if (first) memcpy(wk->res + r * dim, x + r * dim, sizeof(float) * dim);
     }
-    quantize(wk->h, type, wk, m, dim);
+    quantize(wk->h, bf16, wk, m, dim);
 }
 
 /* RoPE on q and k of each row, then k and v into the layer's cache at the row's slot. */
@@ -195,15 +208,16 @@ static void attend(const DecodeModel *md, const DecodeLayer *L, const Work *wk, 
         merge_pair(pair, parts, lens, max_chunks, g_n, hkv, d, bs, wk->attn, md->heads * d);
 }
 
-/* act = silu(gate) * up, quantized block by block, or rounded to bf16 for a BF16 down (act itself is never stored). */
-static void silu_mul_quantize(const DecodeModel *md, int type, const Work *wk, int64_t m) {
+/* act = silu(gate) * up, quantized block by block, or rounded to bf16 for a down that reads bf16 (act itself is
+ * never stored). */
+static void silu_mul_quantize(const DecodeModel *md, int bf16, const Work *wk, int64_t m) {
     const int64_t inter = md->inter, nb = inter / QK;
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < m * nb; i++) {
         const float *g = wk->gate_up + (i / nb) * 2 * inter + (i % nb) * QK;
         float act[QK];
         silu_mul_row(g, g + inter, act, QK);
-        if (type == BF16)
+        if (bf16)
             to_bf16_row(act, wk->xb + i * QK, QK);
         else
             quantize_block_q8(act, wk->q8 + i * QK, wk->d + i, wk->s + i);
@@ -214,23 +228,35 @@ static void layer_step(const DecodeModel *md, const DecodeLayer *L, int first, f
                        const int64_t *positions, const int64_t *slots, const int32_t *tables, int64_t max_blocks,
                        const int32_t *lens, int64_t max_chunks, float *scratch, uint8_t *panel) {
     const int64_t h = md->hidden, q_size = md->heads * md->head_dim, kv = md->kv_heads * md->head_dim;
-    norm_and_quantize(md, x, L->input_norm, first, L->type[QKV], wk, m);
+    norm_and_quantize(md, x, L->input_norm, first, reads_bf16(L, QKV, m), wk, m);
     linear(L, QKV, wk, L->qkv_bias, wk->qkv, m, q_size + 2 * kv, h, panel);
     rope_and_write_kv(md, L, wk, m, positions, slots);
     attend(md, L, wk, m, tables, max_blocks, lens, max_chunks, wk->parts, scratch);
-    quantize(wk->attn, L->type[O_PROJ], wk, m, q_size);
+    quantize(wk->attn, reads_bf16(L, O_PROJ, m), wk, m, q_size);
     linear(L, O_PROJ, wk, NULL, x, m, h, q_size, panel);
-    norm_and_quantize(md, x, L->post_norm, 0, L->type[GATE_UP], wk, m);
+    norm_and_quantize(md, x, L->post_norm, 0, reads_bf16(L, GATE_UP, m), wk, m);
     linear(L, GATE_UP, wk, NULL, wk->gate_up, m, 2 * md->inter, h, panel);
-    silu_mul_quantize(md, L->type[DOWN], wk, m);
+    silu_mul_quantize(md, reads_bf16(L, DOWN, m), wk, m);
     linear(L, DOWN, wk, NULL, x, m, h, md->inter, panel);
 }
 
-/* Whether a linear of this weight type serves more than GEMV_ROWS rows: the tiles GEMM reads its blocks, or
- * (bf16) this build and process have the AMX tiles. */
-static int many_rows_read(int type) { return type == BF16 ? amx_usable() : tiles_read(type); }
+/* Whether linear i serves m rows past GEMV_ROWS: on the AMX tiles from its amx_from (where this build and process
+ * have them, for bf16 weights or grouped blocks), else on the tiles GEMM from its tiles_from. */
+static int serves(const DecodeLayer *L, int i, int64_t m) {
+    if (m >= L->amx_from[i])
+        return amx_usable() && (L->type[i] == BF16 || (IS_GROUPED(L->type[i]) && BASE_TYPE(L->type[i]) <= Q8_0));
+    return L->type[i] != BF16 && L->tiles_from[i] <= m && tiles_read(L->type[i]);
+}
 
-/* 1 where a bf16 linear can take the AMX tiles past GEMV_ROWS rows in this process (decode_step.py asks). */
+/* Whether some block-quantized linear takes the AMX tiles for m rows (which has no fallback when they fail). */
+static int blocks_on_amx(const DecodeModel *md, int64_t m) {
+    for (int64_t l = 0; l < md->num_layers; l++)
+        for (int i = 0; i < 4; i++)
+            if (md->layers[l].type[i] != BF16 && on_amx(&md->layers[l], i, m)) return 1;
+    return 0;
+}
+
+/* 1 where a linear can take the AMX tiles past GEMV_ROWS rows in this process (decode_step.py asks). */
 int decode_step_amx(void) { return amx_usable(); }
 
 /* Inputs the C code would otherwise read out of bounds: 0 when all are in range. */
@@ -239,7 +265,7 @@ static int check_step(const DecodeModel *md, int64_t m, const int64_t *positions
     if (m < 1 || m > MAX_ROWS || !kv_kind_known(md->kv_kind)) return 1;
     for (int64_t l = 0; m > GEMV_ROWS && l < md->num_layers; l++)
         for (int i = 0; i < 4; i++)
-            if (md->layers[l].tiles_from[i] > m || !many_rows_read(md->layers[l].type[i])) return 1;
+            if (!serves(&md->layers[l], i, m)) return 1;
     for (int64_t r = 0; r < m; r++)
         if (positions[r] < 0 || positions[r] >= md->max_positions || slots[r] < 0
             || slots[r] >= md->num_blocks * md->block_size || lens[r] < 1 || lens[r] > max_blocks * md->block_size)
@@ -282,6 +308,10 @@ int decode_step_f32(const DecodeModel *md, float *x, float *out, int64_t m, cons
         wk.xt = aligned_alloc(64, sizeof(uint16_t) * (size_t)(mp * kp));
         amx_failed = wk.xt == NULL;
     }
+    if (amx_failed && blocks_on_amx(md, m)) {
+        free(buf);
+        return 2;
+    }
 #pragma omp parallel num_threads(nthreads)
     {
         /* the attention's scores for one chunk, then a bf16 or 8-bit cache's stage of block_size rows */
@@ -305,7 +335,7 @@ int decode_step_f32(const DecodeModel *md, float *x, float *out, int64_t m, cons
     }
     free(buf);
     free(wk.xt);
-    return failed ? 2 : 0;
+    return failed || (amx_failed && blocks_on_amx(md, m)) ? 2 : 0;
 }
 
 /* The SIMD route this library was built for (isa.h), so tests and benchmarks can say which ran. */

@@ -175,13 +175,28 @@ def assert_40_rows_match(make_runner, fused_steps, fused_here: bool) -> None:
         assert torch.equal(k, k2) and torch.equal(v, v2)
 
 
+@pytest.mark.parametrize("deterministic", [False, True])
 @pytest.mark.parametrize("quantization", ["q4", "int8"])
-def test_many_rows_take_the_fused_step_on_the_tiles_gemm(quantization, fused_steps, cpu_route):
-    """More rows than the GEMV serves: each linear takes the tiles GEMM inside the step (the GEMV's integer sums
-    and float order, quant_tiles.h), so a 40-row decode-only step matches the per-layer path as a 3-row one
-    does; where the route has no tiles GEMM (portable C) the step leaves such rows to the per-layer path."""
-    assert_40_rows_match(lambda fused: tiny_runner(quantization, fused=fused), fused_steps,
-                         quant_gemm.tiles_from("Q4_1") is not None)
+def test_many_rows_take_the_fused_step_on_the_linears_own_route(quantization, deterministic, fused_steps, cpu_route):
+    """More rows than the GEMV serves: each linear takes, inside the step, the route the per-layer linear takes for
+    that many rows: where the process has the AMX tiles, from quant_gemm.AMX_MIN_ROWS on, the grouped blocks
+    dequantized to bf16 a panel at a time (quant_amx's product); else, and under --deterministic at every count, the
+    tiles GEMM (the GEMV's integer sums and float order, quant_tiles.h). So a 40-row decode-only step matches the
+    per-layer path as a 3-row one does; where the route has no tiles GEMM (portable C) the step leaves such rows to
+    the per-layer path. (deterministic: the linears as batch_invariant.py leaves them.)"""
+    made = []
+
+    def make(fused: bool):
+        made.append(tiny_runner(quantization, fused=fused))
+        for linear in block_linears(made[-1]):
+            linear.allow_dequant = not deterministic
+        return made[-1]
+
+    assert_40_rows_match(make, fused_steps, quant_gemm.tiles_from("Q4_1") is not None)
+    if fused_steps:
+        layers = made[0].model.decode_step._table.c_layers
+        on_amx = [layer.amx_from[i] <= 40 for layer in layers for i in range(len(ds.LINEARS))]
+        assert all(on_amx) if ds.amx() and not deterministic else not any(on_amx)
 
 
 def test_many_rows_over_bf16_weights_take_the_fused_step_on_the_amx_tiles(fused_steps, cpu_route):

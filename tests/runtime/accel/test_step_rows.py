@@ -1,5 +1,6 @@
-"""Decode rows keep their bits whatever shares the step (runtime/model/step_rows.py), also where prefill
-rows take a route that rounds otherwise (the AMX tiles, emulated here so that every host runs this)."""
+"""Decode rows keep their bits whatever prefill rows share the step, and under --deterministic whatever shares
+it (runtime/model/step_rows.py), also where rows take a route that rounds otherwise (the AMX tiles, emulated
+here so that every host runs this)."""
 import pytest
 import torch
 
@@ -23,7 +24,10 @@ def amx(monkeypatch):
     return linear
 
 
-def test_decode_rows_take_the_lone_row_route_and_the_rest_choose_by_their_own_count(amx):
+def test_decode_rows_choose_their_route_by_their_own_count(amx):
+    """Decode rows take the route of their own count, whatever prefill rows share the call: 8 of them the
+    lone-row int8 route beside 40 prefill rows on the tiles, 48 the tiles; --deterministic (allow_dequant off) keeps
+    every row on the int8 routes at any count."""
     x = torch.randn(48, 64, generator=torch.Generator().manual_seed(1))
     alone = torch.cat([amx(x[i:i + 1]) for i in range(8)])
     with decode_rows(8):
@@ -32,21 +36,37 @@ def test_decode_rows_take_the_lone_row_route_and_the_rest_choose_by_their_own_co
     assert torch.equal(mixed[:8], alone) and torch.equal(short[:8], alone)
     assert torch.equal(mixed[8:], emulated_amx_linear(x[8:], amx.blocks, amx.type_name, None, 1))
     assert torch.equal(short[8:], amx(x[8:30]))
-    assert torch.equal(amx(x), emulated_amx_linear(x, amx.blocks, amx.type_name, None, 1))  # no step: by count
-    assert not torch.equal(amx(x)[:8], alone)  # the emulated tiles do round otherwise
+    by_count = emulated_amx_linear(x, amx.blocks, amx.type_name, None, 1)
+    assert torch.equal(amx(x), by_count)  # no step: by count
+    assert not torch.equal(by_count[:8], alone)  # the emulated tiles do round otherwise
     with decode_rows(48):
+        assert torch.equal(amx(x), by_count)
+        amx.allow_dequant = False
         assert torch.equal(amx(x)[:8], alone)
 
 
-def test_a_verify_chunks_logits_do_not_depend_on_what_shares_its_step(amx):
-    """8 chunks of 5 tokens to verify (all sampled: decode rows) make 40 rows, past AMX_MIN_ROWS; beside
-    them a 33-token prefill chunk. Each verify chunk's logits are those it gets alone (5 rows). A vocabulary
-    of whole 8-row groups, so the LM head could take the tiles too."""
+def verify_and_prefill(deterministic: bool):
+    """A q4 runner (a vocabulary of whole 8-row groups, so the LM head could take the tiles too), 8 chunks of 5
+    tokens to verify (all sampled: decode rows, 40 in all, past AMX_MIN_ROWS) and a 33-token prefill chunk."""
     cfg, tensors = tiny_weights(vocab_size=264)
-    runner, _ = make_runner(cfg, tensors, 4 << 20, backend="torch", quantization="q4")
+    runner, _ = make_runner(cfg, tensors, 4 << 20, backend="torch", quantization="q4", deterministic=deterministic)
     g = torch.Generator().manual_seed(2)
     verify = [SeqChunk(torch.randint(0, 200, (5,), generator=g).tolist(), 0, [i], num_logits=5) for i in range(8)]
     prefill = SeqChunk(torch.randint(0, 200, (33,), generator=g).tolist(), 0, [8, 9, 10], num_logits=1)
+    return runner, verify, prefill
+
+
+def test_a_verify_chunks_logits_do_not_depend_on_the_prefill_beside_it(amx):
+    """The 40 verify rows take the tiles by their count, with or without a prefill chunk in their step."""
+    runner, verify, prefill = verify_and_prefill(deterministic=False)
+    together = runner.run(verify)
+    assert torch.equal(runner.run([prefill, *verify])[1:], together)
+    assert not torch.equal(together, torch.cat([runner.run([c]) for c in verify]))  # alone: 5 rows, the int8 GEMM
+
+
+def test_under_deterministic_a_verify_chunks_logits_do_not_depend_on_what_shares_its_step(amx):
+    """--deterministic: each verify chunk's logits are those it gets alone (greedy speculation = no speculation)."""
+    runner, verify, prefill = verify_and_prefill(deterministic=True)
     alone = torch.cat([runner.run([c]) for c in verify])
     assert torch.equal(runner.run(verify), alone)
     assert torch.equal(runner.run([prefill, *verify])[1:], alone)
