@@ -89,10 +89,14 @@ static void tiles_softmax(TileScratch *w, const float *s, int64_t t0, int64_t d,
     const __m512i pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
                                            21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     __m512 old[2], mx[2], alpha[2], sum[2];
-    for (int h = 0; h < 2; h++) {
-        old[h] = _mm512_loadu_ps(w->mx + 16 * h), mx[h] = old[h], sum[h] = _mm512_setzero_ps();
-        for (int64_t t = 0; t < TKB; t++)
-            mx[h] = _mm512_mask_max_ps(mx[h], tiles_visible(lim[h], t0 + t, masked), mx[h], _mm512_loadu_ps(s + t * TV + 16 * h));
+    for (int h = 0; h < 2; h++) { /* the max over four chains (one chain waits out each max's latency): exact */
+        old[h] = _mm512_loadu_ps(w->mx + 16 * h), sum[h] = _mm512_setzero_ps();
+        __m512 m4[4] = {old[h], old[h], old[h], old[h]};
+        for (int64_t t = 0; t < TKB; t += 4)
+            for (int u = 0; u < 4; u++)
+                m4[u] = _mm512_mask_max_ps(m4[u], tiles_visible(lim[h], t0 + t + u, masked), m4[u],
+                                           _mm512_loadu_ps(s + (t + u) * TV + 16 * h));
+        mx[h] = _mm512_max_ps(_mm512_max_ps(m4[0], m4[1]), _mm512_max_ps(m4[2], m4[3]));
         alpha[h] = exp2_ps(_mm512_sub_ps(old[h], mx[h]));
     }
     for (int64_t t = 0; t < TKB; t += 2)
@@ -118,7 +122,7 @@ static void tiles_softmax(TileScratch *w, const float *s, int64_t t0, int64_t d,
 }
 
 /* Q^T of the task's vectors (scaled by scale * log2 e, bf16), their limits, the state cleared. */
-static void tiles_start(const Problem *p, const Task *task, TileScratch *w, float *scaled) {
+static void tiles_start(const Problem *p, const Task *task, TileScratch *w) {
     const int64_t b = task->b, kvh = task->kvh, r0 = task->r0, g = p->g, d = p->d, dch = d / 32;
     const int64_t q_len = p->cu_q[b + 1] - p->cu_q[b], k_len = keys_of(p, b), nvec = (task->r1 - r0) * g;
     const int64_t pos0 = k_len - q_len + r0;
@@ -129,19 +133,23 @@ static void tiles_start(const Problem *p, const Task *task, TileScratch *w, floa
         w->limit[m] = (int32_t)(p->causal ? pos0 + row + 1 : k_len);
         w->mx[m] = NEG, w->l[m] = 0.f;
         const float *qm = m < nvec ? p->q + ((p->cu_q[b] + r0 + m / g) * p->heads + kvh * g + m % g) * d : NULL;
-        for (int64_t i = 0; i < d; i++) scaled[i] = m < nvec ? p->scale * LOG2E * qm[i] : 0.f;
-        for (int64_t c = 0; c < dch; c++)
-            _mm512_i32scatter_epi32(w->qt + (m / 16 * dch + c) * 256 + m % 16, rows, bf16_pairs(scaled + 32 * c), 4);
+        const __m512 f = _mm512_set1_ps(p->scale * LOG2E); /* in registers: no stores for the scatter to wait on */
+        for (int64_t c = 0; c < dch; c++) {
+            const __m512i pairs = qm == NULL ? _mm512_setzero_si512()
+                : (__m512i)_mm512_cvtne2ps_pbh(_mm512_mul_ps(f, _mm512_loadu_ps(qm + 32 * c + 16)),
+                                               _mm512_mul_ps(f, _mm512_loadu_ps(qm + 32 * c)));
+            _mm512_i32scatter_epi32(w->qt + (m / 16 * dch + c) * 256 + m % 16, rows, pairs, 4);
+        }
     }
     memset(w->ot, 0, sizeof(float) * TV * d);
 }
 
-static void tiles_task(const TilePacks *pk, const Task *task, TileScratch *w, float *scaled) {
+static void tiles_task(const TilePacks *pk, const Task *task, TileScratch *w) {
     const Problem *p = pk->p;
     const int64_t b = task->b, kvh = task->kvh, r0 = task->r0, g = p->g, d = p->d;
     const int64_t q_len = p->cu_q[b + 1] - p->cu_q[b], k_len = keys_of(p, b), nvec = (task->r1 - r0) * g;
     const int64_t key_end = p->causal ? k_len - q_len + task->r1 : k_len, blocks = (key_end + TKB - 1) / TKB;
-    tiles_start(p, task, w, scaled);
+    tiles_start(p, task, w);
     const uint16_t *base = pk->packs + pk->pack_at[b * p->hkv + kvh] * 2 * TKB * d;
     /* the next block's scores go to the tiles before this block's softmax, so the two overlap */
     tiles_scores(w, w->s, base, d);
@@ -173,10 +181,10 @@ static int run_tiles(const Problem *p, int64_t batch) {
 #pragma omp parallel
         {
             TileScratch w;
-            float *stage = malloc(sizeof(float) * 2 * T_MAX_D), *scaled = malloc(sizeof(float) * T_MAX_D);
+            float *stage = malloc(sizeof(float) * 2 * T_MAX_D);
             w.qt = aligned_alloc(64, 4 * 2 * T_MAX_D / 32 * 256), w.s = aligned_alloc(64, 4 * 2 * TKB * TV);
             w.pt = aligned_alloc(64, 4 * 4 * 256), w.ot = aligned_alloc(64, 4 * TV * T_MAX_D);
-            const int ok = stage != NULL && scaled != NULL && w.qt != NULL && w.s != NULL && w.pt != NULL && w.ot != NULL;
+            const int ok = stage != NULL && w.qt != NULL && w.s != NULL && w.pt != NULL && w.ot != NULL;
             if (!ok) {
 #pragma omp atomic write
                 status = 2;
@@ -189,9 +197,9 @@ static int run_tiles(const Problem *p, int64_t batch) {
             if (ok) amx_configure();
 #pragma omp for schedule(dynamic, 1)
             for (int64_t i = 0; i < num_tasks; i++)
-                if (ok) tiles_task(&pk, &tasks[i], &w, scaled);
+                if (ok) tiles_task(&pk, &tasks[i], &w);
             if (ok) _tile_release();
-            free(stage), free(scaled), free(w.qt), free(w.s), free(w.pt), free(w.ot);
+            free(stage), free(w.qt), free(w.s), free(w.pt), free(w.ot);
         }
     }
     free(pack_at), free(tasks);
