@@ -27,8 +27,9 @@ NEVER = 1 << 62  # a linear's tiles_from / amx_from where it has no such route
 
 
 class _Layer(ctypes.Structure):
-    _fields_ = [("weight", _P * 4), ("type", ctypes.c_int32 * 4), ("tiles_from", _I * 4), ("amx_from", _I * 4), ("qkv_bias", _P), ("input_norm", _P),
-                ("post_norm", _P), ("k_cache", _P), ("v_cache", _P), ("k_scale", _P), ("v_scale", _P)]
+    _fields_ = [("weight", _P * 4), ("type", ctypes.c_int32 * 4), ("tiles_from", _I * 4), ("amx_from", _I * 4),
+                ("qkv_bias", _P), ("input_norm", _P), ("post_norm", _P), ("k_cache", _P), ("v_cache", _P),
+                ("k_scale", _P), ("v_scale", _P)]
 
 
 class _Model(ctypes.Structure):
