@@ -12,6 +12,7 @@ from collections.abc import Callable
 import torch
 
 from cute_kernels.kv_quant import is_quantized
+from runtime.accel.block_linear import hand_glu_rows_to_down
 from runtime.accel.cuda_graphs import GraphedRunner, uses_graphs
 from runtime.accel.host_allocator import tune_host_allocator
 from runtime.accel.kv_scales import KVScaleSource, calibration_ids, pop_kv_scales, set_kv_scales
@@ -196,6 +197,7 @@ def make_runner(cfg: ModelConfig, tensors: dict[str, torch.Tensor], kv_budget_by
     attention = select_backend(backend, device, dtype)
     attention.batch_invariant = deterministic
     model = build_model(cfg, tensors, attention, device, dtype, linears)
+    hand_glu_rows_to_down(model.layers)
     if is_quantized(kv_dtype):
         set_kv_scales(model, kv_dtype, kv_scale_source, checkpoint_scales, device)
     budget = kv_budget_bytes() if callable(kv_budget_bytes) else kv_budget_bytes

@@ -14,9 +14,11 @@ def emulated_amx_linear(x: torch.Tensor, blocks: torch.Tensor, type_name: str, b
 
 
 def emulated_amx_glu(x: torch.Tensor, blocks: torch.Tensor, type_name: str, threads: int,
-                     out: torch.Tensor | None = None) -> torch.Tensor:
-    """The AMX gate/up pass: emulated_amx_linear's product, then the C silu_and_mul (the kernel's epilogue)."""
-    return _into(out, fused_ops.silu_and_mul(emulated_amx_linear(x, blocks, type_name, None, threads)))
+                     out: torch.Tensor | None = None, bf16: bool = False) -> torch.Tensor:
+    """The AMX gate/up pass: emulated_amx_linear's product, then the C silu_and_mul (the kernel's epilogue),
+    rounded to bf16 where asked (as the kernel rounds it for the next linear)."""
+    y = fused_ops.silu_and_mul(emulated_amx_linear(x, blocks, type_name, None, threads))
+    return y.bfloat16() if bf16 else _into(out, y)
 
 
 def _into(out: torch.Tensor | None, y: torch.Tensor) -> torch.Tensor:

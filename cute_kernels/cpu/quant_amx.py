@@ -18,8 +18,8 @@ _P, _I, _C = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 
 def _library() -> tuple[ctypes.CDLL | None, str | None]:
     return build.load_with_signatures("cpu_quant_amx", {
-        "quant_linear_amx": ([_P, _P, _C, _P, _P, _I, _I, _I, _C], _C),
-        "quant_glu_amx": ([_P, _P, _C, _P, _I, _I, _I, _C], _C),
+        "quant_linear_amx": ([_P, _P, _P, _C, _P, _P, _I, _I, _I, _C], _C),
+        "quant_glu_amx": ([_P, _P, _C, _P, _I, _I, _I, _C, _C], _C),
         "amx_available": ([], _C)})
 
 
@@ -41,10 +41,13 @@ def reads(type_name: str) -> bool:
 def amx_linear(x: torch.Tensor, blocks: torch.Tensor, type_name: str, bias: torch.Tensor | None,
                threads: int, out: torch.Tensor | None = None) -> torch.Tensor:
     """x [rows, k] float32 contiguous @ W^T (+ bias, float32 contiguous) for a grouped weight's blocks; into out
-    (contiguous float32 [rows, n], e.g. a row slice of a larger output) where given."""
+    (contiguous float32 [rows, n], e.g. a row slice of a larger output) where given. x may be bfloat16 (contiguous):
+    rows already rounded, as amx_glu(..., bf16=True) leaves them, which the kernel then reads as they are."""
     m, k = x.shape
     y = _output(out, m, blocks.shape[0])
-    rc = _library()[0].quant_linear_amx(x.data_ptr(), blocks.data_ptr(), TYPE_IDS[type_name],
+    rounded = x.dtype == torch.bfloat16
+    rc = _library()[0].quant_linear_amx(None if rounded else x.data_ptr(), x.data_ptr() if rounded else None,
+                                        blocks.data_ptr(), TYPE_IDS[type_name],
                                         None if bias is None else bias.data_ptr(), y.data_ptr(), m,
                                         blocks.shape[0], k, threads)
     _check(rc, type_name, blocks)
@@ -52,14 +55,15 @@ def amx_linear(x: torch.Tensor, blocks: torch.Tensor, type_name: str, bias: torc
 
 
 def amx_glu(x: torch.Tensor, blocks: torch.Tensor, type_name: str, threads: int,
-            out: torch.Tensor | None = None) -> torch.Tensor:
+            out: torch.Tensor | None = None, bf16: bool = False) -> torch.Tensor:
     """silu(x W_gate^T) * (x W_up^T) [rows, inter] for a fused gate/up weight's grouped blocks (2 * inter rows, gate
     first; inter a multiple of 32), x [rows, k] float32 contiguous: amx_linear and silu_and_mul in one pass, the
-    same bits, without the [rows, 2 * inter] product in memory; into out as amx_linear."""
+    same bits, without the [rows, 2 * inter] product in memory; into out as amx_linear. bf16: the result as
+    bfloat16, rounded as amx_linear would round it for the next linear (half the bytes, and no rounding pass there)."""
     m, k = x.shape
-    y = _output(out, m, blocks.shape[0] // 2)
+    y = torch.empty(m, blocks.shape[0] // 2, dtype=torch.bfloat16) if bf16 else _output(out, m, blocks.shape[0] // 2)
     _check(_library()[0].quant_glu_amx(x.data_ptr(), blocks.data_ptr(), TYPE_IDS[type_name], y.data_ptr(), m,
-                                       y.shape[1], k, threads), type_name, blocks)
+                                       y.shape[1], k, threads, int(bf16)), type_name, blocks)
     return y
 
 

@@ -109,6 +109,22 @@ def test_the_gate_up_pass_is_silu_and_mul_of_the_linear_bit_for_bit(type_name, m
         quant_amx.amx_linear(x, grouped, kind, None, 2, out=torch.empty(m + 1, 2 * inter))
 
 
+@pytest.mark.parametrize("type_name", TYPES)
+@pytest.mark.parametrize("m,inter,k", [(33, 64, 96), (100, 1536, 576)])
+def test_the_gate_up_pass_hands_down_bf16_rows_with_the_same_bits(type_name, m, inter, k, amx):
+    """amx_glu(bf16=True) rounds each joined value as amx_linear rounds its input (torch's nearest even), and
+    amx_linear reads such bf16 rows as they are: down's output from them equals its output from the fp32 rows.
+    A rounding that truncated, or a bf16 input read as if it were fp32, fails one of the two."""
+    g = torch.Generator().manual_seed(m + inter)
+    kind = rg.GROUPED[type_name]
+    gate_up = rg.group(gguf_blocks(torch.randn(2 * inter, k, generator=g) * 0.1, type_name), type_name)
+    down = rg.group(gguf_blocks(torch.randn(k, inter, generator=g) * 0.1, type_name), type_name)
+    x = torch.randn(m, k, generator=g) * 3
+    rows, wide = quant_amx.amx_glu(x, gate_up, kind, 2, bf16=True), quant_amx.amx_glu(x, gate_up, kind, 2)
+    assert rows.dtype == torch.bfloat16 and torch.equal(rows, wide.bfloat16())
+    assert torch.equal(quant_amx.amx_linear(rows, down, kind, None, 2), quant_amx.amx_linear(wide, down, kind, None, 2))
+
+
 def test_a_gate_up_pair_of_part_panels_is_refused(amx):
     grouped = rg.group(gguf_blocks(torch.randn(80, 64), "Q4_1"), "Q4_1")
     with pytest.raises(ValueError, match="whole panels of 32"):

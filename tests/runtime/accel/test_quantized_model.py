@@ -13,16 +13,20 @@ these seeds, against 0.92-1.17% for the int8 path, so it is held to 0.75% of the
 to the int8 reference; a chunk whose every row is sampled is a verify chunk, whose rows keep the int8
 route (runtime/model/step_rows.py), so that test samples only the last row.
 """
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from cute_kernels.cpu import quant_amx, quant_gemm
-from runtime.accel.block_linear import BlockQuantEmbedding, BlockQuantLinear
+from runtime.accel.block_linear import BlockQuantEmbedding, BlockQuantLinear, hand_glu_rows_to_down
 from runtime.accel.quantization import unavailable_reason
 from runtime.build import make_runner
 from runtime.engine_config import EngineConfig
 from runtime.errors import UserError
+from runtime.model.linear import DenseLinear
 from runtime.sequence import SeqChunk
+from tests.cute_kernels.cpu.test_cpu_quant_gemm import gguf_blocks
 from tests.hf_tiny import our_config, state_dict, tiny_hf_model
 from tests.model_files import write_tiny_gguf
 from tests.tiny_engine import tiny_engine
@@ -128,3 +132,15 @@ def test_engine_runs_a_mode_and_rejects_what_it_cannot_run():
         EngineConfig(quantization="fp3")
     assert "CPU only" in unavailable_reason("int8", torch.device("cuda"))
     assert unavailable_reason(None, torch.device("cuda")) is None and unavailable_reason("none", torch.device("cuda")) is None
+
+
+def test_only_a_block_quantized_down_is_handed_bf16_rows():
+    """hand_glu_rows_to_down marks a layer's gate/up only where its down reads bf16 rows (BlockQuantLinear.__call__);
+    a float down would be handed rows it cannot take."""
+    def q4(rows: int) -> BlockQuantLinear:
+        return BlockQuantLinear("Q4_1", gguf_blocks(torch.randn(rows, 32), "Q4_1"))
+
+    pairs = [(q4(64), q4(32)), (q4(64), DenseLinear(torch.randn(32, 32)))]
+    layers = [SimpleNamespace(gate_up=gate_up, down=down) for gate_up, down in pairs]
+    hand_glu_rows_to_down(layers)
+    assert [layer.gate_up.rows_for_down for layer in layers] == [True, False]

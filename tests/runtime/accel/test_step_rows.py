@@ -90,3 +90,8 @@ def test_a_gate_up_pair_joins_silu_where_its_prefill_rows_take_the_tiles(amx):
         assert torch.equal(split[8:], joined[8:]) and torch.equal(backend.gated(pair, x), split)
     with decode_rows(20):  # 28 prefill rows: the int8 tiles
         assert pair.silu_and_mul(x) is None
+    pair.rows_for_down = True  # hand_glu_rows_to_down: no decode rows, so bf16 rounded as down's AMX input
+    handed = pair.silu_and_mul(x)
+    assert handed.dtype == torch.bfloat16 and torch.equal(handed, joined.bfloat16())
+    with decode_rows(8):
+        assert torch.equal(pair.silu_and_mul(x), split)  # decode rows beside: fp32 rows, as before

@@ -142,15 +142,22 @@ static void amx_panel(const uint16_t *xb, int64_t r0, int64_t r1, int64_t kp, co
     }
 }
 
+enum { AMX_PLAIN = 0, AMX_GLU = 1, AMX_GLU_BF16 = 2 }; /* amx_gemm's glu: the GLU's rows as fp32, or as bf16 */
+
 /* Rows r0..r1 of y[:, c0 : c0 + 32] (row stride n) = silu(gate) * up, the two products of one row block
  * against a gate panel and its up panel (packed after it), through scratch: fused_rows.h's silu_mul_row,
- * so a row gets the bits silu_and_mul_f32 gives it over the two products stored. */
+ * so a row gets the bits silu_and_mul_f32 gives it over the two products stored; with AMX_GLU_BF16, y holds
+ * bf16 and gets those values rounded as to_bf16_row rounds the stored rows (what the next linear would do). */
 static void amx_glu_block(const uint16_t *xb, int64_t r0, int64_t r1, int64_t kp, const uint32_t *gate,
-                          const uint32_t *up, float *y, int64_t n, int64_t c0, float *scratch) {
+                          const uint32_t *up, void *y, int64_t n, int64_t c0, float *scratch, int glu) {
     amx_block(xb + r0 * kp, kp / AMX_K, gate, scratch, AMX_N);
     amx_block(xb + r0 * kp, kp / AMX_K, up, scratch + AMX_M * AMX_N, AMX_N);
-    for (int64_t r = 0; r < r1 - r0; r++)
-        silu_mul_row(scratch + r * AMX_N, scratch + (AMX_M + r) * AMX_N, y + (r0 + r) * n + c0, AMX_N);
+    for (int64_t r = 0; r < r1 - r0; r++) {
+        float row[AMX_N];
+        float *dst = glu == AMX_GLU_BF16 ? row : (float *)y + (r0 + r) * n + c0;
+        silu_mul_row(scratch + r * AMX_N, scratch + (AMX_M + r) * AMX_N, dst, AMX_N);
+        if (glu == AMX_GLU_BF16) to_bf16_row(row, (uint16_t *)y + (r0 + r) * n + c0, AMX_N);
+    }
 }
 
 /* Rows as the tiles read them: bf16, tile-major (16 rows x 32 values contiguous, k-tiles in order), zero
@@ -211,7 +218,7 @@ static void amx_gemm_team(const float *x, const uint16_t *xr, int64_t m, int64_t
                 const int64_t r1 = r0 + AMX_M < r_end ? r0 + AMX_M : r_end;
                 for (int64_t p = p0; p < p1; p++) {
                     const uint32_t *at = packed + (p - p0) * panel_words;
-                    if (glu) amx_glu_block(xb, r0, r1, kp, at, at + panel_words / 2, y, n, p * AMX_N, scratch);
+                    if (glu) amx_glu_block(xb, r0, r1, kp, at, at + panel_words / 2, y, n, p * AMX_N, scratch, glu);
                     else amx_panel(xb, r0, r1, kp, at, bias, y, n, p * AMX_N, scratch);
                 }
             }
@@ -220,7 +227,8 @@ static void amx_gemm_team(const float *x, const uint16_t *xr, int64_t m, int64_t
     }
 }
 
-/* y[m, n] = bf16(x)[m, k] @ W^T (+ bias), W's panels from pack(weight, c0, packed); with glu, W has 2n rows
+/* y[m, n] = bf16(x)[m, k] @ W^T (+ bias) (or xr, rows already bf16), W's panels from pack(weight, c0, packed); with
+ * glu (AMX_GLU, or AMX_GLU_BF16 for bf16 rows in y), W has 2n rows
  * (gate, then up: n a multiple of AMX_N, no bias) and y[m, n] = silu(x W_gate^T) * (x W_up^T), each output
  * panel's gate and up panels packed side by side, so the [m, 2n] product is never written. Returns 0, 2 when
  * a buffer cannot be allocated, 3 when the kernel refuses this process the tile registers.
@@ -231,15 +239,15 @@ static void amx_gemm_team(const float *x, const uint16_t *xr, int64_t m, int64_t
  * 2-core AMX machine, one core, 2016 rows: 1.1-1.3 TFLOP/s this way against 0.9-1.0 with panels outer
  * and rows streamed past each panel (the panel fell out of L1 between uses either way); with no sync
  * between threads past the rounding. */
-static int amx_gemm(const float *x, int64_t m, int64_t k, amx_pack_fn pack, const void *weight, const float *bias,
-                    float *y, int64_t n, int nthreads, int glu) {
+static int amx_gemm(const float *x, const uint16_t *xr, int64_t m, int64_t k, amx_pack_fn pack, const void *weight,
+                    const float *bias, float *y, int64_t n, int nthreads, int glu) {
     if (!amx_ready()) return 3;
     const int64_t kp = (k + AMX_K - 1) / AMX_K * AMX_K, mp = (m + AMX_M - 1) / AMX_M * AMX_M;
     static _Thread_local AmxBuffer rows_buffer;
     uint16_t *xb = amx_buffer(&rows_buffer, sizeof(uint16_t) * (size_t)(mp * kp));
     int failed = xb == NULL;
 #pragma omp parallel num_threads(nthreads) if (nthreads > 1)
-    amx_gemm_team(x, NULL, m, k, pack, weight, bias, y, n, glu, xb, &failed);
+    amx_gemm_team(x, xr, m, k, pack, weight, bias, y, n, glu, xb, &failed);
     return failed ? 2 : 0;
 }
 #endif

@@ -19,7 +19,7 @@ int bf16_linear_amx(const float *x, const uint16_t *w, const float *bias, float 
     if (k % 2) return 1;
 #if defined(CPU_AMX)
     const Bf16Weight bw = {w, n, k};
-    return amx_gemm(x, m, k, pack_bf16_panel, &bw, bias, y, n, nthreads, 0);
+    return amx_gemm(x, NULL, m, k, pack_bf16_panel, &bw, bias, y, n, nthreads, AMX_PLAIN);
 #else
     (void)x, (void)w, (void)bias, (void)y, (void)m, (void)nthreads;
     return 3;

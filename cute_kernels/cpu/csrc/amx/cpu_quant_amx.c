@@ -16,31 +16,32 @@
 #include "quant_panels.h"
 
 /* y[m, n] = bf16(x) @ W^T (+ bias) for a grouped weight of type Q4_0_R8, Q4_1_R8 or Q8_0_R8 (ids base |
- * GROUPED_TYPE). Returns 0; 1 for another type or n not a whole number of groups; 2 when a buffer
- * cannot be allocated; 3 where this build or process has no AMX. */
-int quant_linear_amx(const float *x, const uint8_t *w, int type, const float *bias, float *y, int64_t m, int64_t n,
-                     int64_t k, int nthreads) {
+ * GROUPED_TYPE); xr: x's rows already bf16 instead (x NULL). Returns 0; 1 for another type or n not a whole
+ * number of groups; 2 when a buffer cannot be allocated; 3 where this build or process has no AMX. */
+int quant_linear_amx(const float *x, const uint16_t *xr, const uint8_t *w, int type, const float *bias, float *y,
+                     int64_t m, int64_t n, int64_t k, int nthreads) {
     if (!IS_GROUPED(type) || BASE_TYPE(type) > Q8_0 || n % GROUP_ROWS || k % QK) return 1;
 #if defined(CPU_AMX)
     const GroupedWeight gw = {w, n, k, BASE_TYPE(type)};
-    return amx_gemm(x, m, k, pack_quant_panel, &gw, bias, y, n, nthreads, 0);
+    return amx_gemm(x, xr, m, k, pack_quant_panel, &gw, bias, y, n, nthreads, AMX_PLAIN);
 #else
-    (void)x, (void)w, (void)bias, (void)y, (void)m, (void)nthreads;
+    (void)x, (void)xr, (void)w, (void)bias, (void)y, (void)m, (void)nthreads;
     return 3;
 #endif
 }
 
 /* y[m, inter] = silu(x W_gate^T) * (x W_up^T) for a fused gate/up weight of 2 * inter rows (gate first), the
  * same types, as quant_linear_amx computes both halves and silu_and_mul_f32 joins them (the same bits);
- * inter a multiple of 32. Returns as quant_linear_amx. */
-int quant_glu_amx(const float *x, const uint8_t *w, int type, float *y, int64_t m, int64_t inter, int64_t k,
-                  int nthreads) {
+ * inter a multiple of 32; bf16_out: y is bf16 [m, inter], those values rounded as the down projection's AMX
+ * linear would round them (so it can read them as they are). Returns as quant_linear_amx. */
+int quant_glu_amx(const float *x, const uint8_t *w, int type, void *y, int64_t m, int64_t inter, int64_t k,
+                  int nthreads, int bf16_out) {
     if (!IS_GROUPED(type) || BASE_TYPE(type) > Q8_0 || inter % 32 || k % QK) return 1;
 #if defined(CPU_AMX)
     const GroupedWeight gw = {w, 2 * inter, k, BASE_TYPE(type)};
-    return amx_gemm(x, m, k, pack_quant_panel, &gw, NULL, y, inter, nthreads, 1);
+    return amx_gemm(x, NULL, m, k, pack_quant_panel, &gw, NULL, y, inter, nthreads, bf16_out ? AMX_GLU_BF16 : AMX_GLU);
 #else
-    (void)x, (void)w, (void)y, (void)m, (void)nthreads;
+    (void)x, (void)w, (void)y, (void)m, (void)nthreads, (void)bf16_out;
     return 3;
 #endif
 }
