@@ -4,6 +4,8 @@ Q4_K, Q5_K, Q6_K) on the CPU: the GGUF's own blocks as shipped, or float weights
 nothing is dequantized to float."""
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 
 from cute_kernels.cpu import fused_ops, quant_amx
@@ -91,7 +93,7 @@ class BlockQuantLinear:
         return tensor_bytes(self.blocks, self.bias)
 
 
-def hand_glu_rows_to_down(layers) -> None:
+def hand_glu_rows_to_down(layers: Iterable) -> None:
     """Where a layer's gate/up and down are both block-quantized, its joined gate/up pass hands down bf16 rows (its
     AMX input, rounded once in the pass instead of in a pass of their own: 1.07x on the pair at 2048 rows, 1.12x at
     4096); any other down (float, bf16, fp8) keeps fp32 rows."""
