@@ -244,7 +244,7 @@ static void layer_step(const DecodeModel *md, const DecodeLayer *L, int first, f
  * have them, for bf16 weights or grouped blocks), else on the tiles GEMM from its tiles_from. */
 static int serves(const DecodeLayer *L, int i, int64_t m) {
     if (m >= L->amx_from[i])
-        return amx_usable() && (L->type[i] == BF16 || (IS_GROUPED(L->type[i]) && BASE_TYPE(L->type[i]) <= Q8_0));
+        return amx_usable() && (L->type[i] == BF16 || quant_panels_read(L->type[i]));
     return L->type[i] != BF16 && L->tiles_from[i] <= m && tiles_read(L->type[i]);
 }
 

@@ -20,7 +20,7 @@
  * number of groups; 2 when a buffer cannot be allocated; 3 where this build or process has no AMX. */
 int quant_linear_amx(const float *x, const uint16_t *xr, const uint8_t *w, int type, const float *bias, float *y,
                      int64_t m, int64_t n, int64_t k, int nthreads) {
-    if (!IS_GROUPED(type) || BASE_TYPE(type) > Q8_0 || n % GROUP_ROWS || k % QK) return 1;
+    if (!quant_panels_read(type) || n % GROUP_ROWS || k % QK) return 1;
 #if defined(CPU_AMX)
     const GroupedWeight gw = {w, n, k, BASE_TYPE(type)};
     return amx_gemm(x, xr, m, k, pack_quant_panel, &gw, bias, y, n, nthreads, AMX_PLAIN);
@@ -36,7 +36,7 @@ int quant_linear_amx(const float *x, const uint16_t *xr, const uint8_t *w, int t
  * linear would round them (so it can read them as they are). Returns as quant_linear_amx. */
 int quant_glu_amx(const float *x, const uint8_t *w, int type, void *y, int64_t m, int64_t inter, int64_t k,
                   int nthreads, int bf16_out) {
-    if (!IS_GROUPED(type) || BASE_TYPE(type) > Q8_0 || inter % 32 || k % QK) return 1;
+    if (!quant_panels_read(type) || inter % 32 || k % QK) return 1;
 #if defined(CPU_AMX)
     const GroupedWeight gw = {w, 2 * inter, k, BASE_TYPE(type)};
     return amx_gemm(x, NULL, m, k, pack_quant_panel, &gw, NULL, y, inter, nthreads, bf16_out ? AMX_GLU_BF16 : AMX_GLU);

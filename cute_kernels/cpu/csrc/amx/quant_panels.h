@@ -18,6 +18,9 @@ typedef struct {
     int64_t n, k, base; /* rows, values per row, base block type (Q4_0, Q4_1, Q8_0) */
 } GroupedWeight;
 
+/* Whether the packer reads weights of this type id: the 8-row groups of Q4_0, Q4_1 or Q8_0. */
+static inline int quant_panels_read(int type) { return IS_GROUPED(type) && BASE_TYPE(type) <= Q8_0; }
+
 #if defined(CPU_AMX)
 /* 32 values of one step (rows 0-3 in a, rows 4-7 in b, 4 values each) scaled, rounded and stored as pair
  * rows p and p + 1 of the panel's 8 columns at packed + col. */
