@@ -60,7 +60,8 @@ class Throttle:
             del self.records[seq]
         lengths, cost = {}, self.step_cost(len(seqs))
         for seq in seqs:
-            r = self.records.get(seq) or self.records.setdefault(seq, self._fresh())  # _fresh only when new
+            if (r := self.records.get(seq)) is None:  # a fresh record only for a sequence not seen yet
+                r = self.records[seq] = self._fresh()
             self._learn(seq, r)
             if cost >= 1.0:  # measured: not even a sure draft pays at this batch, so neither does a probe
                 continue
